@@ -1,0 +1,68 @@
+//! The admin listener: `/healthz` (alive) and `/readyz` (ready; 503 while draining).
+//!
+//! Served with hyper: it sees a probe every few seconds, so none of the downstream server's
+//! memory concerns apply. Metrics and the debug endpoints belong to a later change.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Serves the admin endpoints until `stop` flips to true.
+pub async fn serve(listener: TcpListener, ready: Arc<AtomicBool>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| respond(req, ready.clone()));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn respond(req: Request<Incoming>, ready: Arc<AtomicBool>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, body) = match req.uri().path() {
+        "/healthz" => (StatusCode::OK, "ok\n"),
+        "/readyz" if ready.load(Ordering::Relaxed) => (StatusCode::OK, "ready\n"),
+        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        _ => (StatusCode::NOT_FOUND, "not found; try /healthz or /readyz\n"),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Ok(resp)
+}
+
+/// `egress-sidecar healthcheck`: GET /readyz on `addr`; true when it answers 200.
+pub fn probe(addr: std::net::SocketAddr, timeout: std::time::Duration) -> Result<bool, String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connecting to {addr}: {e}"))?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    stream.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    stream
+        .write_all(format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .map_err(|e| format!("writing to {addr}: {e}"))?;
+    let mut head = [0u8; 16];
+    let n = stream.read(&mut head).map_err(|e| format!("reading from {addr}: {e}"))?;
+    Ok(head[..n].starts_with(b"HTTP/1.1 200"))
+}

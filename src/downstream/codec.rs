@@ -1,0 +1,571 @@
+//! HTTP/1.1 wire format on the downstream side: parsing request heads, decoding request bodies
+//! (Content-Length and chunked), and encoding response heads and chunked bodies.
+//!
+//! Framing follows RFC 9112 §6 strictly, because a proxy that disagrees with its upstream about
+//! where a request ends is a request-smuggling proxy: both `Transfer-Encoding` and
+//! `Content-Length`, a transfer coding other than a final `chunked`, differing `Content-Length`
+//! values, or `Transfer-Encoding` on HTTP/1.0 are all rejected with 400.
+//!
+//! Not handled here: sockets, timeouts (`downstream::conn`), header semantics (`proxy::headers`).
+
+use std::io::Write as _;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
+use http_body::Frame;
+
+/// Most header fields accepted in one request head.
+pub const MAX_HEADERS: usize = 128;
+/// Longest chunk-size line (size plus extensions) accepted.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct RequestHead {
+    /// Method.
+    pub method: Method,
+    /// Request target as sent: absolute-form, origin-form, authority-form or `*`.
+    pub uri: Uri,
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// Header fields.
+    pub headers: HeaderMap,
+    /// How the body is delimited.
+    pub body: BodyFraming,
+    /// Whether the client wants the connection kept open.
+    pub keep_alive: bool,
+    /// `Expect: 100-continue`.
+    pub expect_continue: bool,
+}
+
+/// How a request body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body.
+    Empty,
+    /// `Content-Length: n`, n > 0.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// Why a request head was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    /// More than `max_header_bytes` or [`MAX_HEADERS`].
+    #[error("request head larger than {0}")]
+    TooLarge(String),
+    /// Malformed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Parses a request head from the front of `buf`; `Ok(None)` = incomplete. On success the head's
+/// bytes are removed from `buf`.
+pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<RequestHead>, HeadError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut slots);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() >= max_header_bytes {
+                return Err(HeadError::TooLarge(format!("max_header_bytes ({max_header_bytes})")));
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(HeadError::TooLarge(format!("{MAX_HEADERS} header fields")))
+        }
+        Err(e) => return Err(HeadError::Invalid(format!("malformed request head: {e}"))),
+    };
+    if len > max_header_bytes {
+        return Err(HeadError::TooLarge(format!("max_header_bytes ({max_header_bytes})")));
+    }
+    let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
+        .map_err(|_| HeadError::Invalid("invalid method".into()))?;
+    let target = req.path.unwrap_or("");
+    let uri: Uri = target
+        .parse()
+        .map_err(|e| HeadError::Invalid(format!("invalid request target {:?}: {e}", truncate(target))))?;
+    check_target_form(&method, &uri, target)?;
+    let version = if req.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let mut headers = HeaderMap::with_capacity(req.headers.len());
+    for h in req.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| HeadError::Invalid(format!("invalid header name {:?}", truncate(h.name))))?;
+        let value = HeaderValue::from_bytes(h.value)
+            .map_err(|_| HeadError::Invalid(format!("invalid value in header {name}")))?;
+        headers.append(name, value);
+    }
+    let head = finish_head(method, uri, version, headers)?;
+    buf.advance(len);
+    Ok(Some(head))
+}
+
+fn truncate(text: &str) -> &str {
+    let end = text.char_indices().nth(80).map_or(text.len(), |(i, _)| i);
+    &text[..end]
+}
+
+fn check_target_form(method: &Method, uri: &Uri, raw: &str) -> Result<(), HeadError> {
+    let ok = if method == Method::CONNECT {
+        uri.authority().is_some() && uri.scheme().is_none()
+    } else if raw == "*" {
+        method == Method::OPTIONS
+    } else if uri.scheme().is_some() {
+        uri.authority().is_some_and(|a| !a.host().is_empty())
+    } else {
+        raw.starts_with('/')
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(HeadError::Invalid(format!("invalid request target {:?} for {method}", truncate(raw))))
+    }
+}
+
+fn finish_head(method: Method, uri: Uri, version: Version, headers: HeaderMap) -> Result<RequestHead, HeadError> {
+    if headers.get_all(HOST).iter().count() > 1 {
+        return Err(HeadError::Invalid("more than one Host header".into()));
+    }
+    if version == Version::HTTP_11 && uri.scheme().is_none() && method != Method::CONNECT && !headers.contains_key(HOST) {
+        return Err(HeadError::Invalid("HTTP/1.1 request without Host".into()));
+    }
+    let body = body_framing(version, &headers)?;
+    let connection = connection_tokens(&headers);
+    let keep_alive = match version {
+        Version::HTTP_10 => connection.keep_alive,
+        _ => !connection.close,
+    };
+    let expect_continue = version == Version::HTTP_11
+        && headers
+            .get(http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    Ok(RequestHead {
+        method,
+        uri,
+        version,
+        headers,
+        body,
+        keep_alive,
+        expect_continue,
+    })
+}
+
+/// Tokens of the `Connection` header that matter for persistence.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ConnectionTokens {
+    /// `close` present.
+    pub close: bool,
+    /// `keep-alive` present.
+    pub keep_alive: bool,
+}
+
+/// Reads `close` / `keep-alive` from every `Connection` header.
+pub fn connection_tokens(headers: &HeaderMap) -> ConnectionTokens {
+    let mut tokens = ConnectionTokens::default();
+    for value in headers.get_all(http::header::CONNECTION) {
+        for token in value.to_str().unwrap_or("").split(',') {
+            let token = token.trim();
+            tokens.close |= token.eq_ignore_ascii_case("close");
+            tokens.keep_alive |= token.eq_ignore_ascii_case("keep-alive");
+        }
+    }
+    tokens
+}
+
+fn body_framing(version: Version, headers: &HeaderMap) -> Result<BodyFraming, HeadError> {
+    let has_te = headers.contains_key(TRANSFER_ENCODING);
+    let has_cl = headers.contains_key(CONTENT_LENGTH);
+    if has_te {
+        if version == Version::HTTP_10 {
+            return Err(HeadError::Invalid("Transfer-Encoding in an HTTP/1.0 request".into()));
+        }
+        if has_cl {
+            return Err(HeadError::Invalid("both Content-Length and Transfer-Encoding".into()));
+        }
+        let mut codings = Vec::new();
+        for value in headers.get_all(TRANSFER_ENCODING) {
+            let text = value
+                .to_str()
+                .map_err(|_| HeadError::Invalid("invalid Transfer-Encoding".into()))?;
+            codings.extend(text.split(',').map(|c| c.trim().to_ascii_lowercase()).filter(|c| !c.is_empty()));
+        }
+        return match codings.as_slice() {
+            [only] if only == "chunked" => Ok(BodyFraming::Chunked),
+            _ => Err(HeadError::Invalid(format!(
+                "Transfer-Encoding {:?} is not supported (only chunked)",
+                codings.join(", ")
+            ))),
+        };
+    }
+    if !has_cl {
+        return Ok(BodyFraming::Empty);
+    }
+    let mut length: Option<u64> = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        let text = value
+            .to_str()
+            .map_err(|_| HeadError::Invalid("invalid Content-Length".into()))?;
+        for part in text.split(',') {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) || part.len() > 19 {
+                return Err(HeadError::Invalid(format!("invalid Content-Length {:?}", truncate(part))));
+            }
+            let n: u64 = part
+                .parse()
+                .map_err(|_| HeadError::Invalid("invalid Content-Length".into()))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(HeadError::Invalid("conflicting Content-Length values".into()));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(0) | None => BodyFraming::Empty,
+        Some(n) => BodyFraming::Length(n),
+    })
+}
+
+// === request body decoding ===
+
+/// Why a request body could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BodyError(pub String);
+
+/// Decodes a request body from the bytes that follow its head.
+#[derive(Debug)]
+pub enum Decoder {
+    /// `remaining` bytes to go.
+    Length {
+        /// Bytes not yet seen.
+        remaining: u64,
+    },
+    /// Chunked coding.
+    Chunked(ChunkedState),
+    /// The body is complete.
+    Done,
+}
+
+/// Where a chunked decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkedState {
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside chunk data.
+    Data(u64),
+    /// Expecting the CRLF after chunk data.
+    DataEnd,
+    /// After the last chunk: trailer fields until an empty line.
+    Trailers,
+}
+
+impl Decoder {
+    /// A decoder for `framing`.
+    pub fn new(framing: BodyFraming) -> Self {
+        match framing {
+            BodyFraming::Empty => Decoder::Done,
+            BodyFraming::Length(n) => Decoder::Length { remaining: n },
+            BodyFraming::Chunked => Decoder::Chunked(ChunkedState::Size),
+        }
+    }
+
+    /// Whether the whole body has been decoded.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Decoder::Done)
+    }
+
+    /// Takes the next frame from `buf`; `Ok(None)` = more bytes needed (or done).
+    pub fn decode(&mut self, buf: &mut BytesMut, max_trailer_bytes: usize) -> Result<Option<Frame<Bytes>>, BodyError> {
+        loop {
+            match self {
+                Decoder::Done => return Ok(None),
+                Decoder::Length { remaining } => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let take = (*remaining).min(buf.len() as u64) as usize;
+                    *remaining -= take as u64;
+                    let data = buf.split_to(take).freeze();
+                    if *remaining == 0 {
+                        *self = Decoder::Done;
+                    }
+                    return Ok(Some(Frame::data(data)));
+                }
+                Decoder::Chunked(state) => match *state {
+                    ChunkedState::Size => {
+                        let Some(line_end) = find_crlf(buf, MAX_CHUNK_LINE)? else {
+                            return Ok(None);
+                        };
+                        let size = parse_chunk_size(&buf[..line_end])?;
+                        buf.advance(line_end + 2);
+                        *state = if size == 0 {
+                            ChunkedState::Trailers
+                        } else {
+                            ChunkedState::Data(size)
+                        };
+                    }
+                    ChunkedState::Data(remaining) => {
+                        if buf.is_empty() {
+                            return Ok(None);
+                        }
+                        let take = remaining.min(buf.len() as u64) as usize;
+                        let data = buf.split_to(take).freeze();
+                        *state = if remaining == take as u64 {
+                            ChunkedState::DataEnd
+                        } else {
+                            ChunkedState::Data(remaining - take as u64)
+                        };
+                        return Ok(Some(Frame::data(data)));
+                    }
+                    ChunkedState::DataEnd => {
+                        if buf.len() < 2 {
+                            return Ok(None);
+                        }
+                        if &buf[..2] != b"\r\n" {
+                            return Err(BodyError("chunk data not followed by CRLF".into()));
+                        }
+                        buf.advance(2);
+                        *state = ChunkedState::Size;
+                    }
+                    ChunkedState::Trailers => {
+                        let Some(end) = find_trailer_end(buf, max_trailer_bytes)? else {
+                            return Ok(None);
+                        };
+                        let trailers = parse_trailers(&buf[..end])?;
+                        buf.advance(end);
+                        *self = Decoder::Done;
+                        return Ok(trailers.map(Frame::trailers));
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn find_crlf(buf: &[u8], limit: usize) -> Result<Option<usize>, BodyError> {
+    match buf.windows(2).position(|w| w == b"\r\n") {
+        Some(pos) if pos <= limit => Ok(Some(pos)),
+        Some(_) => Err(BodyError("chunk-size line too long".into())),
+        None if buf.len() > limit => Err(BodyError("chunk-size line too long".into())),
+        None => Ok(None),
+    }
+}
+
+fn parse_chunk_size(line: &[u8]) -> Result<u64, BodyError> {
+    let digits_end = line.iter().position(|b| !b.is_ascii_hexdigit()).unwrap_or(line.len());
+    let (digits, rest) = line.split_at(digits_end);
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(BodyError("invalid chunk size".into()));
+    }
+    let rest_ok = rest.is_empty()
+        || rest
+            .iter()
+            .position(|&b| b != b' ' && b != b'\t')
+            .is_some_and(|i| rest[i] == b';');
+    if !rest_ok || rest.iter().any(|&b| b == b'\r' || b == b'\n') {
+        return Err(BodyError("invalid chunk extension".into()));
+    }
+    let text = std::str::from_utf8(digits).expect("hex digits are ascii");
+    u64::from_str_radix(text, 16).map_err(|_| BodyError("invalid chunk size".into()))
+}
+
+/// The length of the trailer section including its final empty line.
+fn find_trailer_end(buf: &[u8], limit: usize) -> Result<Option<usize>, BodyError> {
+    if buf.starts_with(b"\r\n") {
+        return Ok(Some(2));
+    }
+    match buf.windows(4).position(|w| w == b"\r\n\r\n") {
+        Some(pos) if pos + 4 <= limit => Ok(Some(pos + 4)),
+        Some(_) => Err(BodyError("trailer section too large".into())),
+        None if buf.len() > limit => Err(BodyError("trailer section too large".into())),
+        None => Ok(None),
+    }
+}
+
+fn parse_trailers(section: &[u8]) -> Result<Option<HeaderMap>, BodyError> {
+    if section == b"\r\n" {
+        return Ok(None);
+    }
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let parsed = match httparse::parse_headers(section, &mut slots) {
+        Ok(httparse::Status::Complete((_, fields))) => fields,
+        _ => return Err(BodyError("malformed trailer section".into())),
+    };
+    let mut map = HeaderMap::with_capacity(parsed.len());
+    for h in parsed {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BodyError("invalid trailer name".into()))?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| BodyError("invalid trailer value".into()))?;
+        map.append(name, value);
+    }
+    Ok(Some(map))
+}
+
+// === response encoding ===
+
+/// How a response body is delimited towards the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseFraming {
+    /// No body (HEAD, 1xx, 204, 304).
+    None,
+    /// The upstream's `Content-Length`.
+    Length,
+    /// Chunked coding (HTTP/1.1 clients, unknown length).
+    Chunked,
+    /// Until the connection closes (HTTP/1.0 clients, unknown length).
+    Close,
+}
+
+/// Writes the status line and header fields, framing headers and `Connection` included.
+pub fn encode_head(
+    status: http::StatusCode,
+    reason: Option<&[u8]>,
+    headers: &HeaderMap,
+    framing: ResponseFraming,
+    keep_alive: bool,
+    client_version: Version,
+    out: &mut Vec<u8>,
+) {
+    let _ = write!(out, "HTTP/1.1 {} ", status.as_u16());
+    out.extend_from_slice(reason.unwrap_or_else(|| status.canonical_reason().unwrap_or("").as_bytes()));
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if framing == ResponseFraming::Chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if client_version == Version::HTTP_10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes a chunk header for `len` bytes of data.
+pub fn encode_chunk_header(len: usize, out: &mut Vec<u8>) {
+    let _ = write!(out, "{len:x}\r\n");
+}
+
+/// Writes the last chunk, with trailer fields if any.
+pub fn encode_last_chunk(trailers: Option<&HeaderMap>, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in trailers.into_iter().flatten() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> Result<Option<RequestHead>, HeadError> {
+        let mut buf = BytesMut::from(text);
+        parse_head(&mut buf, 64 * 1024)
+    }
+
+    #[test]
+    fn absolute_form_and_framing() {
+        let h = head("POST http://up.example:8080/x?y HTTP/1.1\r\nHost: up.example:8080\r\nContent-Length: 5\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.uri.authority().unwrap().as_str(), "up.example:8080");
+        assert_eq!(h.body, BodyFraming::Length(5));
+        assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn incomplete_head_waits() {
+        assert_eq!(head("GET / HTTP/1.1\r\nHost: a\r\n").unwrap().map(|_| ()), None);
+    }
+
+    #[test]
+    fn smuggling_shapes_are_refused() {
+        for bad in [
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET http://exa mple.com/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET nothing HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GE\x01T / HTTP/1.1\r\nHost: a\r\n\r\n",
+        ] {
+            assert!(matches!(head(bad), Err(HeadError::Invalid(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn oversized_heads() {
+        let big = format!("GET / HTTP/1.1\r\nHost: a\r\nX: {}\r\n", "a".repeat(70_000));
+        assert!(matches!(head(&big), Err(HeadError::TooLarge(_))));
+        let many: String = (0..200).map(|i| format!("X-{i}: v\r\n")).collect();
+        assert!(matches!(head(&format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n")), Err(HeadError::TooLarge(_))));
+    }
+
+    #[test]
+    fn chunked_decoding_with_extensions_and_trailers() {
+        let mut d = Decoder::new(BodyFraming::Chunked);
+        let mut buf = BytesMut::from("5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: 1\r\n\r\nNEXT");
+        let mut data = Vec::new();
+        let mut trailers = None;
+        while let Some(frame) = d.decode(&mut buf, 1024).unwrap() {
+            match frame.into_data() {
+                Ok(bytes) => data.extend_from_slice(&bytes),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        assert!(d.is_done());
+        assert_eq!(data, b"hello world");
+        assert_eq!(trailers.unwrap()["x-sum"], "1");
+        assert_eq!(&buf[..], b"NEXT");
+    }
+
+    #[test]
+    fn chunked_decoding_across_reads() {
+        let wire = b"3\r\nabc\r\n0\r\n\r\n";
+        let mut d = Decoder::new(BodyFraming::Chunked);
+        let mut buf = BytesMut::new();
+        let mut data = Vec::new();
+        for byte in wire {
+            buf.extend_from_slice(&[*byte]);
+            while let Some(frame) = d.decode(&mut buf, 1024).unwrap() {
+                data.extend_from_slice(&frame.into_data().unwrap());
+            }
+        }
+        assert!(d.is_done());
+        assert_eq!(data, b"abc");
+    }
+
+    #[test]
+    fn bad_chunks() {
+        for bad in ["zz\r\n", "3\r\nabcX\r\n", "3 x\r\nabc\r\n", "12345678901234567\r\n"] {
+            let mut d = Decoder::new(BodyFraming::Chunked);
+            let mut buf = BytesMut::from(bad);
+            let mut result = Ok(None);
+            for _ in 0..4 {
+                result = d.decode(&mut buf, 1024);
+                if result.is_err() {
+                    break;
+                }
+            }
+            assert!(result.is_err(), "{bad:?}");
+        }
+    }
+}

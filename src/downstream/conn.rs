@@ -1,0 +1,488 @@
+//! One downstream connection: read a request head, hand the request to the proxy, stream the
+//! request body up and the response down, repeat while keep-alive holds.
+//!
+//! # Memory while idle
+//! Between requests the task waits on socket readiness alone: the read buffer is released and
+//! the per-exchange state lives in a boxed future that exists only while a request is in
+//! flight. An idle connection therefore costs its task, its socket registration and a timer,
+//! not the ~16 KiB of buffers a general-purpose server keeps.
+//!
+//! # Cancel safety
+//! Reading the request body runs beside the proxy call and the response writer in `select!`
+//! loops. [`BodyPump::step`] is cancel safe: a decoded frame waits in `pending` until a channel
+//! permit is held, and socket reads go into the connection buffer, so a step dropped mid-way
+//! loses nothing.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Method, Request, Response, Version};
+use http_body::{Body, Frame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::body::{BodySender, RequestBody};
+use super::codec::{self, BodyError, Decoder, HeadError, RequestHead, ResponseFraming};
+use super::Context;
+use crate::error::{ErrorKind, ProxyError};
+use crate::proxy::ResponseBody;
+use crate::routing::Entry;
+
+/// First read buffer for a request head; grows up to `max_header_bytes`.
+const HEAD_BUF_INITIAL: usize = 2048;
+/// Read size for request bodies.
+const BODY_READ_SIZE: usize = 16 * 1024;
+/// Body data up to this size is copied next to its framing to save a write.
+const COALESCE_LIMIT: usize = 16 * 1024;
+/// After answering a request whose body was not read, keep reading and discarding for this long
+/// so the client sees the response rather than a reset.
+const LINGER: Duration = Duration::from_secs(2);
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+struct Connection {
+    stream: TcpStream,
+    buf: BytesMut,
+    peer: SocketAddr,
+    requests: u64,
+}
+
+/// Serves one connection until it closes, idles out or the sidecar drains.
+pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ctx: &Context) {
+    let mut conn = Connection {
+        stream,
+        buf: BytesMut::new(),
+        peer,
+        requests: 0,
+    };
+    let mut drain = ctx.drain.clone();
+    loop {
+        if conn.buf.is_empty() {
+            let limit = if conn.requests == 0 {
+                ctx.config.header_read_timeout
+            } else {
+                ctx.config.idle_timeout
+            };
+            tokio::select! {
+                ready = tokio::time::timeout(limit, conn.stream.readable()) => match ready {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        if conn.requests > 0 {
+                            ctx.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(requests = conn.requests, "closing idle downstream connection");
+                        }
+                        return;
+                    }
+                },
+                _ = drain.wait_for(|d| *d) => return,
+            }
+        }
+        // Boxed so that its (large) state exists only while a request is in flight.
+        let keep_alive = Box::pin(exchange(&mut conn, entry, ctx)).await;
+        if !keep_alive || ctx.draining() {
+            return;
+        }
+        if conn.buf.is_empty() {
+            conn.buf = BytesMut::new();
+        }
+    }
+}
+
+/// What to do with the connection after a head could not be read.
+enum HeadOutcome {
+    Head(Box<RequestHead>),
+    /// Closed, timed out or failed: close without a response.
+    Close,
+    /// Answer with this error, then close.
+    Refuse(ProxyError),
+}
+
+async fn read_head(conn: &mut Connection, ctx: &Context) -> HeadOutcome {
+    let deadline = Instant::now() + ctx.config.header_read_timeout;
+    let max = ctx.config.max_header_bytes;
+    loop {
+        if !conn.buf.is_empty() {
+            match codec::parse_head(&mut conn.buf, max) {
+                Ok(Some(head)) => return HeadOutcome::Head(Box::new(head)),
+                Ok(None) => {}
+                Err(HeadError::TooLarge(what)) => {
+                    return HeadOutcome::Refuse(ProxyError::new(
+                        ErrorKind::HeaderTooLarge,
+                        format!("request head larger than {what}"),
+                    ))
+                }
+                Err(HeadError::Invalid(why)) => {
+                    return HeadOutcome::Refuse(ProxyError::new(ErrorKind::BadRequest, why))
+                }
+            }
+        }
+        let want = if conn.buf.capacity() == 0 {
+            HEAD_BUF_INITIAL
+        } else {
+            conn.buf.capacity().min(max)
+        };
+        conn.buf.reserve(want.max(1024));
+        match tokio::time::timeout_at(deadline, conn.stream.read_buf(&mut conn.buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return HeadOutcome::Close,
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                if !conn.buf.is_empty() {
+                    tracing::debug!("request head not complete within header_read_timeout");
+                }
+                return HeadOutcome::Close;
+            }
+        }
+    }
+}
+
+/// One request and its response; returns whether the connection may serve another.
+async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
+    let head = match read_head(conn, ctx).await {
+        HeadOutcome::Head(head) => head,
+        HeadOutcome::Close => return false,
+        HeadOutcome::Refuse(err) => {
+            tracing::info!(client = %conn.peer, error = %err, "refused request");
+            let (_, mut wr) = conn.stream.split();
+            let resp = err.to_response::<ResponseBody>();
+            let _ = write_response(&mut wr, resp, false, Version::HTTP_11, false).await;
+            linger(&mut conn.stream).await;
+            return false;
+        }
+    };
+    conn.requests += 1;
+    ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
+    let RequestHead {
+        method,
+        uri,
+        version,
+        headers,
+        body: framing,
+        keep_alive,
+        expect_continue,
+    } = *head;
+    let span = tracing::debug_span!("request", %method, %uri);
+
+    let (body, pump) = match framing {
+        codec::BodyFraming::Empty => (RequestBody::Empty, BodyPump::finished()),
+        codec::BodyFraming::Length(n) => {
+            let (body, sender) = RequestBody::channel(Some(n));
+            (body, BodyPump::new(Decoder::new(framing), sender, expect_continue))
+        }
+        codec::BodyFraming::Chunked => {
+            let (body, sender) = RequestBody::channel(None);
+            (body, BodyPump::new(Decoder::new(framing), sender, expect_continue))
+        }
+    };
+    let mut req = Request::new(body);
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = version;
+    *req.headers_mut() = headers;
+
+    let Connection { stream, buf, .. } = conn;
+    let (mut rd, mut wr) = stream.split();
+    let mut pump = pump;
+    let max_trailer = ctx.config.max_header_bytes;
+
+    // Phase 1: until the response head is ready, feed the request body (and answer
+    // `Expect: 100-continue` once the upstream asks for it).
+    let respond = ctx.proxy.handle(req, entry).instrument(span);
+    tokio::pin!(respond);
+    let resp = loop {
+        tokio::select! {
+            resp = &mut respond => break resp,
+            step = pump.step(&mut rd, buf, Some(&mut wr), max_trailer), if pump.is_active() => {
+                if let Err(e) = step {
+                    pump.fail(e);
+                }
+            }
+        }
+    };
+
+    // Phase 2: write the response while the rest of the request body (if any) still flows.
+    // A body the upstream never asked for is not solicited any more.
+    pump.abandon_unstarted();
+    let keep_alive = keep_alive && !ctx.draining();
+    let head_only = method == Method::HEAD;
+    let written = {
+        let write = write_response(&mut wr, resp, head_only, version, keep_alive);
+        tokio::pin!(write);
+        loop {
+            tokio::select! {
+                written = &mut write => break written,
+                step = pump.step(&mut rd, buf, None, max_trailer), if pump.is_active() => {
+                    if let Err(e) = step {
+                        pump.fail(e);
+                    }
+                }
+            }
+        }
+    };
+    match written {
+        Ok(true) if pump.is_complete() => true,
+        Ok(_) => {
+            if !pump.is_complete() {
+                linger(stream).await;
+            }
+            false
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "response not fully written");
+            false
+        }
+    }
+}
+
+/// Closes our side and discards what the client still sends, briefly, so that it reads the
+/// response instead of a connection reset.
+async fn linger(stream: &mut TcpStream) {
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let deadline = Instant::now() + LINGER;
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+// === impl BodyPump ===
+
+/// Moves a request body from the socket into the body channel.
+struct BodyPump {
+    decoder: Decoder,
+    tx: Option<mpsc::Sender<Result<Frame<Bytes>, BodyError>>>,
+    /// Present until the upstream side asks for the body (only with `Expect: 100-continue`).
+    awaiting_start: Option<oneshot::Receiver<()>>,
+    pending: Option<Frame<Bytes>>,
+    failed: bool,
+}
+
+impl BodyPump {
+    fn finished() -> Self {
+        BodyPump {
+            decoder: Decoder::Done,
+            tx: None,
+            awaiting_start: None,
+            pending: None,
+            failed: false,
+        }
+    }
+
+    fn new(decoder: Decoder, sender: BodySender, expect_continue: bool) -> Self {
+        BodyPump {
+            decoder,
+            tx: Some(sender.tx),
+            awaiting_start: expect_continue.then_some(sender.started),
+            pending: None,
+            failed: false,
+        }
+    }
+
+    fn is_active(&self) -> bool {
+        self.tx.is_some() && !self.failed
+    }
+
+    /// The whole body was read off the socket (so the connection can carry another request).
+    fn is_complete(&self) -> bool {
+        self.decoder.is_done() && self.pending.is_none() && !self.failed
+    }
+
+    /// The response is under way without the upstream having asked for the body: the client,
+    /// which waits for 100 Continue, will not send it, so stop waiting for it.
+    fn abandon_unstarted(&mut self) {
+        if self.awaiting_start.is_some() {
+            self.tx = None;
+        }
+    }
+
+    /// Tells the upstream side the body is broken (it aborts the upstream request).
+    fn fail(&mut self, err: BodyError) {
+        tracing::debug!(error = %err, "request body failed");
+        self.failed = true;
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.try_send(Err(err));
+        }
+    }
+
+    /// One step: answer 100-continue, or read from the socket, or pass one frame on.
+    async fn step(
+        &mut self,
+        rd: &mut ReadHalf<'_>,
+        buf: &mut BytesMut,
+        wr: Option<&mut WriteHalf<'_>>,
+        max_trailer: usize,
+    ) -> Result<(), BodyError> {
+        if let Some(started) = self.awaiting_start.as_mut() {
+            let Some(wr) = wr else {
+                return std::future::pending().await;
+            };
+            // Either the upstream asked for the body, or it will never ask (its side dropped).
+            let _ = started.await;
+            self.awaiting_start = None;
+            wr.write_all(CONTINUE)
+                .await
+                .map_err(|e| BodyError(format!("writing 100 Continue: {e}")))?;
+            return Ok(());
+        }
+        if self.pending.is_none() {
+            match self.decoder.decode(buf, max_trailer)? {
+                Some(frame) => self.pending = Some(frame),
+                None if self.decoder.is_done() => {
+                    self.tx = None; // end of body
+                    return Ok(());
+                }
+                None => {
+                    buf.reserve(BODY_READ_SIZE);
+                    return match rd.read_buf(buf).await {
+                        Ok(0) => Err(BodyError("client closed the connection mid-body".into())),
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(BodyError(format!("reading request body: {e}"))),
+                    };
+                }
+            }
+        }
+        let Some(tx) = self.tx.as_ref() else {
+            return Ok(());
+        };
+        let delivered = match tx.reserve().await {
+            Ok(permit) => {
+                permit.send(Ok(self.pending.take().expect("set above")));
+                true
+            }
+            Err(_) => false,
+        };
+        // Not delivered: the upstream side stopped reading (it answered early or failed); what
+        // is left of the body stays unread and the connection will close.
+        if !delivered || self.decoder.is_done() {
+            self.tx = None;
+        }
+        Ok(())
+    }
+}
+
+// === response writing ===
+
+fn response_framing<B: Body>(resp: &Response<B>, head_only: bool, client: Version) -> ResponseFraming {
+    let status = resp.status();
+    if head_only || status.is_informational() || status == 204 || status == 304 {
+        ResponseFraming::None
+    } else if resp.headers().contains_key(http::header::CONTENT_LENGTH) {
+        ResponseFraming::Length
+    } else if client == Version::HTTP_11 {
+        ResponseFraming::Chunked
+    } else {
+        ResponseFraming::Close
+    }
+}
+
+/// Writes a response; returns whether the connection may be reused afterwards.
+async fn write_response(
+    wr: &mut WriteHalf<'_>,
+    resp: Response<ResponseBody>,
+    head_only: bool,
+    client: Version,
+    keep_alive: bool,
+) -> io::Result<bool> {
+    let mut framing = response_framing(&resp, head_only, client);
+    let (mut parts, mut body) = resp.into_parts();
+    if framing == ResponseFraming::Chunked && body.is_end_stream() {
+        parts.headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from_static("0"));
+        framing = ResponseFraming::Length;
+    }
+    let keep_alive = keep_alive && framing != ResponseFraming::Close;
+    let reason = parts
+        .extensions
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| r.as_bytes());
+    let mut out = Vec::with_capacity(512);
+    codec::encode_head(parts.status, reason, &parts.headers, framing, keep_alive, client, &mut out);
+    if framing == ResponseFraming::None || body.is_end_stream() {
+        wr.write_all(&out).await?;
+        return Ok(keep_alive);
+    }
+    let chunked = framing == ResponseFraming::Chunked;
+    let mut body = Pin::new(&mut body);
+    loop {
+        // Take what the body has now; flush before waiting, so streamed events (SSE) go out
+        // as they arrive and small responses go out in one write.
+        let frame = match poll_now(body.as_mut()) {
+            Some(frame) => frame,
+            None => {
+                if !out.is_empty() {
+                    wr.write_all(&out).await?;
+                    out.clear();
+                }
+                std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
+            }
+        };
+        let frame = match frame {
+            None => {
+                if chunked {
+                    codec::encode_last_chunk(None, &mut out);
+                }
+                wr.write_all(&out).await?;
+                return Ok(keep_alive);
+            }
+            Some(Err(e)) => return Err(io::Error::other(format!("upstream body: {e}"))),
+            Some(Ok(frame)) => frame,
+        };
+        match frame.into_data() {
+            Ok(data) => write_data(wr, &mut out, data, chunked).await?,
+            Err(frame) => {
+                if let (Ok(trailers), true) = (frame.into_trailers(), chunked) {
+                    codec::encode_last_chunk(Some(&trailers), &mut out);
+                    wr.write_all(&out).await?;
+                    return Ok(keep_alive);
+                }
+            }
+        }
+    }
+}
+
+async fn write_data(wr: &mut WriteHalf<'_>, out: &mut Vec<u8>, mut data: Bytes, chunked: bool) -> io::Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if chunked {
+        codec::encode_chunk_header(data.len(), out);
+    }
+    if data.len() <= COALESCE_LIMIT {
+        out.extend_from_slice(&data);
+    } else {
+        wr.write_all(out).await?;
+        out.clear();
+        while data.has_remaining() {
+            wr.write_buf(&mut data).await?;
+        }
+    }
+    if chunked {
+        out.extend_from_slice(b"\r\n");
+    }
+    if out.len() >= COALESCE_LIMIT {
+        wr.write_all(out).await?;
+        out.clear();
+    }
+    Ok(())
+}
+
+type FrameResult = Option<Result<Frame<Bytes>, <ResponseBody as Body>::Error>>;
+
+/// Polls the body once without waiting.
+fn poll_now(mut body: Pin<&mut ResponseBody>) -> Option<FrameResult> {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    match body.as_mut().poll_frame(&mut cx) {
+        Poll::Ready(frame) => Some(frame),
+        Poll::Pending => None,
+    }
+}

@@ -1,0 +1,119 @@
+//! Downstream: accepting application connections and serving HTTP/1.1 on them.
+//!
+//! The server is ours rather than hyper's for three reasons a sidecar cares about:
+//! - memory: an idle keep-alive connection holds no buffer at all (hyper keeps ~16 KiB per idle
+//!   connection and never shrinks it); see `conn` for how;
+//! - timeouts: `idle_timeout` between requests and `header_read_timeout` for a head are two
+//!   knobs, where hyper folds both into its header timer;
+//! - errors: every response the sidecar makes, malformed requests included, carries
+//!   `x-egress-error`, which hyper's built-in 400/431 cannot.
+//!
+//! `max_connections` is a semaphore taken *before* `accept`, so excess connections wait in the
+//! kernel's backlog instead of costing memory here.
+//!
+//! Not handled here: what a request means (`proxy`), HTTP/2 downstream (h2c) and upgrades.
+
+mod body;
+pub mod codec;
+mod conn;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tracing::Instrument;
+
+pub use body::{BodySender, RequestBody, StreamingBody};
+
+use crate::config::DownstreamConfig;
+use crate::proxy::Proxy;
+use crate::routing::Entry;
+
+/// After an accept error (EMFILE, ENFILE, ...) wait this long before accepting again.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// What every downstream connection shares.
+#[derive(Debug)]
+pub struct Context {
+    /// Downstream settings.
+    pub config: DownstreamConfig,
+    /// The request handler.
+    pub proxy: Proxy,
+    /// Flips to `true` when draining starts.
+    pub drain: watch::Receiver<bool>,
+    /// `downstream.max_connections` permits; all back means no connection is open.
+    pub limit: Arc<Semaphore>,
+    /// Counters.
+    pub stats: DownstreamStats,
+}
+
+/// Downstream counters.
+#[derive(Debug, Default)]
+pub struct DownstreamStats {
+    /// Connections accepted.
+    pub opened: AtomicU64,
+    /// Keep-alive connections closed by `idle_timeout`.
+    pub idle_closed: AtomicU64,
+    /// Requests served.
+    pub requests: AtomicU64,
+}
+
+impl Context {
+    /// Whether the sidecar is draining.
+    pub fn draining(&self) -> bool {
+        *self.drain.borrow()
+    }
+
+    /// Downstream connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.config.max_connections - self.limit.available_permits()
+    }
+}
+
+/// Accepts on `listener` until draining starts, serving each connection on its own task.
+pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
+    let mut drain = ctx.drain.clone();
+    loop {
+        let permit = tokio::select! {
+            permit = ctx.limit.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = drain.wait_for(|d| *d) => return,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = drain.wait_for(|d| *d) => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        ctx.stats.opened.fetch_add(1, Ordering::Relaxed);
+        let span = tracing::debug_span!("downstream", client = %peer);
+        let ctx = ctx.clone();
+        let entry = entry.clone();
+        tokio::spawn(
+            async move {
+                conn::serve(stream, peer, &entry, &ctx).await;
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+}
+
+/// The address a listener is bound to, for logs.
+pub fn describe(listener: &TcpListener) -> String {
+    listener
+        .local_addr()
+        .map_or_else(|_| "?".into(), |a: SocketAddr| a.to_string())
+}

@@ -1,0 +1,185 @@
+//! Errors the application sees, and the one place they become responses.
+//!
+//! Every response the sidecar makes itself carries `x-egress-error: <kind>` and a one-line
+//! `text/plain` body naming the upstream and the cause. [`ErrorKind`] is the contract's list of
+//! kinds; [`ProxyError`] adds which side caused it (pingora's downstream/upstream/internal), the
+//! upstream label and a human cause. Responses from upstreams never pass through here.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode};
+
+/// The header naming the kind of a sidecar-made response.
+pub const ERROR_HEADER: &str = "x-egress-error";
+
+/// The contract's error kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 400: the request cannot be parsed or proxied.
+    BadRequest,
+    /// 400: origin-form request whose Host is no configured upstream.
+    UnknownUpstream,
+    /// 403: policy refuses the host.
+    Denied,
+    /// 508: the request targets the sidecar itself.
+    Loop,
+    /// 431: the request head is larger than `max_header_bytes`.
+    HeaderTooLarge,
+    /// 502: TCP connect failed.
+    ConnectFailed,
+    /// 502: the upstream closed or reset the connection before a response.
+    UpstreamReset,
+    /// 502: TLS handshake or verification failed.
+    TlsFailed,
+    /// 502: the upstream spoke malformed HTTP.
+    ProtocolError,
+    /// 504: TCP connect did not finish within `connect_timeout`.
+    ConnectTimeout,
+    /// 504: no response head within `response_header_timeout`.
+    ResponseTimeout,
+    /// 503: more than `max_pending` requests waiting for a connection.
+    PoolOverflow,
+    /// 503: waited `pending_timeout` for a connection.
+    PendingTimeout,
+    /// 503: the sidecar is shutting down.
+    Draining,
+}
+
+impl ErrorKind {
+    /// The status the application sees.
+    pub fn status(self) -> StatusCode {
+        use ErrorKind::*;
+        match self {
+            BadRequest | UnknownUpstream => StatusCode::BAD_REQUEST,
+            Denied => StatusCode::FORBIDDEN,
+            Loop => StatusCode::LOOP_DETECTED,
+            HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError => StatusCode::BAD_GATEWAY,
+            ConnectTimeout | ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
+            PoolOverflow | PendingTimeout | Draining => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The `x-egress-error` value, also the metric label.
+    pub fn as_str(self) -> &'static str {
+        use ErrorKind::*;
+        match self {
+            BadRequest => "bad_request",
+            UnknownUpstream => "unknown_upstream",
+            Denied => "denied",
+            Loop => "loop",
+            HeaderTooLarge => "header_too_large",
+            ConnectFailed => "connect_failed",
+            UpstreamReset => "upstream_reset",
+            TlsFailed => "tls_failed",
+            ProtocolError => "protocol_error",
+            ConnectTimeout => "connect_timeout",
+            ResponseTimeout => "response_timeout",
+            PoolOverflow => "pool_overflow",
+            PendingTimeout => "pending_timeout",
+            Draining => "draining",
+        }
+    }
+
+    /// Which side is to blame.
+    pub fn source(self) -> ErrorSource {
+        use ErrorKind::*;
+        match self {
+            BadRequest | UnknownUpstream | Denied | Loop | HeaderTooLarge => ErrorSource::Downstream,
+            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ConnectTimeout
+            | ResponseTimeout => ErrorSource::Upstream,
+            PoolOverflow | PendingTimeout | Draining => ErrorSource::Internal,
+        }
+    }
+}
+
+/// Which side of the proxy an error came from (pingora's vocabulary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorSource {
+    /// The application's request.
+    Downstream,
+    /// The upstream server or the path to it.
+    Upstream,
+    /// The sidecar's own limits.
+    Internal,
+}
+
+/// An error that ends a request with a sidecar-made response.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ProxyError {
+    kind: ErrorKind,
+    upstream: Option<String>,
+    cause: String,
+}
+
+impl ProxyError {
+    /// An error of `kind` with a human cause.
+    pub fn new(kind: ErrorKind, cause: impl Into<String>) -> Self {
+        ProxyError {
+            kind,
+            upstream: None,
+            cause: cause.into(),
+        }
+    }
+
+    /// Names the upstream (label) the error concerns.
+    pub fn with_upstream(mut self, upstream: impl Into<String>) -> Self {
+        self.upstream = Some(upstream.into());
+        self
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The upstream label, if known.
+    pub fn upstream(&self) -> Option<&str> {
+        self.upstream.as_deref()
+    }
+
+    /// The response the application sees.
+    pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
+        let body = Bytes::from(format!("{self}\n"));
+        let mut resp = Response::new(B::from(body.clone()));
+        *resp.status_mut() = self.kind.status();
+        let headers = resp.headers_mut();
+        headers.insert(ERROR_HEADER, HeaderValue::from_static(self.kind.as_str()));
+        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        resp
+    }
+}
+
+impl fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "egress-sidecar: {}", self.kind.as_str())?;
+        if let Some(up) = &self.upstream {
+            write!(f, ": upstream {up}")?;
+        }
+        // One line, whatever the cause text carries.
+        let cause: String = self
+            .cause
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        write!(f, ": {cause}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_carries_kind_status_and_one_line() {
+        let err = ProxyError::new(ErrorKind::PendingTimeout, "waited 5s\nfor a connection")
+            .with_upstream("llm");
+        let resp: Response<Bytes> = err.to_response();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()[ERROR_HEADER], "pending_timeout");
+        let body = std::str::from_utf8(resp.body()).unwrap();
+        assert_eq!(body, "egress-sidecar: pending_timeout: upstream llm: waited 5s for a connection\n");
+    }
+}

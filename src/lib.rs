@@ -1,0 +1,138 @@
+//! egress-sidecar: a localhost egress proxy that holds capped, tuned per-upstream connection
+//! pools, so that a leaky client's connections end cheaply here instead of at the upstream.
+//!
+//! # Flow
+//! ```text
+//!  application ──HTTP/1.1──▶ downstream (accept, our HTTP/1.1 codec, idle/header timeouts)
+//!                                 │ Request<RequestBody>
+//!                                 ▼
+//!                            proxy ─▶ routing (upstream, policy, loop) ─▶ headers (origin-form, hop-by-hop)
+//!                                 │
+//!                                 ▼
+//!                            upstream (retry, response deadline) ─▶ pool (cap, FIFO queue, MRU idle)
+//!                                 │                                    │ dial (resolve, connect, handshake)
+//!                                 ▼                                    ▼
+//!  application ◀──stream── PooledBody ◀──────────────────── hyper HTTP/1.1 client connection ──▶ upstream
+//! ```
+//!
+//! # Cancel safety
+//! When an application disconnects, its connection task is dropped at whatever await it was
+//! in. Everything it holds gives resources back on drop: a queued request leaves the wait
+//! queue (`pool::Waiting`), a checked-out connection whose exchange did not finish is closed
+//! rather than pooled (`pool::Lease`), and a place under `max_connections` is returned when the
+//! connection's socket closes (`pool::Slot`).
+
+pub mod admin;
+pub mod config;
+pub mod downstream;
+pub mod error;
+pub mod pool;
+pub mod proxy;
+pub mod routing;
+pub mod shutdown;
+pub mod upstream;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+pub use config::Config;
+
+use downstream::Context;
+use proxy::Proxy;
+use routing::{Entry, Router};
+use upstream::Upstream;
+
+/// The sockets the sidecar serves on, bound before [`run`] so that tests can bind port 0 and
+/// learn the addresses.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The forward-proxy listener (`listen`).
+    pub proxy: TcpListener,
+    /// The admin listener (`admin`).
+    pub admin: TcpListener,
+    /// Route-mode listeners: index into `config.upstreams`, and the socket.
+    pub routes: Vec<(usize, TcpListener)>,
+}
+
+impl Listeners {
+    /// Binds every listener the config names.
+    pub async fn bind(config: &Config) -> io::Result<Self> {
+        let bind = |addr: SocketAddr, what: String| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("binding {what} {addr}: {e}")))
+        };
+        let proxy = bind(config.listen, "listen".into()).await?;
+        let admin = bind(config.admin, "admin".into()).await?;
+        let mut routes = Vec::new();
+        for (i, up) in config.upstreams.iter().enumerate() {
+            if let Some(addr) = up.listen {
+                routes.push((i, bind(addr, format!("upstreams[{i}].listen")).await?));
+            }
+        }
+        Ok(Listeners { proxy, admin, routes })
+    }
+
+    /// Addresses actually bound: forward proxy, admin, then route listeners in order.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        std::iter::once(&self.proxy)
+            .chain(std::iter::once(&self.admin))
+            .chain(self.routes.iter().map(|(_, l)| l))
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+}
+
+/// Serves until `shutdown` completes, then drains for up to `shutdown.drain_timeout`.
+pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) {
+    let config = Arc::new(config);
+    let local = listeners.local_addrs();
+    let upstreams: Vec<Arc<Upstream>> = config
+        .upstreams
+        .iter()
+        .map(|cfg| Arc::new(Upstream::configured(cfg, &local)))
+        .collect();
+    let router = Router::new(config.clone(), &upstreams, local.clone());
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let max_connections = config.downstream.max_connections;
+    let ctx = Arc::new(Context {
+        config: config.downstream.clone(),
+        proxy: Proxy::new(router),
+        drain: drain_rx.clone(),
+        limit: Arc::new(Semaphore::new(max_connections)),
+        stats: Default::default(),
+    });
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+    let admin_task = tokio::spawn(admin::serve(listeners.admin, ready.clone(), admin_stop_rx));
+    tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %local[1], "forward proxy listening");
+    let mut accept_tasks = vec![tokio::spawn(downstream::serve(listeners.proxy, Entry::Forward, ctx.clone()))];
+    for (i, listener) in listeners.routes {
+        let upstream = upstreams[i].clone();
+        tracing::info!(upstream = upstream.label(), listen = %downstream::describe(&listener), "route listener");
+        accept_tasks.push(tokio::spawn(downstream::serve(listener, Entry::Route(upstream), ctx.clone())));
+    }
+
+    shutdown.await;
+    let drain_timeout = config.shutdown.drain_timeout;
+    tracing::info!(open = ctx.open_connections(), timeout = %humantime::format_duration(drain_timeout), "draining");
+    ready.store(false, Ordering::Relaxed);
+    let _ = drain_tx.send(true);
+    for task in accept_tasks {
+        let _ = task.await;
+    }
+    let all_closed = ctx.limit.acquire_many(max_connections as u32);
+    if tokio::time::timeout(drain_timeout, all_closed).await.is_err() {
+        tracing::warn!(open = ctx.open_connections(), "drain timeout passed with connections open");
+    }
+    let _ = admin_stop_tx.send(true);
+    let _ = admin_task.await;
+    tracing::info!("stopped");
+}

@@ -1,0 +1,343 @@
+//! Routing: which upstream a request means, and whether policy lets it go there.
+//!
+//! Owns the contract's "How requests are routed": absolute-form requests pick an upstream by
+//! authority (a configured one by `url` or `aliases`, else one made on the fly with `defaults`),
+//! origin-form requests on a route-mode listener go to that listener's upstream, and origin-form
+//! requests on the main listener are matched by `Host` against configured upstreams only.
+//! Requests aimed at the sidecar's own listeners are refused as `loop`.
+//!
+//! Not handled here: header rewriting (`proxy::headers`), connections (`pool`), CONNECT
+//! tunnels.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::Uri;
+
+use crate::config::{Authority, Config, PolicyConfig, Scheme};
+use crate::error::{ErrorKind, ProxyError};
+use crate::upstream::Upstream;
+
+/// An on-the-fly upstream unused this long (and holding no connection) is forgotten.
+const DYNAMIC_UPSTREAM_TTL: Duration = Duration::from_secs(300);
+/// How many on-the-fly upstreams may exist before forgetting unused ones is attempted.
+const DYNAMIC_UPSTREAM_SWEEP_AT: usize = 1024;
+
+/// Where a downstream request arrived.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    /// The forward-proxy listener.
+    Forward,
+    /// A route-mode listener bound to one upstream.
+    Route(Arc<Upstream>),
+}
+
+/// The result of routing: the upstream and the authority the request named.
+#[derive(Debug)]
+pub struct Target {
+    /// Where the request goes.
+    pub upstream: Arc<Upstream>,
+}
+
+/// A host pattern in `policy.allow_hosts` / `deny_hosts`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// `api.example.com`
+    Exact(String),
+    /// `*.example.com`: any subdomain (not the apex).
+    Suffix(String),
+    /// `10.0.0.0/8` or a single IP.
+    Net(IpAddr, u8),
+}
+
+impl HostPattern {
+    /// Parses a pattern, naming what is wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Some((ip, len)) = text.split_once('/') {
+            let ip: IpAddr = ip
+                .parse()
+                .map_err(|_| format!("{text:?}: {ip:?} is not an IP address"))?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let len: u8 = len
+                .parse()
+                .ok()
+                .filter(|l| *l <= max)
+                .ok_or_else(|| format!("{text:?}: prefix length must be 0..={max}"))?;
+            return Ok(HostPattern::Net(ip, len));
+        }
+        if let Ok(ip) = text.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+            return Ok(HostPattern::Net(ip, if ip.is_ipv4() { 32 } else { 128 }));
+        }
+        let (suffix, name) = match text.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let valid = !name.is_empty()
+            && name
+                .split('.')
+                .all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+        if !valid {
+            return Err(format!("{text:?} is not a host name, *.domain, IP or CIDR"));
+        }
+        let name = name.to_ascii_lowercase();
+        Ok(if suffix {
+            HostPattern::Suffix(name)
+        } else {
+            HostPattern::Exact(name)
+        })
+    }
+
+    /// Whether `host` (lower-cased name or IP literal) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(name) => host == name,
+            HostPattern::Suffix(name) => host
+                .strip_suffix(name.as_str())
+                .is_some_and(|head| head.ends_with('.') && head.len() > 1),
+            HostPattern::Net(net, len) => host
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| in_network(ip, *net, *len)),
+        }
+    }
+}
+
+fn in_network(ip: IpAddr, net: IpAddr, len: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(ip), IpAddr::V4(net)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(net) & mask
+        }
+        (IpAddr::V6(ip), IpAddr::V6(net)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(net) & mask
+        }
+        _ => false,
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostPattern::Exact(n) => f.write_str(n),
+            HostPattern::Suffix(n) => write!(f, "*.{n}"),
+            HostPattern::Net(ip, len) => write!(f, "{ip}/{len}"),
+        }
+    }
+}
+
+impl serde::Serialize for HostPattern {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Finds upstreams for requests; owns the on-the-fly upstream table.
+#[derive(Debug)]
+pub struct Router {
+    configured: HashMap<Authority, Arc<Upstream>>,
+    dynamic: Mutex<HashMap<(Scheme, Authority), (Arc<Upstream>, Instant)>>,
+    config: Arc<Config>,
+    /// The sidecar's own bound listeners, for loop detection.
+    local: Vec<SocketAddr>,
+}
+
+impl Router {
+    /// Builds the router over configured upstreams (by name order in `config.upstreams`).
+    pub fn new(config: Arc<Config>, upstreams: &[Arc<Upstream>], local: Vec<SocketAddr>) -> Self {
+        let mut configured = HashMap::new();
+        for up in upstreams {
+            for auth in up.authorities() {
+                configured.insert(auth.clone(), up.clone());
+            }
+        }
+        Router {
+            configured,
+            dynamic: Mutex::new(HashMap::new()),
+            config,
+            local,
+        }
+    }
+
+    /// The sidecar's own listener addresses.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local
+    }
+
+    /// Routes a request by its target URI and `Host` header.
+    pub fn route(&self, entry: &Entry, uri: &Uri, host: Option<&str>) -> Result<Target, ProxyError> {
+        if let (Entry::Route(up), None) = (entry, uri.scheme()) {
+            return Ok(Target {
+                upstream: up.clone(),
+            });
+        }
+        let (scheme, authority) = match (uri.scheme_str(), uri.authority()) {
+            (Some(s), Some(a)) => {
+                let scheme = match s {
+                    "http" => Scheme::Http,
+                    "https" => Scheme::Https,
+                    other => {
+                        return Err(ProxyError::new(
+                            ErrorKind::BadRequest,
+                            format!("scheme {other:?} cannot be proxied; use http://"),
+                        ))
+                    }
+                };
+                let auth = Authority::parse(a.as_str(), scheme.default_port())
+                    .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("request target: {e}")))?;
+                (Some(scheme), auth)
+            }
+            (None, None) => {
+                let host = host.ok_or_else(|| {
+                    ProxyError::new(
+                        ErrorKind::BadRequest,
+                        "origin-form request without Host; send absolute-form requests \
+                         (HTTP_PROXY=http://<this listener>) or use a route-mode listener",
+                    )
+                })?;
+                let auth = Authority::parse(host, 80)
+                    .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("Host: {e}")))?;
+                (None, auth)
+            }
+            _ => {
+                return Err(ProxyError::new(
+                    ErrorKind::BadRequest,
+                    format!("request target {uri} is neither absolute-form nor origin-form"),
+                ))
+            }
+        };
+        self.check_loop(&authority)?;
+        self.check_policy(&authority)?;
+        if let Some(up) = self.configured.get(&authority) {
+            return Ok(Target {
+                upstream: up.clone(),
+            });
+        }
+        match scheme {
+            Some(scheme) => Ok(Target {
+                upstream: self.dynamic_upstream(scheme, authority),
+            }),
+            None => Err(ProxyError::new(
+                ErrorKind::UnknownUpstream,
+                format!(
+                    "Host {authority} is not a configured upstream; send absolute-form requests \
+                     (HTTP_PROXY=http://<this listener>) or add it under upstreams"
+                ),
+            )
+            .with_upstream(authority.to_string())),
+        }
+    }
+
+    /// Refuses authorities that are the sidecar's own listeners.
+    fn check_loop(&self, authority: &Authority) -> Result<(), ProxyError> {
+        let ip = match authority.host.as_str() {
+            "localhost" => Some(IpAddr::from([127, 0, 0, 1])),
+            host => host.parse::<IpAddr>().ok(),
+        };
+        let is_self = ip.is_some_and(|ip| {
+            self.local
+                .iter()
+                .any(|local| is_same_listener(*local, SocketAddr::new(ip, authority.port)))
+        });
+        if is_self {
+            return Err(ProxyError::new(
+                ErrorKind::Loop,
+                format!(
+                    "{authority} is this sidecar; send absolute-form requests \
+                     (HTTP_PROXY=http://{authority}) for other hosts"
+                ),
+            )
+            .with_upstream(authority.to_string()));
+        }
+        Ok(())
+    }
+
+    fn check_policy(&self, authority: &Authority) -> Result<(), ProxyError> {
+        if !host_allowed(&self.config.policy, &authority.host) {
+            return Err(ProxyError::new(
+                ErrorKind::Denied,
+                format!("{} is not allowed by policy", authority.host),
+            )
+            .with_upstream(authority.to_string()));
+        }
+        Ok(())
+    }
+
+    fn dynamic_upstream(&self, scheme: Scheme, authority: Authority) -> Arc<Upstream> {
+        let mut authority = authority;
+        let scheme = if scheme == Scheme::Http && self.config.tls_hosts.contains(&authority.host) {
+            if authority.port == Scheme::Http.default_port() {
+                authority.port = Scheme::Https.default_port();
+            }
+            Scheme::Https
+        } else {
+            scheme
+        };
+        let now = Instant::now();
+        let mut table = self.dynamic.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((up, used)) = table.get_mut(&(scheme, authority.clone())) {
+            *used = now;
+            return up.clone();
+        }
+        if table.len() >= DYNAMIC_UPSTREAM_SWEEP_AT {
+            table.retain(|_, (up, used)| {
+                now.duration_since(*used) < DYNAMIC_UPSTREAM_TTL || up.pool().open_connections() > 0
+            });
+        }
+        let up = Arc::new(Upstream::dynamic(scheme, authority.clone(), &self.config, &self.local));
+        table.insert((scheme, authority), (up.clone(), now));
+        up
+    }
+}
+
+/// Whether two addresses are the same listening socket (a listener on 0.0.0.0 is every
+/// local address on its port).
+pub fn is_same_listener(local: SocketAddr, target: SocketAddr) -> bool {
+    if local.port() != target.port() {
+        return false;
+    }
+    let target_ip = target.ip();
+    local.ip() == target_ip
+        || (local.ip().is_unspecified() && (target_ip.is_loopback() || target_ip.is_unspecified()))
+}
+
+/// Deny patterns first, then the allow list (empty = any host).
+pub fn host_allowed(policy: &PolicyConfig, host: &str) -> bool {
+    if policy.deny_hosts.iter().any(|p| p.matches(host)) {
+        return false;
+    }
+    policy.allow_hosts.is_empty() || policy.allow_hosts.iter().any(|p| p.matches(host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        let suffix = HostPattern::parse("*.Example.com").unwrap();
+        assert!(suffix.matches("api.example.com"));
+        assert!(!suffix.matches("example.com"));
+        assert!(!suffix.matches("badexample.com"));
+        let net = HostPattern::parse("10.0.0.0/8").unwrap();
+        assert!(net.matches("10.1.2.3"));
+        assert!(!net.matches("11.1.2.3"));
+        assert!(!net.matches("ten.example"));
+        assert!(HostPattern::parse("10.0.0.0/40").is_err());
+        assert!(HostPattern::parse("bad host").is_err());
+        assert_eq!(HostPattern::parse("::1").unwrap().to_string(), "::1/128");
+    }
+
+    #[test]
+    fn same_listener() {
+        let any: SocketAddr = "0.0.0.0:15080".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:15080".parse().unwrap();
+        assert!(is_same_listener(any, lo));
+        assert!(!is_same_listener(lo, "127.0.0.2:15080".parse().unwrap()));
+        assert!(!is_same_listener(lo, "127.0.0.1:15081".parse().unwrap()));
+        assert!(!is_same_listener(lo, "10.0.0.1:15080".parse().unwrap()));
+    }
+}

@@ -1,0 +1,180 @@
+//! Dialing an upstream: resolve, TCP connect within `connect_timeout`, socket options, the
+//! HTTP/1.1 handshake, and the connection's driver task.
+//!
+//! Resolution uses the upstream's static `addresses` when configured, else the system resolver
+//! (getaddrinfo); addresses are tried in order until one connects or the deadline passes. A
+//! connection that turns out to reach one of the sidecar's own listeners is refused as `loop`.
+//!
+//! Not handled here: which connection a request uses (`pool`), TLS (not in this build).
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::config::Authority;
+use crate::error::{ErrorKind, ProxyError};
+use crate::pool::{Connect, Sender, Slot};
+use crate::routing::is_same_listener;
+
+/// TCP keepalive probes on upstream sockets find peers that vanished without a FIN.
+const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Dials plain-TCP HTTP/1.1 connections to one upstream.
+#[derive(Debug)]
+pub struct Http1Connector {
+    label: Arc<str>,
+    authority: Authority,
+    addresses: Vec<SocketAddr>,
+    connect_timeout: Duration,
+    local: Vec<SocketAddr>,
+}
+
+impl Http1Connector {
+    /// A connector for `authority`, using `addresses` instead of DNS when non-empty.
+    pub fn new(
+        label: Arc<str>,
+        authority: Authority,
+        addresses: Vec<SocketAddr>,
+        connect_timeout: Duration,
+        local: Vec<SocketAddr>,
+    ) -> Self {
+        Http1Connector {
+            label,
+            authority,
+            addresses,
+            connect_timeout,
+            local,
+        }
+    }
+
+    fn error(&self, kind: ErrorKind, cause: impl Into<String>) -> ProxyError {
+        ProxyError::new(kind, cause).with_upstream(&*self.label)
+    }
+
+    async fn resolve(&self) -> Result<Vec<SocketAddr>, ProxyError> {
+        if !self.addresses.is_empty() {
+            return Ok(self.addresses.clone());
+        }
+        if let Ok(ip) = self.authority.host.parse() {
+            return Ok(vec![SocketAddr::new(ip, self.authority.port)]);
+        }
+        let found: Vec<SocketAddr> = tokio::net::lookup_host((self.authority.host.as_str(), self.authority.port))
+            .await
+            .map_err(|e| self.error(ErrorKind::ConnectFailed, format!("resolving {}: {e}", self.authority.host)))?
+            .collect();
+        if found.is_empty() {
+            return Err(self.error(
+                ErrorKind::ConnectFailed,
+                format!("resolving {}: no addresses", self.authority.host),
+            ));
+        }
+        Ok(found)
+    }
+
+    async fn connect_tcp(&self) -> Result<TcpStream, ProxyError> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let addrs = tokio::time::timeout_at(deadline, self.resolve())
+            .await
+            .map_err(|_| self.timeout_error())??;
+        let mut last_err: Option<io::Error> = None;
+        for addr in &addrs {
+            if self.local.iter().any(|l| is_same_listener(*l, *addr)) {
+                return Err(self.loop_error(*addr));
+            }
+            match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+                Err(_) => return Err(self.timeout_error()),
+                Ok(Ok(stream)) => {
+                    self.refuse_self_connection(&stream)?;
+                    set_socket_options(&stream);
+                    return Ok(stream);
+                }
+                Ok(Err(e)) => last_err = Some(e),
+            }
+        }
+        let cause = last_err.map_or_else(|| "no address".to_owned(), |e| e.to_string());
+        Err(self.error(
+            ErrorKind::ConnectFailed,
+            format!("connecting to {} ({}): {cause}", self.authority, join_addrs(&addrs)),
+        ))
+    }
+
+    /// A listener on 0.0.0.0 is reachable through every local address, which only the connected
+    /// socket can reveal: the peer is this host when it has our own local IP.
+    fn refuse_self_connection(&self, stream: &TcpStream) -> Result<(), ProxyError> {
+        let (Ok(peer), Ok(me)) = (stream.peer_addr(), stream.local_addr()) else {
+            return Ok(());
+        };
+        let to_self = peer.ip() == me.ip()
+            && self
+                .local
+                .iter()
+                .any(|l| l.port() == peer.port() && (l.ip().is_unspecified() || l.ip() == peer.ip()));
+        if to_self {
+            return Err(self.loop_error(peer));
+        }
+        Ok(())
+    }
+
+    fn loop_error(&self, addr: SocketAddr) -> ProxyError {
+        self.error(
+            ErrorKind::Loop,
+            format!("{} resolves to {addr}, which is this sidecar", self.authority),
+        )
+    }
+
+    fn timeout_error(&self) -> ProxyError {
+        self.error(
+            ErrorKind::ConnectTimeout,
+            format!(
+                "connecting to {} took longer than connect_timeout ({})",
+                self.authority,
+                humantime::format_duration(self.connect_timeout)
+            ),
+        )
+    }
+
+    async fn connect_http1(&self, slot: Slot) -> Result<Sender, ProxyError> {
+        let stream = self.connect_tcp().await?;
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/1.1 handshake: {e}")))?;
+        let label = self.label.clone();
+        tokio::spawn(async move {
+            // The slot counts this connection against max_connections until the socket closes.
+            let _slot = slot;
+            if let Err(e) = conn.await {
+                tracing::debug!(upstream = %label, error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+impl Connect for Http1Connector {
+    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Sender, ProxyError>> + Send + '_>> {
+        Box::pin(self.connect_http1(slot))
+    }
+}
+
+fn set_socket_options(stream: &TcpStream) {
+    // Failures here leave a working socket with default options; not worth failing the dial.
+    let _ = stream.set_nodelay(true);
+    let keepalive = TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_TIME)
+        .with_interval(TCP_KEEPALIVE_INTERVAL);
+    let _ = SockRef::from(stream).set_tcp_keepalive(&keepalive);
+}
+
+fn join_addrs(addrs: &[SocketAddr]) -> String {
+    addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+}

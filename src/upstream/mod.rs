@@ -1,0 +1,242 @@
+//! An upstream: its identity (label, scheme, authority), settings and pool, and sending one
+//! request on a pooled connection with the response-head deadline and the stale-connection
+//! retry.
+//!
+//! The retry rule: a request that hyper hands back unsent is always sent again on another
+//! connection. A request that was written on a *reused* connection which then failed before any
+//! response arrived is sent once more only if it is idempotent (GET, HEAD, OPTIONS, TRACE, PUT,
+//! DELETE, or any request with `Idempotency-Key`) and its body can be replayed (it has none);
+//! everything else is answered `upstream_reset`.
+//!
+//! Not handled here: header rewriting (`proxy::headers`), the pool itself (`pool`).
+
+pub mod dial;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{HeaderValue, Method, Request, Response};
+use hyper::body::Incoming;
+
+use crate::config::{Authority, Config, Scheme, UpstreamConfig, UpstreamSettings};
+use crate::downstream::RequestBody;
+use crate::error::{ErrorKind, ProxyError};
+use crate::pool::{Lease, Pool, PooledBody};
+
+/// How often a request handed back unsent may be tried on yet another connection.
+const MAX_UNSENT_ATTEMPTS: usize = 3;
+
+/// One upstream and its pool.
+#[derive(Debug)]
+pub struct Upstream {
+    label: Arc<str>,
+    scheme: Scheme,
+    authority: Authority,
+    aliases: Vec<Authority>,
+    settings: UpstreamSettings,
+    host_header: HeaderValue,
+    pool: Arc<Pool>,
+}
+
+enum Failure {
+    /// hyper handed the request back: nothing reached the upstream.
+    Unsent(Request<RequestBody>, ProxyError),
+    /// The request (or part of it) was written.
+    Sent(ProxyError),
+}
+
+impl Upstream {
+    /// An upstream from the config file.
+    pub fn configured(cfg: &UpstreamConfig, local: &[SocketAddr]) -> Self {
+        Self::build(
+            cfg.name.as_str().into(),
+            cfg.scheme,
+            cfg.authority.clone(),
+            cfg.aliases.clone(),
+            cfg.addresses.clone(),
+            cfg.settings.clone(),
+            local,
+        )
+    }
+
+    /// An upstream met through an absolute-form request, with `defaults`.
+    pub fn dynamic(scheme: Scheme, authority: Authority, config: &Config, local: &[SocketAddr]) -> Self {
+        Self::build(
+            authority.to_string().into(),
+            scheme,
+            authority,
+            Vec::new(),
+            Vec::new(),
+            config.defaults.clone(),
+            local,
+        )
+    }
+
+    fn build(
+        label: Arc<str>,
+        scheme: Scheme,
+        authority: Authority,
+        aliases: Vec<Authority>,
+        addresses: Vec<SocketAddr>,
+        settings: UpstreamSettings,
+        local: &[SocketAddr],
+    ) -> Self {
+        let host_header = host_header(scheme, &authority);
+        let connector = dial::Http1Connector::new(
+            label.clone(),
+            authority.clone(),
+            addresses,
+            settings.connect_timeout,
+            local.to_vec(),
+        );
+        let pool = Pool::new(label.clone(), settings.pool.clone(), Box::new(connector));
+        Upstream {
+            label,
+            scheme,
+            authority,
+            aliases,
+            settings,
+            host_header,
+            pool,
+        }
+    }
+
+    /// The label in logs and metrics: the configured name, or host:port.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The upstream's own authority and its aliases.
+    pub fn authorities(&self) -> impl Iterator<Item = &Authority> {
+        std::iter::once(&self.authority).chain(&self.aliases)
+    }
+
+    /// The `Host` header requests to this upstream carry.
+    pub fn host_header(&self) -> &HeaderValue {
+        &self.host_header
+    }
+
+    /// Whether the sidecar originates TLS to this upstream.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    fn error(&self, kind: ErrorKind, cause: impl Into<String>) -> ProxyError {
+        ProxyError::new(kind, cause).with_upstream(&*self.label)
+    }
+
+    /// Sends an origin-form request and returns the response head; the body streams from the
+    /// pooled connection and gives it back when it ends.
+    pub async fn send(&self, req: Request<RequestBody>) -> Result<Response<PooledBody>, ProxyError> {
+        let mut req = req;
+        let mut retried = false;
+        let mut unsent_attempts = 0;
+        loop {
+            let mut lease = self.pool.checkout().await?;
+            // Only a reused connection can be stale, so only then is a copy worth its cost.
+            let replay = if lease.is_reused() && !retried {
+                replayable_copy(&req)
+            } else {
+                None
+            };
+            lease.count_request();
+            match self.exchange(&mut lease, req).await {
+                Ok(resp) => {
+                    lease.observe_response(resp.version(), resp.headers());
+                    return Ok(resp.map(|body| PooledBody::new(body, lease)));
+                }
+                Err(Failure::Unsent(back, err)) => {
+                    unsent_attempts += 1;
+                    if unsent_attempts >= MAX_UNSENT_ATTEMPTS {
+                        return Err(err);
+                    }
+                    req = back;
+                }
+                Err(Failure::Sent(err)) => match replay {
+                    Some(copy) if err.kind() == ErrorKind::UpstreamReset => {
+                        tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
+                        retried = true;
+                        req = copy;
+                    }
+                    _ => return Err(err),
+                },
+            }
+        }
+    }
+
+    async fn exchange(&self, lease: &mut Lease, req: Request<RequestBody>) -> Result<Response<Incoming>, Failure> {
+        let sending = lease.sender().try_send_request(req);
+        let result = match self.settings.response_header_timeout {
+            Some(limit) => match tokio::time::timeout(limit, sending).await {
+                Ok(result) => result,
+                Err(_) => {
+                    return Err(Failure::Sent(self.error(
+                        ErrorKind::ResponseTimeout,
+                        format!(
+                            "no response head within response_header_timeout ({})",
+                            humantime::format_duration(limit)
+                        ),
+                    )))
+                }
+            },
+            None => sending.await,
+        };
+        result.map_err(|mut e| {
+            let unsent = e.take_message();
+            let err = self.classify(e.error());
+            match unsent {
+                Some(req) => Failure::Unsent(req, err),
+                None => Failure::Sent(err),
+            }
+        })
+    }
+
+    /// Maps a hyper client error to the contract's kinds.
+    fn classify(&self, e: &hyper::Error) -> ProxyError {
+        if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+            return self.error(ErrorKind::ProtocolError, format!("invalid response: {e}"));
+        }
+        if e.is_user() || e.is_body_write_aborted() {
+            // Our request body failed: the application went away or sent a malformed body.
+            let cause = std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string());
+            return self.error(ErrorKind::BadRequest, format!("request body: {cause}"));
+        }
+        let cause = match std::error::Error::source(e) {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        };
+        self.error(ErrorKind::UpstreamReset, format!("connection closed before a response: {cause}"))
+    }
+}
+
+/// `host[:port]`, leaving out the scheme's default port.
+fn host_header(scheme: Scheme, authority: &Authority) -> HeaderValue {
+    let text = match (authority.port == scheme.default_port(), authority.host.contains(':')) {
+        (true, false) => authority.host.clone(),
+        (true, true) => format!("[{}]", authority.host),
+        (false, _) => authority.to_string(),
+    };
+    HeaderValue::from_str(&text).expect("validated authority is a valid header value")
+}
+
+/// A copy to send again after a stale connection, for idempotent requests without a body.
+fn replayable_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
+    let idempotent = matches!(
+        *req.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    ) || req.headers().contains_key("idempotency-key");
+    if !idempotent || !req.body().is_empty() {
+        return None;
+    }
+    let mut copy = Request::new(RequestBody::Empty);
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    Some(copy)
+}
