@@ -30,6 +30,8 @@ pub const DEFAULT_DOWNSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Downstream connections served at once; more wait in the accept backlog.
 pub const DEFAULT_DOWNSTREAM_MAX_CONNECTIONS: usize = 10_000;
+/// Upper bound on `downstream.max_connections`.
+const MAX_DOWNSTREAM_CONNECTIONS: usize = 1_000_000;
 /// Largest request head accepted.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Time allowed for TCP connect (and, later, TLS handshake) to an upstream.
@@ -563,7 +565,7 @@ fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigErr
         }
     }
     check_upstream_uniqueness(&upstreams, listen, admin, &mut problems);
-    if listen == admin {
+    if listen == admin && listen.port() != 0 {
         problems.add("admin", format!("{admin} is also the forward-proxy listen address"));
     }
 
@@ -596,8 +598,11 @@ fn validate_downstream(raw: &FileDownstream, problems: &mut Problems) -> Downstr
         .max_connections
         .map(|n| n as usize)
         .unwrap_or(DEFAULT_DOWNSTREAM_MAX_CONNECTIONS);
-    if max_connections == 0 {
-        problems.add("downstream.max_connections", "must be at least 1");
+    if !(1..=MAX_DOWNSTREAM_CONNECTIONS).contains(&max_connections) {
+        problems.add(
+            "downstream.max_connections",
+            format!("{max_connections} is outside 1..={MAX_DOWNSTREAM_CONNECTIONS}"),
+        );
     }
     let max_header_bytes = match &raw.max_header_bytes {
         Some(v) => problems.take(
@@ -750,7 +755,7 @@ fn merge_settings(
 
 fn merge_pool(base: &PoolConfig, raw: &FilePool, prefix: &str, problems: &mut Problems) -> PoolConfig {
     let key = |k: &str| format!("{prefix}.{k}");
-    let pool = PoolConfig {
+    let mut pool = PoolConfig {
         max_connections: raw.max_connections.map_or(base.max_connections, |n| n as usize),
         max_idle: raw.max_idle.map_or(base.max_idle, |n| n as usize),
         idle_timeout: duration_or(&raw.idle_timeout, base.idle_timeout, &key("idle_timeout"), problems),
@@ -771,6 +776,11 @@ fn merge_pool(base: &PoolConfig, raw: &FilePool, prefix: &str, problems: &mut Pr
     };
     if pool.max_connections == 0 {
         problems.add(key("max_connections"), "must be at least 1");
+    }
+    if raw.max_idle.is_none() {
+        // An inherited max_idle follows a lowered cap: `pool: { max_connections: 8 }` alone is
+        // a complete, valid override.
+        pool.max_idle = pool.max_idle.min(pool.max_connections);
     }
     if pool.max_idle > pool.max_connections {
         problems.add(
@@ -919,7 +929,7 @@ fn check_upstream_uniqueness(
                     format!("{:?} is also the name of upstreams[{j}]", up.name),
                 );
             }
-            if up.listen.is_some() && up.listen == earlier.listen {
+            if up.listen.is_some_and(|a| a.port() != 0) && up.listen == earlier.listen {
                 problems.add(
                     format!("upstreams[{i}].listen"),
                     format!(
@@ -941,7 +951,7 @@ fn check_upstream_uniqueness(
         }
         if let Some(addr) = up.listen {
             for (what, taken) in [("listen", listen), ("admin", admin)] {
-                if addr == taken {
+                if addr == taken && addr.port() != 0 {
                     problems.add(
                         format!("upstreams[{i}].listen"),
                         format!("{addr} is also the top-level {what} address"),
@@ -1146,14 +1156,14 @@ mod tests {
     fn upstream_overrides_merge_over_defaults() {
         let c = parse(
             "defaults: { pool: { max_idle: 4, idle_timeout: 5s } }\n\
-             upstreams:\n  - name: a\n    url: http://a.example:8080\n    pool: { max_connections: 8 }\n",
+             upstreams:\n  - name: a\n    url: http://a.example:8080\n    pool: { max_connections: 2 }\n",
             &Overrides::default(),
         )
         .unwrap();
         let up = &c.upstreams[0];
         assert_eq!(up.authority, Authority::parse("a.example:8080", 80).unwrap());
-        assert_eq!(up.settings.pool.max_connections, 8);
-        assert_eq!(up.settings.pool.max_idle, 4);
+        assert_eq!(up.settings.pool.max_connections, 2);
+        assert_eq!(up.settings.pool.max_idle, 2, "inherited max_idle follows the lower cap");
         assert_eq!(up.settings.pool.idle_timeout, Duration::from_secs(5));
     }
 

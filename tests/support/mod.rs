@@ -1,0 +1,506 @@
+//! Test support: a counting fake upstream, the sidecar in-process or as a child process, and a
+//! minimal raw HTTP/1.1 client. Everything binds 127.0.0.1:0.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+// === fake upstream ===
+
+/// What the fake upstream saw.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    pub uri: String,
+    pub headers: HeaderMap,
+    pub body_len: u64,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    /// Connections open now.
+    pub open: AtomicUsize,
+    /// Most connections open at once.
+    pub peak: AtomicUsize,
+    /// Connections accepted in total.
+    pub accepted: AtomicUsize,
+    /// Requests received.
+    pub requests: AtomicUsize,
+}
+
+/// An HTTP/1.1 upstream that counts connections. Paths:
+/// - `/sleep/{ms}`: answers "ok" after ms
+/// - `/echo`: streams the request body back
+/// - `/drain`: reads the body, answers its length
+/// - `/bytes/{n}`: streams n bytes
+/// - `/close`: answers with `Connection: close`
+/// - `/keepalive/{secs}`: answers with `Keep-Alive: timeout=secs`
+/// - `/sse/{n}`: n events, each sent after `sse_next` is notified
+/// - anything else: "ok"
+pub struct FakeUpstream {
+    pub addr: SocketAddr,
+    pub counters: Arc<Counters>,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    pub sse_next: Arc<Notify>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl FakeUpstream {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let counters = Arc::new(Counters::default());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sse_next = Arc::new(Notify::new());
+        let (stop, mut stopped) = oneshot::channel();
+        let (c, s, n) = (counters.clone(), seen.clone(), sse_next.clone());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    r = listener.accept() => match r { Ok(p) => p, Err(_) => continue },
+                    _ = &mut stopped => return,
+                };
+                c.accepted.fetch_add(1, Ordering::SeqCst);
+                let now = c.open.fetch_add(1, Ordering::SeqCst) + 1;
+                c.peak.fetch_max(now, Ordering::SeqCst);
+                let (c2, s2, n2) = (c.clone(), s.clone(), n.clone());
+                let counters = c.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| handle(req, c2.clone(), s2.clone(), n2.clone()));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                    counters.open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        FakeUpstream {
+            addr,
+            counters,
+            seen,
+            sse_next,
+            stop: Some(stop),
+        }
+    }
+
+    pub fn open(&self) -> usize {
+        self.counters.open.load(Ordering::SeqCst)
+    }
+    pub fn peak(&self) -> usize {
+        self.counters.peak.load(Ordering::SeqCst)
+    }
+    pub fn accepted(&self) -> usize {
+        self.counters.accepted.load(Ordering::SeqCst)
+    }
+    pub fn requests(&self) -> usize {
+        self.counters.requests.load(Ordering::SeqCst)
+    }
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FakeUpstream {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn full(body: impl Into<Bytes>) -> BoxBody {
+    Full::new(body.into()).map_err(|never: Infallible| match never {}).boxed()
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    counters: Arc<Counters>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    sse_next: Arc<Notify>,
+) -> Result<Response<BoxBody>, Infallible> {
+    counters.requests.fetch_add(1, Ordering::SeqCst);
+    let path = req.uri().path().to_owned();
+    let mut record = Seen {
+        method: req.method().to_string(),
+        uri: req.uri().to_string(),
+        headers: req.headers().clone(),
+        body_len: 0,
+    };
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let resp = match segments.as_slice() {
+        ["sleep", ms] => {
+            tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
+            Response::new(full("ok"))
+        }
+        ["echo"] => {
+            seen.lock().unwrap().push(record);
+            let body = req.into_body().map_err(std::io::Error::other).boxed();
+            return Ok(Response::new(body));
+        }
+        ["drain"] => {
+            let mut body = req.into_body();
+            let mut len = 0u64;
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(f) => len += f.data_ref().map_or(0, |d| d.len() as u64),
+                    Err(_) => break,
+                }
+            }
+            record.body_len = len;
+            Response::new(full(len.to_string()))
+        }
+        ["bytes", n] => {
+            let total: u64 = n.parse().unwrap_or(0);
+            let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(2);
+            tokio::spawn(async move {
+                let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+                let mut left = total;
+                while left > 0 {
+                    let n = left.min(chunk.len() as u64) as usize;
+                    if tx.send(Ok(Frame::data(chunk.slice(..n)))).await.is_err() {
+                        return;
+                    }
+                    left -= n as u64;
+                }
+            });
+            let mut resp = Response::new(StreamBody::new(tokio_stream(rx)).boxed());
+            resp.headers_mut().insert("content-length", total.into());
+            resp
+        }
+        ["close"] => {
+            let mut resp = Response::new(full("ok"));
+            resp.headers_mut().insert("connection", "close".parse().unwrap());
+            resp
+        }
+        ["keepalive", secs] => {
+            let mut resp = Response::new(full("ok"));
+            resp.headers_mut()
+                .insert("keep-alive", format!("timeout={secs}").parse().unwrap());
+            resp
+        }
+        ["sse", n] => {
+            let events: usize = n.parse().unwrap_or(0);
+            let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+            tokio::spawn(async move {
+                for i in 0..events {
+                    if i > 0 {
+                        sse_next.notified().await;
+                    }
+                    let event = Bytes::from(format!("data: event {i}\n\n"));
+                    if tx.send(Ok(Frame::data(event))).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let mut resp = Response::new(StreamBody::new(tokio_stream(rx)).boxed());
+            resp.headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            resp
+        }
+        _ => Response::new(full("ok")),
+    };
+    seen.lock().unwrap().push(record);
+    Ok(resp)
+}
+
+/// An mpsc receiver as a `Stream` without pulling in tokio-stream.
+fn tokio_stream<T>(mut rx: mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> {
+    futures_util_stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+mod futures_util_stream {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    pub struct PollFn<F>(F);
+    impl<F> Unpin for PollFn<F> {}
+    pub fn poll_fn<T, F: FnMut(&mut Context<'_>) -> Poll<Option<T>>>(f: F) -> PollFn<F> {
+        PollFn(f)
+    }
+    impl<T, F: FnMut(&mut Context<'_>) -> Poll<Option<T>>> futures_core::Stream for PollFn<F> {
+        type Item = T;
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+            (self.0)(cx)
+        }
+    }
+}
+
+// === the sidecar, in-process ===
+
+pub struct Sidecar {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    /// Route-mode listeners in config order.
+    pub routes: Vec<SocketAddr>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Sidecar {
+    /// Starts the sidecar with `yaml` (listen/admin default to 127.0.0.1:0).
+    pub async fn start(yaml: &str) -> Self {
+        let mut text = String::from("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n");
+        text.push_str(yaml);
+        let config = egress_sidecar::config::parse(&text, &Default::default()).expect("valid test config");
+        let listeners = egress_sidecar::Listeners::bind(&config).await.unwrap();
+        let addr = listeners.proxy.local_addr().unwrap();
+        let admin = listeners.admin.local_addr().unwrap();
+        let routes = listeners.routes.iter().map(|(_, l)| l.local_addr().unwrap()).collect();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(egress_sidecar::run(config, listeners, async move {
+            let _ = stopped.await;
+        }));
+        Sidecar {
+            addr,
+            admin,
+            routes,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Signals shutdown and waits for the drain to finish.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+// === raw client ===
+
+/// A response read off a raw socket.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A keep-alive HTTP/1.1 client connection over a raw socket.
+pub struct RawClient {
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl RawClient {
+    pub async fn connect(addr: SocketAddr) -> Self {
+        RawClient {
+            stream: TcpStream::connect(addr).await.unwrap(),
+            buf: Vec::new(),
+        }
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.unwrap();
+    }
+
+    /// Sends a GET in absolute-form for `url`.
+    pub async fn get(&mut self, url: &str) -> RawResponse {
+        let host = url.split('/').nth(2).unwrap_or("");
+        self.send_raw(format!("GET {url} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+            .await;
+        self.read_response(false).await.expect("response")
+    }
+
+    /// Reads one response (`head_only` for HEAD requests); None if the connection closed first.
+    pub async fn read_response(&mut self, head_only: bool) -> Option<RawResponse> {
+        let head_end = loop {
+            if let Some(pos) = find(&self.buf, b"\r\n\r\n") {
+                break pos + 4;
+            }
+            if !self.fill().await {
+                return None;
+            }
+        };
+        let mut slots = [httparse::EMPTY_HEADER; 64];
+        let mut resp = httparse::Response::new(&mut slots);
+        resp.parse(&self.buf[..head_end]).expect("valid response head");
+        let status = resp.code.unwrap();
+        let mut headers = HeaderMap::new();
+        for h in resp.headers.iter() {
+            headers.append(
+                http::HeaderName::from_bytes(h.name.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(h.value).unwrap(),
+            );
+        }
+        self.buf.drain(..head_end);
+        let no_body = head_only || status == 204 || status == 304 || (100..200).contains(&status);
+        let body = if no_body {
+            Vec::new()
+        } else if let Some(len) = headers.get("content-length") {
+            let len: usize = len.to_str().unwrap().parse().unwrap();
+            while self.buf.len() < len {
+                assert!(self.fill().await, "closed mid-body");
+            }
+            self.buf.drain(..len).collect()
+        } else if headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v == "chunked")
+        {
+            self.read_chunked().await
+        } else {
+            while self.fill().await {}
+            std::mem::take(&mut self.buf)
+        };
+        Some(RawResponse { status, headers, body })
+    }
+
+    async fn read_chunked(&mut self) -> Vec<u8> {
+        let mut body = Vec::new();
+        loop {
+            let line_end = loop {
+                if let Some(p) = find(&self.buf, b"\r\n") {
+                    break p;
+                }
+                assert!(self.fill().await, "closed in chunk header");
+            };
+            let size_text = String::from_utf8_lossy(&self.buf[..line_end]).to_string();
+            let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16).unwrap();
+            self.buf.drain(..line_end + 2);
+            if size == 0 {
+                // trailers until empty line
+                loop {
+                    let end = loop {
+                        if let Some(p) = find(&self.buf, b"\r\n") {
+                            break p;
+                        }
+                        assert!(self.fill().await);
+                    };
+                    self.buf.drain(..end + 2);
+                    if end == 0 {
+                        return body;
+                    }
+                }
+            }
+            while self.buf.len() < size + 2 {
+                assert!(self.fill().await, "closed in chunk");
+            }
+            body.extend(self.buf.drain(..size));
+            self.buf.drain(..2);
+        }
+    }
+
+    /// Reads the next chunk of a chunked body as it arrives (for streaming tests).
+    pub async fn read_chunk(&mut self) -> Option<Vec<u8>> {
+        let line_end = loop {
+            if let Some(p) = find(&self.buf, b"\r\n") {
+                break p;
+            }
+            if !self.fill().await {
+                return None;
+            }
+        };
+        let size_text = String::from_utf8_lossy(&self.buf[..line_end]).to_string();
+        let size = usize::from_str_radix(size_text.trim(), 16).unwrap();
+        self.buf.drain(..line_end + 2);
+        while self.buf.len() < size + 2 {
+            if !self.fill().await {
+                return None;
+            }
+        }
+        let data: Vec<u8> = self.buf.drain(..size).collect();
+        self.buf.drain(..2);
+        Some(data)
+    }
+
+    /// Reads the head of a response only (the body is left for `read_chunk`).
+    pub async fn read_head(&mut self) -> (u16, HeaderMap) {
+        let head_end = loop {
+            if let Some(pos) = find(&self.buf, b"\r\n\r\n") {
+                break pos + 4;
+            }
+            assert!(self.fill().await, "closed before head");
+        };
+        let mut slots = [httparse::EMPTY_HEADER; 64];
+        let mut resp = httparse::Response::new(&mut slots);
+        resp.parse(&self.buf[..head_end]).unwrap();
+        let status = resp.code.unwrap();
+        let mut headers = HeaderMap::new();
+        for h in resp.headers.iter() {
+            headers.append(
+                http::HeaderName::from_bytes(h.name.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(h.value).unwrap(),
+            );
+        }
+        self.buf.drain(..head_end);
+        (status, headers)
+    }
+
+    /// Whether the peer closed the connection (reads until EOF or `wait`).
+    pub async fn is_closed_within(&mut self, wait: Duration) -> bool {
+        let mut tmp = [0u8; 1024];
+        match tokio::time::timeout(wait, self.stream.read(&mut tmp)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => true,
+            Ok(Ok(n)) => {
+                self.buf.extend_from_slice(&tmp[..n]);
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    async fn fill(&mut self) -> bool {
+        let mut tmp = [0u8; 16384];
+        match self.stream.read(&mut tmp).await {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                self.buf.extend_from_slice(&tmp[..n]);
+                true
+            }
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Polls `cond` every 20ms until it holds or `within` passes.
+pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if cond() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
