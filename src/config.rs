@@ -1187,7 +1187,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_errors_with_their_path() {
-        assert_eq!(problems("defaults:\n  pool:\n    max_conns: 3\n"), vec!["defaults.pool"]);
+        assert_eq!(problems("defaults:\n  pool:\n    max_conns: 3\n"), vec!["defaults.pool.max_conns"]);
         let err = parse("defaults:\n  pool:\n    max_conns: 3\n", &Overrides::default())
             .unwrap_err()
             .to_string();
