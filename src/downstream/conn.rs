@@ -210,8 +210,8 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
 
     // Phase 2: write the response while the rest of the request body (if any) still flows.
     // A body the upstream never asked for is not solicited any more.
-    pump.abandon_unstarted();
-    let keep_alive = keep_alive && !ctx.draining();
+    let abandoned = pump.abandon_unstarted();
+    let keep_alive = keep_alive && !abandoned && !ctx.draining();
     let head_only = method == Method::HEAD;
     let written = {
         let write = write_response(&mut wr, resp, head_only, version, keep_alive);
@@ -299,10 +299,13 @@ impl BodyPump {
 
     /// The response is under way without the upstream having asked for the body: the client,
     /// which waits for 100 Continue, will not send it, so stop waiting for it.
-    fn abandon_unstarted(&mut self) {
-        if self.awaiting_start.is_some() {
+    /// Returns whether a body was abandoned (the connection cannot carry another request).
+    fn abandon_unstarted(&mut self) -> bool {
+        if self.awaiting_start.take().is_some() {
             self.tx = None;
+            return true;
         }
+        false
     }
 
     /// Tells the upstream side the body is broken (it aborts the upstream request).

@@ -319,6 +319,16 @@ pub struct RawClient {
 }
 
 impl RawClient {
+    /// A client over an already connected stream.
+    pub fn from_stream(stream: TcpStream) -> Self {
+        RawClient { stream, buf: Vec::new() }
+    }
+
+    /// Bytes read past the last parsed message.
+    pub fn take_buffered(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
     pub async fn connect(addr: SocketAddr) -> Self {
         RawClient {
             stream: TcpStream::connect(addr).await.unwrap(),
@@ -502,5 +512,98 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// === the sidecar, as a child process ===
+
+/// The `egress-sidecar` binary running with a config file; killed on drop.
+pub struct ChildSidecar {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub child: tokio::process::Child,
+    _dir: TempDir,
+}
+
+impl ChildSidecar {
+    /// Starts the binary with `yaml` (listen/admin 127.0.0.1:0 prepended) and waits until it
+    /// logs its addresses.
+    pub async fn spawn(yaml: &str) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let dir = TempDir::new();
+        let path = dir.path.join("config.yaml");
+        std::fs::write(&path, format!("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n{yaml}")).unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
+            .arg("run")
+            .arg("--config")
+            .arg(&path)
+            .env("EGRESS_LOG_FORMAT", "json")
+            .env("EGRESS_LOG", "info")
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let (addr, admin) = loop {
+            let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+                .await
+                .expect("sidecar started within 20s")
+                .unwrap()
+                .expect("sidecar exited before listening");
+            if line.contains("forward proxy listening") {
+                break (json_field(&line, "listen"), json_field(&line, "admin"));
+            }
+        };
+        // Keep draining stderr so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        ChildSidecar {
+            addr: addr.parse().unwrap(),
+            admin: admin.parse().unwrap(),
+            child,
+            _dir: dir,
+        }
+    }
+
+    /// A `/proc/PID/status` field in KiB (e.g. `VmRSS`, `VmHWM`).
+    pub fn status_kib(&self, field: &str) -> u64 {
+        let pid = self.child.id().expect("running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("{field} not in /proc/{pid}/status"))
+    }
+}
+
+fn json_field(line: &str, name: &str) -> String {
+    let key = format!("\"{name}\":\"");
+    let start = line.find(&key).unwrap_or_else(|| panic!("{name} in {line}")) + key.len();
+    let end = line[start..].find('"').unwrap() + start;
+    line[start..end].to_owned()
+}
+
+/// A directory removed on drop.
+pub struct TempDir {
+    pub path: std::path::PathBuf,
+}
+
+impl TempDir {
+    pub fn new() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "egress-sidecar-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir { path }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
     }
 }

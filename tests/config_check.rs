@@ -1,0 +1,96 @@
+//! `egress-sidecar check`: a good config prints the effective config and exits 0; each bad one
+//! exits 2 with one line per problem naming the key.
+
+mod support;
+
+use std::process::Command;
+
+use support::TempDir;
+
+fn check(yaml: &str) -> (i32, String, String) {
+    let dir = TempDir::new();
+    let path = dir.path.join("config.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .env_remove("EGRESS_LISTEN")
+        .env_remove("EGRESS_ADMIN")
+        .env_remove("EGRESS_TLS_HOSTS")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_good_config_prints_the_effective_config() {
+    let (code, stdout, stderr) = check(
+        "upstreams:\n  - name: llm\n    url: http://api.example.com\n    aliases: [api.example.com:8080]\n    pool: { max_connections: 16 }\n",
+    );
+    assert_eq!(code, 0, "{stderr}");
+    for expected in [
+        "listen: 127.0.0.1:15080",
+        "admin: 127.0.0.1:15081",
+        "idle_timeout: 10s",
+        "max_header_bytes: 64KiB",
+        "name: llm",
+        "url: http://api.example.com:80",
+        "max_connections: 16",
+        "max_idle: 16",
+        "pending_timeout: 5s",
+        "drain_timeout: 8s",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+}
+
+#[test]
+fn an_empty_config_is_valid() {
+    let (code, stdout, _) = check("");
+    assert_eq!(code, 0);
+    assert!(stdout.contains("max_connections: 64"));
+}
+
+#[test]
+fn each_bad_config_names_its_key() {
+    let cases = [
+        ("downstream:\n  idle_timeout: soon\n", "downstream.idle_timeout"),
+        ("defaults:\n  connect_timeout: 3\n", "defaults.connect_timeout"),
+        ("defaults:\n  pool: { max_connections: 4, max_idle: 8 }\n", "defaults.pool.max_idle"),
+        (
+            "upstreams:\n  - url: http://a.example\n    listen: 127.0.0.1:20000\n  - url: http://b.example\n    listen: 127.0.0.1:20000\n",
+            "upstreams[1].listen",
+        ),
+        ("upstreams:\n  - url: /no/host\n", "upstreams[0].url"),
+        ("upstreams:\n  - name: x\n", "upstreams[0].url"),
+        ("upstreams:\n  - url: ftp://a.example\n", "upstreams[0].url"),
+        ("upstreams:\n  - url: http://a.example\n    addresses: [nowhere]\n", "upstreams[0].addresses[0]"),
+        ("upstreams:\n  - url: http://a.example\n  - url: http://a.example\n", "upstreams[1].name"),
+        ("listen: localhost\n", "listen"),
+        ("policy:\n  deny_hosts: [\"10.0.0.0/99\"]\n", "policy.deny_hosts[0]"),
+        ("defaults:\n  pool:\n    max_conns: 3\n", "defaults.pool.max_conns"),
+        ("downstream:\n  max_header_bytes: 12 parsecs\n", "downstream.max_header_bytes"),
+    ];
+    for (yaml, key) in cases {
+        let (code, stdout, stderr) = check(yaml);
+        assert_eq!(code, 2, "{yaml:?} accepted:\n{stdout}");
+        assert!(stdout.is_empty(), "{yaml:?} printed a config");
+        assert!(
+            stderr.lines().any(|l| l.starts_with(&format!("config: {key}: "))),
+            "{yaml:?}: no line naming {key}:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn several_problems_are_reported_together() {
+    let (code, _, stderr) =
+        check("downstream:\n  idle_timeout: soon\n  header_read_timeout: later\ndefaults:\n  pool: { max_pending: 0, pending_timeout: 0s }\n");
+    assert_eq!(code, 2);
+    let keys: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("config: ")).collect();
+    assert_eq!(keys.len(), 3, "{stderr}");
+}
