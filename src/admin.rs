@@ -37,7 +37,10 @@ pub async fn serve(listener: TcpListener, ready: Arc<AtomicBool>, mut stop: watc
     }
 }
 
-async fn respond(req: Request<Incoming>, ready: Arc<AtomicBool>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn respond(
+    req: Request<Incoming>,
+    ready: Arc<AtomicBool>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
         "/readyz" if ready.load(Ordering::Relaxed) => (StatusCode::OK, "ready\n"),
@@ -56,13 +59,20 @@ async fn respond(req: Request<Incoming>, ready: Arc<AtomicBool>) -> Result<Respo
 /// `egress-sidecar healthcheck`: GET /readyz on `addr`; true when it answers 200.
 pub fn probe(addr: std::net::SocketAddr, timeout: std::time::Duration) -> Result<bool, String> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connecting to {addr}: {e}"))?;
-    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    stream.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
     stream
         .write_all(format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
         .map_err(|e| format!("writing to {addr}: {e}"))?;
     let mut head = [0u8; 16];
-    let n = stream.read(&mut head).map_err(|e| format!("reading from {addr}: {e}"))?;
+    let n = stream
+        .read(&mut head)
+        .map_err(|e| format!("reading from {addr}: {e}"))?;
     Ok(head[..n].starts_with(b"HTTP/1.1 200"))
 }

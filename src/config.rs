@@ -467,8 +467,7 @@ fn display_problems(problems: &[Problem]) -> String {
 
 impl Default for Config {
     fn default() -> Self {
-        validate(FileConfig::default(), &Overrides::default())
-            .expect("built-in defaults are valid")
+        validate(FileConfig::default(), &Overrides::default()).expect("built-in defaults are valid")
     }
 }
 
@@ -566,7 +565,10 @@ fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigErr
     }
     check_upstream_uniqueness(&upstreams, listen, admin, &mut problems);
     if listen == admin && listen.port() != 0 {
-        problems.add("admin", format!("{admin} is also the forward-proxy listen address"));
+        problems.add(
+            "admin",
+            format!("{admin} is also the forward-proxy listen address"),
+        );
     }
 
     let policy = validate_policy(&file.policy, &mut problems);
@@ -758,8 +760,18 @@ fn merge_pool(base: &PoolConfig, raw: &FilePool, prefix: &str, problems: &mut Pr
     let mut pool = PoolConfig {
         max_connections: raw.max_connections.map_or(base.max_connections, |n| n as usize),
         max_idle: raw.max_idle.map_or(base.max_idle, |n| n as usize),
-        idle_timeout: duration_or(&raw.idle_timeout, base.idle_timeout, &key("idle_timeout"), problems),
-        max_lifetime: opt_duration_or(&raw.max_lifetime, base.max_lifetime, &key("max_lifetime"), problems),
+        idle_timeout: duration_or(
+            &raw.idle_timeout,
+            base.idle_timeout,
+            &key("idle_timeout"),
+            problems,
+        ),
+        max_lifetime: opt_duration_or(
+            &raw.max_lifetime,
+            base.max_lifetime,
+            &key("max_lifetime"),
+            problems,
+        ),
         max_requests_per_connection: match raw.max_requests_per_connection {
             None => base.max_requests_per_connection,
             Some(0) => None,
@@ -797,7 +809,10 @@ fn merge_pool(base: &PoolConfig, raw: &FilePool, prefix: &str, problems: &mut Pr
         problems.add(key("max_connecting"), "must be at least 1");
     }
     if pool.idle_timeout.is_zero() {
-        problems.add(key("idle_timeout"), "must be more than 0 (use max_idle: 0 to keep none)");
+        problems.add(
+            key("idle_timeout"),
+            "must be more than 0 (use max_idle: 0 to keep none)",
+        );
     }
     if pool.pending_timeout.is_zero() {
         problems.add(key("pending_timeout"), "must be more than 0");
@@ -811,7 +826,10 @@ fn merge_http2(base: &Http2Config, raw: &FileHttp2, prefix: &str, problems: &mut
         .max_streams_per_connection
         .map_or(u64::from(base.max_streams_per_connection), |n| n);
     if max_streams == 0 || max_streams > u64::from(u32::MAX >> 1) {
-        problems.add(key("max_streams_per_connection"), format!("{max_streams} is outside 1..2^31"));
+        problems.add(
+            key("max_streams_per_connection"),
+            format!("{max_streams} is outside 1..2^31"),
+        );
     }
     Http2Config {
         max_streams_per_connection: max_streams.clamp(1, u64::from(u32::MAX >> 1)) as u32,
@@ -1022,20 +1040,22 @@ fn parse_addr(text: &str) -> Result<SocketAddr, String> {
 
 /// `http://host[:port]` or `https://host[:port]`, nothing after the authority but `/`.
 fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority), String> {
-    let uri: http::Uri = text
-        .parse()
-        .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    let uri: http::Uri = text.parse().map_err(|e| format!("{text:?} is not a URL: {e}"))?;
     let scheme = match uri.scheme_str() {
         Some("http") => Scheme::Http,
         Some("https") => Scheme::Https,
         Some(other) => return Err(format!("{text:?}: scheme {other:?} is not http or https")),
-        None => return Err(format!("{text:?} needs a scheme and a host, e.g. https://api.example.com")),
+        None => {
+            return Err(format!(
+                "{text:?} needs a scheme and a host, e.g. https://api.example.com"
+            ))
+        }
     };
-    let authority = uri
-        .authority()
-        .ok_or_else(|| format!("{text:?} has no host"))?;
+    let authority = uri.authority().ok_or_else(|| format!("{text:?} has no host"))?;
     if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
-        return Err(format!("{text:?}: a path or query is not supported, only scheme://host[:port]"));
+        return Err(format!(
+            "{text:?}: a path or query is not supported, only scheme://host[:port]"
+        ));
     }
     let authority = Authority::parse(authority.as_str(), scheme.default_port())?;
     Ok((scheme, authority))
@@ -1079,9 +1099,7 @@ fn parse_size(value: &Scalar) -> Result<usize, String> {
         Scalar::Int(n) => return usize::try_from(*n).map_err(|_| format!("{n} is too large")),
         Scalar::Str(s) => s.trim(),
     };
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let number: usize = digits
         .parse()
@@ -1163,7 +1181,10 @@ mod tests {
         let up = &c.upstreams[0];
         assert_eq!(up.authority, Authority::parse("a.example:8080", 80).unwrap());
         assert_eq!(up.settings.pool.max_connections, 2);
-        assert_eq!(up.settings.pool.max_idle, 2, "inherited max_idle follows the lower cap");
+        assert_eq!(
+            up.settings.pool.max_idle, 2,
+            "inherited max_idle follows the lower cap"
+        );
         assert_eq!(up.settings.pool.idle_timeout, Duration::from_secs(5));
     }
 
@@ -1187,7 +1208,10 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_errors_with_their_path() {
-        assert_eq!(problems("defaults:\n  pool:\n    max_conns: 3\n"), vec!["defaults.pool.max_conns"]);
+        assert_eq!(
+            problems("defaults:\n  pool:\n    max_conns: 3\n"),
+            vec!["defaults.pool.max_conns"]
+        );
         let err = parse("defaults:\n  pool:\n    max_conns: 3\n", &Overrides::default())
             .unwrap_err()
             .to_string();
@@ -1199,7 +1223,10 @@ mod tests {
         assert_eq!(parse_size(&Scalar::Str("64KiB".into())), Ok(65536));
         assert_eq!(parse_size(&Scalar::Int(4096)), Ok(4096));
         assert!(parse_size(&Scalar::Str("64 parsecs".into())).is_err());
-        assert_eq!(parse_duration(&Scalar::Str("250ms".into())), Ok(Duration::from_millis(250)));
+        assert_eq!(
+            parse_duration(&Scalar::Str("250ms".into())),
+            Ok(Duration::from_millis(250))
+        );
         assert_eq!(parse_duration(&Scalar::Int(0)), Ok(Duration::ZERO));
         assert!(parse_duration(&Scalar::Int(5)).is_err());
     }
@@ -1216,7 +1243,11 @@ mod tests {
 
     #[test]
     fn effective_config_renders_and_parses_back() {
-        let c = parse("upstreams:\n  - name: a\n    url: http://a.example\n", &Overrides::default()).unwrap();
+        let c = parse(
+            "upstreams:\n  - name: a\n    url: http://a.example\n",
+            &Overrides::default(),
+        )
+        .unwrap();
         let yaml = to_yaml(&c);
         assert!(yaml.contains("idle_timeout: 30s"), "{yaml}");
         assert!(yaml.contains("max_header_bytes: 64KiB"), "{yaml}");

@@ -87,8 +87,9 @@ impl ErrorKind {
         use ErrorKind::*;
         match self {
             BadRequest | UnknownUpstream | Denied | Loop | HeaderTooLarge => ErrorSource::Downstream,
-            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ConnectTimeout
-            | ResponseTimeout => ErrorSource::Upstream,
+            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ConnectTimeout | ResponseTimeout => {
+                ErrorSource::Upstream
+            }
             PoolOverflow | PendingTimeout | Draining => ErrorSource::Internal,
         }
     }
@@ -146,7 +147,10 @@ impl ProxyError {
         *resp.status_mut() = self.kind.status();
         let headers = resp.headers_mut();
         headers.insert(ERROR_HEADER, HeaderValue::from_static(self.kind.as_str()));
-        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
         headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         resp
     }
@@ -174,12 +178,15 @@ mod tests {
 
     #[test]
     fn response_carries_kind_status_and_one_line() {
-        let err = ProxyError::new(ErrorKind::PendingTimeout, "waited 5s\nfor a connection")
-            .with_upstream("llm");
+        let err =
+            ProxyError::new(ErrorKind::PendingTimeout, "waited 5s\nfor a connection").with_upstream("llm");
         let resp: Response<Bytes> = err.to_response();
         assert_eq!(resp.status(), 503);
         assert_eq!(resp.headers()[ERROR_HEADER], "pending_timeout");
         let body = std::str::from_utf8(resp.body()).unwrap();
-        assert_eq!(body, "egress-sidecar: pending_timeout: upstream llm: waited 5s for a connection\n");
+        assert_eq!(
+            body,
+            "egress-sidecar: pending_timeout: upstream llm: waited 5s for a connection\n"
+        );
     }
 }

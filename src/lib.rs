@@ -113,11 +113,19 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let admin_task = tokio::spawn(admin::serve(listeners.admin, ready.clone(), admin_stop_rx));
     tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %local[1], "forward proxy listening");
-    let mut accept_tasks = vec![tokio::spawn(downstream::serve(listeners.proxy, Entry::Forward, ctx.clone()))];
+    let mut accept_tasks = vec![tokio::spawn(downstream::serve(
+        listeners.proxy,
+        Entry::Forward,
+        ctx.clone(),
+    ))];
     for (i, listener) in listeners.routes {
         let upstream = upstreams[i].clone();
         tracing::info!(upstream = upstream.label(), listen = %downstream::describe(&listener), "route listener");
-        accept_tasks.push(tokio::spawn(downstream::serve(listener, Entry::Route(upstream), ctx.clone())));
+        accept_tasks.push(tokio::spawn(downstream::serve(
+            listener,
+            Entry::Route(upstream),
+            ctx.clone(),
+        )));
     }
 
     shutdown.await;
@@ -130,7 +138,10 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     }
     let all_closed = ctx.limit.acquire_many(max_connections as u32);
     if tokio::time::timeout(drain_timeout, all_closed).await.is_err() {
-        tracing::warn!(open = ctx.open_connections(), "drain timeout passed with connections open");
+        tracing::warn!(
+            open = ctx.open_connections(),
+            "drain timeout passed with connections open"
+        );
     }
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;

@@ -10,7 +10,11 @@ use egress_sidecar::config::{self, Overrides};
 use egress_sidecar::{admin, shutdown, Listeners};
 
 #[derive(Debug, Parser)]
-#[command(name = "egress-sidecar", version, about = "A localhost egress proxy with capped per-upstream connection pools")]
+#[command(
+    name = "egress-sidecar",
+    version,
+    about = "A localhost egress proxy with capped per-upstream connection pools"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -117,7 +121,9 @@ fn serve(args: &RunArgs) -> ExitCode {
 fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("EGRESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match std::env::var("EGRESS_LOG_FORMAT").as_deref() {
         Ok("json") => builder.json().init(),
         _ => builder.init(),

@@ -69,7 +69,11 @@ impl HostPattern {
                 .ok_or_else(|| format!("{text:?}: prefix length must be 0..={max}"))?;
             return Ok(HostPattern::Net(ip, len));
         }
-        if let Ok(ip) = text.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        if let Ok(ip) = text
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>()
+        {
             return Ok(HostPattern::Net(ip, if ip.is_ipv4() { 32 } else { 128 }));
         }
         let (suffix, name) = match text.strip_prefix("*.") {
@@ -77,9 +81,11 @@ impl HostPattern {
             None => (false, text),
         };
         let valid = !name.is_empty()
-            && name
-                .split('.')
-                .all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+            && name.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            });
         if !valid {
             return Err(format!("{text:?} is not a host name, *.domain, IP or CIDR"));
         }
@@ -98,9 +104,7 @@ impl HostPattern {
             HostPattern::Suffix(name) => host
                 .strip_suffix(name.as_str())
                 .is_some_and(|head| head.ends_with('.') && head.len() > 1),
-            HostPattern::Net(net, len) => host
-                .parse::<IpAddr>()
-                .is_ok_and(|ip| in_network(ip, *net, *len)),
+            HostPattern::Net(net, len) => host.parse::<IpAddr>().is_ok_and(|ip| in_network(ip, *net, *len)),
         }
     }
 }
@@ -135,11 +139,15 @@ impl serde::Serialize for HostPattern {
     }
 }
 
+type DynamicKey = (Scheme, Authority);
+/// An on-the-fly upstream and when a request last used it.
+type DynamicEntry = (Arc<Upstream>, Instant);
+
 /// Finds upstreams for requests; owns the on-the-fly upstream table.
 #[derive(Debug)]
 pub struct Router {
     configured: HashMap<Authority, Arc<Upstream>>,
-    dynamic: Mutex<HashMap<(Scheme, Authority), (Arc<Upstream>, Instant)>>,
+    dynamic: Mutex<HashMap<DynamicKey, DynamicEntry>>,
     config: Arc<Config>,
     /// The sidecar's own bound listeners, for loop detection.
     local: Vec<SocketAddr>,
@@ -170,9 +178,7 @@ impl Router {
     /// Routes a request by its target URI and `Host` header.
     pub fn route(&self, entry: &Entry, uri: &Uri, host: Option<&str>) -> Result<Target, ProxyError> {
         if let (Entry::Route(up), None) = (entry, uri.scheme()) {
-            return Ok(Target {
-                upstream: up.clone(),
-            });
+            return Ok(Target { upstream: up.clone() });
         }
         let (scheme, authority) = match (uri.scheme_str(), uri.authority()) {
             (Some(s), Some(a)) => {
@@ -212,9 +218,7 @@ impl Router {
         self.check_loop(&authority)?;
         self.check_policy(&authority)?;
         if let Some(up) = self.configured.get(&authority) {
-            return Ok(Target {
-                upstream: up.clone(),
-            });
+            return Ok(Target { upstream: up.clone() });
         }
         match scheme {
             Some(scheme) => Ok(Target {
@@ -287,7 +291,12 @@ impl Router {
                 now.duration_since(*used) < DYNAMIC_UPSTREAM_TTL || up.pool().open_connections() > 0
             });
         }
-        let up = Arc::new(Upstream::dynamic(scheme, authority.clone(), &self.config, &self.local));
+        let up = Arc::new(Upstream::dynamic(
+            scheme,
+            authority.clone(),
+            &self.config,
+            &self.local,
+        ));
         table.insert((scheme, authority), (up.clone(), now));
         up
     }

@@ -54,15 +54,28 @@ async fn malformed_requests_get_documented_errors_and_reach_nobody() {
         let (resp, mut client) = send(&sidecar, raw.as_bytes()).await;
         assert_eq!(resp.status, status, "{what}: {}", resp.text());
         assert_eq!(resp.header("x-egress-error"), Some(kind), "{what}");
-        assert_eq!(resp.header("content-type"), Some("text/plain; charset=utf-8"), "{what}");
+        assert_eq!(
+            resp.header("content-type"),
+            Some("text/plain; charset=utf-8"),
+            "{what}"
+        );
         let body = resp.text();
-        assert!(body.starts_with(&format!("egress-sidecar: {kind}")) && body.ends_with('\n'), "{what}: {body:?}");
+        assert!(
+            body.starts_with(&format!("egress-sidecar: {kind}")) && body.ends_with('\n'),
+            "{what}: {body:?}"
+        );
         assert_eq!(body.lines().count(), 1, "{what}: one line");
         // A head that cannot be parsed or framed leaves the stream unsynchronised: the sidecar
         // must close. Well-framed requests that routing refuses may keep the connection.
-        let parse_error = status == 431 || !matches!(kind, "loop" | "unknown_upstream") && !what.contains("scheme") && !what.contains("CONNECT");
+        let parse_error = status == 431
+            || !matches!(kind, "loop" | "unknown_upstream")
+                && !what.contains("scheme")
+                && !what.contains("CONNECT");
         if parse_error {
-            assert!(client.is_closed_within(Duration::from_secs(3)).await, "{what}: connection left open");
+            assert!(
+                client.is_closed_within(Duration::from_secs(3)).await,
+                "{what}: connection left open"
+            );
         }
     }
     assert_eq!(upstream.accepted(), 0, "the upstream received a connection");
@@ -97,7 +110,12 @@ async fn a_client_that_vanishes_mid_upload_leaks_nothing() {
     let up = upstream.addr;
     let mut client = RawClient::connect(sidecar.addr).await;
     client
-        .send_raw(format!("POST http://{up}/drain HTTP/1.1\r\nHost: {up}\r\nContent-Length: 1000000\r\n\r\npartial").as_bytes())
+        .send_raw(
+            format!(
+                "POST http://{up}/drain HTTP/1.1\r\nHost: {up}\r\nContent-Length: 1000000\r\n\r\npartial"
+            )
+            .as_bytes(),
+        )
         .await;
     assert!(support::eventually(Duration::from_secs(3), || upstream.open() == 1).await);
     drop(client);

@@ -91,6 +91,9 @@ fn several_problems_are_reported_together() {
     let (code, _, stderr) =
         check("downstream:\n  idle_timeout: soon\n  header_read_timeout: later\ndefaults:\n  pool: { max_pending: 0, pending_timeout: 0s }\n");
     assert_eq!(code, 2);
-    let keys: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("config: ")).collect();
+    let keys: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("config: "))
+        .collect();
     assert_eq!(keys.len(), 3, "{stderr}");
 }

@@ -30,7 +30,11 @@ async fn two_hundred_clients_share_eight_connections() {
         assert_eq!(resp.status, 200, "{}", resp.text());
         assert_eq!(resp.text(), "ok");
     }
-    println!("upstream peak open connections: {}, accepted: {}", upstream.peak(), upstream.accepted());
+    println!(
+        "upstream peak open connections: {}, accepted: {}",
+        upstream.peak(),
+        upstream.accepted()
+    );
     assert!(upstream.peak() <= 8, "peak {}", upstream.peak());
     assert!(upstream.accepted() <= 8, "accepted {}", upstream.accepted());
     assert_eq!(upstream.requests(), 200);
@@ -49,14 +53,20 @@ async fn idle_connections_close_after_idle_timeout() {
     let upstream = FakeUpstream::start().await;
     let sidecar = Sidecar::start(&one_upstream(&upstream, "idle_timeout: 300ms")).await;
     let mut client = RawClient::connect(sidecar.addr).await;
-    assert_eq!(client.get(&format!("http://{}/", upstream.addr)).await.status, 200);
+    assert_eq!(
+        client.get(&format!("http://{}/", upstream.addr)).await.status,
+        200
+    );
     assert_eq!(upstream.open(), 1);
     assert!(
         support::eventually(Duration::from_secs(3), || upstream.open() == 0).await,
         "pooled connection still open after idle_timeout"
     );
     // The next request dials a fresh connection.
-    assert_eq!(client.get(&format!("http://{}/", upstream.addr)).await.status, 200);
+    assert_eq!(
+        client.get(&format!("http://{}/", upstream.addr)).await.status,
+        200
+    );
     assert_eq!(upstream.accepted(), 2);
 }
 
@@ -66,7 +76,10 @@ async fn max_requests_per_connection_retires_connections() {
     let sidecar = Sidecar::start(&one_upstream(&upstream, "max_requests_per_connection: 3")).await;
     let mut client = RawClient::connect(sidecar.addr).await;
     for _ in 0..9 {
-        assert_eq!(client.get(&format!("http://{}/", upstream.addr)).await.status, 200);
+        assert_eq!(
+            client.get(&format!("http://{}/", upstream.addr)).await.status,
+            200
+        );
     }
     assert_eq!(upstream.requests(), 9);
     assert_eq!(upstream.accepted(), 3);
@@ -97,7 +110,11 @@ async fn upstream_connection_close_is_honoured() {
     for _ in 0..3 {
         let resp = client.get(&format!("http://{}/close", upstream.addr)).await;
         assert_eq!(resp.status, 200);
-        assert_eq!(resp.header("connection"), None, "hop-by-hop header passed through");
+        assert_eq!(
+            resp.header("connection"),
+            None,
+            "hop-by-hop header passed through"
+        );
     }
     assert_eq!(upstream.accepted(), 3);
 }
@@ -121,7 +138,11 @@ async fn keep_alive_timeout_hint_retires_connection_early() {
 #[tokio::test]
 async fn pending_timeout_answers_503() {
     let upstream = FakeUpstream::start().await;
-    let sidecar = Sidecar::start(&one_upstream(&upstream, "max_connections: 1, pending_timeout: 200ms")).await;
+    let sidecar = Sidecar::start(&one_upstream(
+        &upstream,
+        "max_connections: 1, pending_timeout: 200ms",
+    ))
+    .await;
     let slow = format!("http://{}/sleep/1500", upstream.addr);
     let addr = sidecar.addr;
     let first = tokio::spawn(async move { RawClient::connect(addr).await.get(&slow).await });
@@ -132,13 +153,21 @@ async fn pending_timeout_answers_503() {
     assert_eq!(resp.header("x-egress-error"), Some("pending_timeout"));
     assert!(resp.text().contains("upstream up"), "{}", resp.text());
     assert_eq!(first.await.unwrap().status, 200);
-    assert_eq!(upstream.requests(), 1, "the timed-out request never reached the upstream");
+    assert_eq!(
+        upstream.requests(),
+        1,
+        "the timed-out request never reached the upstream"
+    );
 }
 
 #[tokio::test]
 async fn max_pending_answers_503_pool_overflow() {
     let upstream = FakeUpstream::start().await;
-    let sidecar = Sidecar::start(&one_upstream(&upstream, "max_connections: 1, max_pending: 1, pending_timeout: 10s")).await;
+    let sidecar = Sidecar::start(&one_upstream(
+        &upstream,
+        "max_connections: 1, max_pending: 1, pending_timeout: 10s",
+    ))
+    .await;
     let slow = format!("http://{}/sleep/800", upstream.addr);
     let addr = sidecar.addr;
     let url = slow.clone();
@@ -237,7 +266,11 @@ impl StaleUpstream {
                     let head = String::from_utf8_lossy(&buf[..end]).to_string();
                     let len: usize = head
                         .lines()
-                        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap())
+                        })
                         .unwrap_or(0);
                     while buf.len() < end + 4 + len {
                         let mut tmp = [0u8; 4096];
@@ -287,8 +320,17 @@ async fn stale_connection_race_retries_get_but_not_post() {
     // GET on a fresh connection, then a GET that meets the closing connection: retried.
     assert_eq!(client.get(&url).await.status, 200);
     let resp = client.get(&url).await;
-    assert_eq!(resp.status, 200, "GET lost to a stale connection: {}", resp.text());
-    assert_eq!(upstream.methods("GET"), vec![1, 1, 2], "retried once, on another connection");
+    assert_eq!(
+        resp.status,
+        200,
+        "GET lost to a stale connection: {}",
+        resp.text()
+    );
+    assert_eq!(
+        upstream.methods("GET"),
+        vec![1, 1, 2],
+        "retried once, on another connection"
+    );
 
     // Connection 2 is now idle and will close on its next request. A POST is not retried.
     client
@@ -304,7 +346,10 @@ async fn stale_connection_race_retries_get_but_not_post() {
     assert_eq!(client.get(&url).await.status, 200); // fresh connection 3, now idle
     client
         .send_raw(
-            format!("POST {url} HTTP/1.1\r\nHost: {host}\r\nIdempotency-Key: k1\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+            format!(
+                "POST {url} HTTP/1.1\r\nHost: {host}\r\nIdempotency-Key: k1\r\nContent-Length: 0\r\n\r\n"
+            )
+            .as_bytes(),
         )
         .await;
     let resp = client.read_response(false).await.unwrap();
@@ -313,7 +358,10 @@ async fn stale_connection_race_retries_get_but_not_post() {
 }
 
 /// An upstream that closes every keep-alive connection 100 ms after answering.
-async fn short_keepalive_upstream() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+async fn short_keepalive_upstream() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -327,7 +375,11 @@ async fn short_keepalive_upstream() -> (std::net::SocketAddr, std::sync::Arc<std
                 let mut buf = Vec::new();
                 loop {
                     let mut tmp = [0u8; 4096];
-                    let wait = if buf.is_empty() { Duration::from_millis(100) } else { Duration::from_secs(5) };
+                    let wait = if buf.is_empty() {
+                        Duration::from_millis(100)
+                    } else {
+                        Duration::from_secs(5)
+                    };
                     let n = match tokio::time::timeout(wait, stream.read(&mut tmp)).await {
                         Ok(Ok(n)) if n > 0 => n,
                         _ => return, // idle too long: close
@@ -338,7 +390,10 @@ async fn short_keepalive_upstream() -> (std::net::SocketAddr, std::sync::Arc<std
                             posts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         }
                         buf.drain(..end + 4);
-                        stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await.unwrap();
+                        stream
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                            .await
+                            .unwrap();
                     }
                 }
             });
@@ -354,7 +409,10 @@ async fn a_closed_idle_connection_is_never_handed_out() {
     let mut client = RawClient::connect(sidecar.addr).await;
     for _ in 0..3 {
         client
-            .send_raw(format!("POST http://{addr}/ HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+            .send_raw(
+                format!("POST http://{addr}/ HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")
+                    .as_bytes(),
+            )
             .await;
         let resp = client.read_response(false).await.unwrap();
         // A POST is never retried, so a 200 here means the pool did not hand out the

@@ -38,7 +38,8 @@ async fn server_sent_events_arrive_one_by_one() {
 
 async fn one_gib_upload(sidecar: std::net::SocketAddr, upstream: std::net::SocketAddr) -> String {
     let mut stream = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-    let head = format!("POST http://{upstream}/drain HTTP/1.1\r\nHost: {upstream}\r\nContent-Length: {GIB}\r\n\r\n");
+    let head =
+        format!("POST http://{upstream}/drain HTTP/1.1\r\nHost: {upstream}\r\nContent-Length: {GIB}\r\n\r\n");
     stream.write_all(head.as_bytes()).await.unwrap();
     let block = vec![b'u'; 256 * 1024];
     let mut sent = 0;
@@ -53,7 +54,9 @@ async fn one_gib_upload(sidecar: std::net::SocketAddr, upstream: std::net::Socke
 async fn one_gib_download(sidecar: std::net::SocketAddr, upstream: std::net::SocketAddr) -> u64 {
     let mut client = RawClient::connect(sidecar).await;
     client
-        .send_raw(format!("GET http://{upstream}/bytes/{GIB} HTTP/1.1\r\nHost: {upstream}\r\n\r\n").as_bytes())
+        .send_raw(
+            format!("GET http://{upstream}/bytes/{GIB} HTTP/1.1\r\nHost: {upstream}\r\n\r\n").as_bytes(),
+        )
         .await;
     let (status, headers) = client.read_head().await;
     assert_eq!(status, 200);
@@ -89,7 +92,10 @@ async fn gigabyte_bodies_stream_with_flat_memory() {
          ({upload:?}); peak after 1 GiB download {hwm} KiB ({download:?})"
     );
     // Flat: the peak stays within a few MiB of the start, nowhere near the GiB that passed.
-    assert!(hwm < rss_start + 16 * 1024, "peak RSS {hwm} KiB grew from {rss_start} KiB");
+    assert!(
+        hwm < rss_start + 16 * 1024,
+        "peak RSS {hwm} KiB grew from {rss_start} KiB"
+    );
 }
 
 #[tokio::test]
@@ -114,7 +120,10 @@ async fn expect_100_continue_is_answered_when_the_upstream_wants_the_body() {
     let resp = client.read_response(false).await.unwrap();
     assert_eq!(resp.status, 200);
     assert_eq!(resp.text(), "5");
-    assert!(!upstream.seen()[0].headers.contains_key("expect"), "Expect is hop-by-hop here");
+    assert!(
+        !upstream.seen()[0].headers.contains_key("expect"),
+        "Expect is hop-by-hop here"
+    );
 }
 
 #[tokio::test]
@@ -160,14 +169,22 @@ async fn http10_clients_and_head_requests() {
     let host = upstream.addr;
 
     let mut client = RawClient::connect(sidecar.addr).await;
-    client.send_raw(format!("GET http://{host}/sse/1 HTTP/1.0\r\n\r\n").as_bytes()).await;
+    client
+        .send_raw(format!("GET http://{host}/sse/1 HTTP/1.0\r\n\r\n").as_bytes())
+        .await;
     let resp = client.read_response(false).await.unwrap();
     assert_eq!(resp.status, 200);
-    assert_eq!(resp.text(), "data: event 0\n\n", "close-delimited body for HTTP/1.0");
+    assert_eq!(
+        resp.text(),
+        "data: event 0\n\n",
+        "close-delimited body for HTTP/1.0"
+    );
     assert!(client.is_closed_within(Duration::from_secs(2)).await);
 
     let mut client = RawClient::connect(sidecar.addr).await;
-    client.send_raw(format!("HEAD http://{host}/bytes/1000 HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes()).await;
+    client
+        .send_raw(format!("HEAD http://{host}/bytes/1000 HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await;
     let resp = client.read_response(true).await.unwrap();
     assert_eq!(resp.status, 200);
     assert_eq!(resp.header("content-length"), Some("1000"));
@@ -200,7 +217,10 @@ async fn idle_downstream_connections_are_closed() {
     let upstream = FakeUpstream::start().await;
     let sidecar = Sidecar::start("downstream: { idle_timeout: 300ms, header_read_timeout: 2s }\n").await;
     let mut client = RawClient::connect(sidecar.addr).await;
-    assert_eq!(client.get(&format!("http://{}/", upstream.addr)).await.status, 200);
+    assert_eq!(
+        client.get(&format!("http://{}/", upstream.addr)).await.status,
+        200
+    );
     assert!(
         client.is_closed_within(Duration::from_secs(3)).await,
         "idle keep-alive connection left open past idle_timeout"
@@ -213,6 +233,11 @@ async fn idle_downstream_connections_are_closed() {
 async fn slow_request_heads_are_cut_off() {
     let sidecar = Sidecar::start("downstream: { header_read_timeout: 300ms }\n").await;
     let mut client = RawClient::connect(sidecar.addr).await;
-    client.send_raw(b"GET http://example.com/ HTTP/1.1\r\nHost: exa").await;
-    assert!(client.is_closed_within(Duration::from_secs(3)).await, "slow head kept open");
+    client
+        .send_raw(b"GET http://example.com/ HTTP/1.1\r\nHost: exa")
+        .await;
+    assert!(
+        client.is_closed_within(Duration::from_secs(3)).await,
+        "slow head kept open"
+    );
 }

@@ -70,7 +70,9 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => {
             if buf.len() >= max_header_bytes {
-                return Err(HeadError::TooLarge(format!("max_header_bytes ({max_header_bytes})")));
+                return Err(HeadError::TooLarge(format!(
+                    "max_header_bytes ({max_header_bytes})"
+                )));
             }
             return Ok(None);
         }
@@ -80,7 +82,9 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
         Err(e) => return Err(HeadError::Invalid(format!("malformed request head: {e}"))),
     };
     if len > max_header_bytes {
-        return Err(HeadError::TooLarge(format!("max_header_bytes ({max_header_bytes})")));
+        return Err(HeadError::TooLarge(format!(
+            "max_header_bytes ({max_header_bytes})"
+        )));
     }
     let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
         .map_err(|_| HeadError::Invalid("invalid method".into()))?;
@@ -125,15 +129,27 @@ fn check_target_form(method: &Method, uri: &Uri, raw: &str) -> Result<(), HeadEr
     if ok {
         Ok(())
     } else {
-        Err(HeadError::Invalid(format!("invalid request target {:?} for {method}", truncate(raw))))
+        Err(HeadError::Invalid(format!(
+            "invalid request target {:?} for {method}",
+            truncate(raw)
+        )))
     }
 }
 
-fn finish_head(method: Method, uri: Uri, version: Version, headers: HeaderMap) -> Result<RequestHead, HeadError> {
+fn finish_head(
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+) -> Result<RequestHead, HeadError> {
     if headers.get_all(HOST).iter().count() > 1 {
         return Err(HeadError::Invalid("more than one Host header".into()));
     }
-    if version == Version::HTTP_11 && uri.scheme().is_none() && method != Method::CONNECT && !headers.contains_key(HOST) {
+    if version == Version::HTTP_11
+        && uri.scheme().is_none()
+        && method != Method::CONNECT
+        && !headers.contains_key(HOST)
+    {
         return Err(HeadError::Invalid("HTTP/1.1 request without Host".into()));
     }
     let body = body_framing(version, &headers)?;
@@ -184,17 +200,25 @@ fn body_framing(version: Version, headers: &HeaderMap) -> Result<BodyFraming, He
     let has_cl = headers.contains_key(CONTENT_LENGTH);
     if has_te {
         if version == Version::HTTP_10 {
-            return Err(HeadError::Invalid("Transfer-Encoding in an HTTP/1.0 request".into()));
+            return Err(HeadError::Invalid(
+                "Transfer-Encoding in an HTTP/1.0 request".into(),
+            ));
         }
         if has_cl {
-            return Err(HeadError::Invalid("both Content-Length and Transfer-Encoding".into()));
+            return Err(HeadError::Invalid(
+                "both Content-Length and Transfer-Encoding".into(),
+            ));
         }
         let mut codings = Vec::new();
         for value in headers.get_all(TRANSFER_ENCODING) {
             let text = value
                 .to_str()
                 .map_err(|_| HeadError::Invalid("invalid Transfer-Encoding".into()))?;
-            codings.extend(text.split(',').map(|c| c.trim().to_ascii_lowercase()).filter(|c| !c.is_empty()));
+            codings.extend(
+                text.split(',')
+                    .map(|c| c.trim().to_ascii_lowercase())
+                    .filter(|c| !c.is_empty()),
+            );
         }
         return match codings.as_slice() {
             [only] if only == "chunked" => Ok(BodyFraming::Chunked),
@@ -215,7 +239,10 @@ fn body_framing(version: Version, headers: &HeaderMap) -> Result<BodyFraming, He
         for part in text.split(',') {
             let part = part.trim();
             if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) || part.len() > 19 {
-                return Err(HeadError::Invalid(format!("invalid Content-Length {:?}", truncate(part))));
+                return Err(HeadError::Invalid(format!(
+                    "invalid Content-Length {:?}",
+                    truncate(part)
+                )));
             }
             let n: u64 = part
                 .parse()
@@ -282,7 +309,11 @@ impl Decoder {
     }
 
     /// Takes the next frame from `buf`; `Ok(None)` = more bytes needed (or done).
-    pub fn decode(&mut self, buf: &mut BytesMut, max_trailer_bytes: usize) -> Result<Option<Frame<Bytes>>, BodyError> {
+    pub fn decode(
+        &mut self,
+        buf: &mut BytesMut,
+        max_trailer_bytes: usize,
+    ) -> Result<Option<Frame<Bytes>>, BodyError> {
         loop {
             match self {
                 Decoder::Done => return Ok(None),
@@ -359,7 +390,10 @@ fn find_crlf(buf: &[u8], limit: usize) -> Result<Option<usize>, BodyError> {
 }
 
 fn parse_chunk_size(line: &[u8]) -> Result<u64, BodyError> {
-    let digits_end = line.iter().position(|b| !b.is_ascii_hexdigit()).unwrap_or(line.len());
+    let digits_end = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
     let (digits, rest) = line.split_at(digits_end);
     if digits.is_empty() || digits.len() > 15 {
         return Err(BodyError("invalid chunk size".into()));
@@ -400,8 +434,10 @@ fn parse_trailers(section: &[u8]) -> Result<Option<HeaderMap>, BodyError> {
     };
     let mut map = HeaderMap::with_capacity(parsed.len());
     for h in parsed {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| BodyError("invalid trailer name".into()))?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| BodyError("invalid trailer value".into()))?;
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| BodyError("invalid trailer name".into()))?;
+        let value =
+            HeaderValue::from_bytes(h.value).map_err(|_| BodyError("invalid trailer value".into()))?;
         map.append(name, value);
     }
     Ok(Some(map))
@@ -480,9 +516,11 @@ mod tests {
 
     #[test]
     fn absolute_form_and_framing() {
-        let h = head("POST http://up.example:8080/x?y HTTP/1.1\r\nHost: up.example:8080\r\nContent-Length: 5\r\n\r\n")
-            .unwrap()
-            .unwrap();
+        let h = head(
+            "POST http://up.example:8080/x?y HTTP/1.1\r\nHost: up.example:8080\r\nContent-Length: 5\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(h.uri.authority().unwrap().as_str(), "up.example:8080");
         assert_eq!(h.body, BodyFraming::Length(5));
         assert!(h.keep_alive);
@@ -516,7 +554,10 @@ mod tests {
         let big = format!("GET / HTTP/1.1\r\nHost: a\r\nX: {}\r\n", "a".repeat(70_000));
         assert!(matches!(head(&big), Err(HeadError::TooLarge(_))));
         let many: String = (0..200).map(|i| format!("X-{i}: v\r\n")).collect();
-        assert!(matches!(head(&format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n")), Err(HeadError::TooLarge(_))));
+        assert!(matches!(
+            head(&format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n")),
+            Err(HeadError::TooLarge(_))
+        ));
     }
 
     #[test]
@@ -555,7 +596,12 @@ mod tests {
 
     #[test]
     fn bad_chunks() {
-        for bad in ["zz\r\n", "3\r\nabcX\r\n", "3 x\r\nabc\r\n", "12345678901234567\r\n"] {
+        for bad in [
+            "zz\r\n",
+            "3\r\nabcX\r\n",
+            "3 x\r\nabc\r\n",
+            "12345678901234567\r\n",
+        ] {
             let mut d = Decoder::new(BodyFraming::Chunked);
             let mut buf = BytesMut::from(bad);
             let mut result = Ok(None);

@@ -175,11 +175,17 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
         codec::BodyFraming::Empty => (RequestBody::Empty, BodyPump::finished()),
         codec::BodyFraming::Length(n) => {
             let (body, sender) = RequestBody::channel(Some(n));
-            (body, BodyPump::new(Decoder::new(framing), sender, expect_continue))
+            (
+                body,
+                BodyPump::new(Decoder::new(framing), sender, expect_continue),
+            )
         }
         codec::BodyFraming::Chunked => {
             let (body, sender) = RequestBody::channel(None);
-            (body, BodyPump::new(Decoder::new(framing), sender, expect_continue))
+            (
+                body,
+                BodyPump::new(Decoder::new(framing), sender, expect_continue),
+            )
         }
     };
     let mut req = Request::new(body);
@@ -399,7 +405,9 @@ async fn write_response(
     let mut framing = response_framing(&resp, head_only, client);
     let (mut parts, mut body) = resp.into_parts();
     if framing == ResponseFraming::Chunked && body.is_end_stream() {
-        parts.headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from_static("0"));
+        parts
+            .headers
+            .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from_static("0"));
         framing = ResponseFraming::Length;
     }
     let keep_alive = keep_alive && framing != ResponseFraming::Close;
@@ -408,7 +416,15 @@ async fn write_response(
         .get::<hyper::ext::ReasonPhrase>()
         .map(|r| r.as_bytes());
     let mut out = Vec::with_capacity(512);
-    codec::encode_head(parts.status, reason, &parts.headers, framing, keep_alive, client, &mut out);
+    codec::encode_head(
+        parts.status,
+        reason,
+        &parts.headers,
+        framing,
+        keep_alive,
+        client,
+        &mut out,
+    );
     if framing == ResponseFraming::None || body.is_end_stream() {
         wr.write_all(&out).await?;
         return Ok(keep_alive);
@@ -452,7 +468,12 @@ async fn write_response(
     }
 }
 
-async fn write_data(wr: &mut WriteHalf<'_>, out: &mut Vec<u8>, mut data: Bytes, chunked: bool) -> io::Result<()> {
+async fn write_data(
+    wr: &mut WriteHalf<'_>,
+    out: &mut Vec<u8>,
+    mut data: Bytes,
+    chunked: bool,
+) -> io::Result<()> {
     if data.is_empty() {
         return Ok(());
     }

@@ -258,9 +258,9 @@ impl Pool {
             return false;
         }
         let idle_for = now.saturating_duration_since(idle.since);
-        let idle_limit = conn
-            .idle_limit
-            .map_or(self.config.idle_timeout, |hint| hint.min(self.config.idle_timeout));
+        let idle_limit = conn.idle_limit.map_or(self.config.idle_timeout, |hint| {
+            hint.min(self.config.idle_timeout)
+        });
         if idle_for >= idle_limit {
             return false;
         }
@@ -310,7 +310,11 @@ impl Pool {
                 // The upstream looks unreachable when nothing is established: fail every waiter
                 // no other dial in flight will serve. Otherwise fail only the oldest.
                 let established = st.open - st.connecting;
-                let keep = if established == 0 { st.connecting } else { st.waiters.len().saturating_sub(1) };
+                let keep = if established == 0 {
+                    st.connecting
+                } else {
+                    st.waiters.len().saturating_sub(1)
+                };
                 while st.waiters.len() > keep {
                     match st.waiters.pop_front() {
                         Some(w) => failed.push(w),
@@ -355,9 +359,9 @@ impl Pool {
     }
 
     fn idle_deadline(&self, conn: &Conn, since: Instant) -> Instant {
-        let idle_limit = conn
-            .idle_limit
-            .map_or(self.config.idle_timeout, |hint| hint.min(self.config.idle_timeout));
+        let idle_limit = conn.idle_limit.map_or(self.config.idle_timeout, |hint| {
+            hint.min(self.config.idle_timeout)
+        });
         let by_idle = since + idle_limit;
         match self.config.max_lifetime {
             Some(life) => by_idle.min(conn.created + life),

@@ -32,10 +32,12 @@ pub fn to_upstream<B>(req: &mut Request<B>, host: &HeaderValue) {
         *req.uri_mut() = origin_form;
     }
     let headers = req.headers_mut();
-    let wants_trailers = headers
-        .get_all(TE)
-        .iter()
-        .any(|v| v.to_str().unwrap_or("").split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")));
+    let wants_trailers = headers.get_all(TE).iter().any(|v| {
+        v.to_str()
+            .unwrap_or("")
+            .split(',')
+            .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+    });
     strip_hop_by_hop(headers);
     headers.remove(PROXY_AUTHORIZATION);
     headers.remove(EXPECT);
@@ -103,7 +105,14 @@ mod tests {
         assert_eq!(h["content-length"], "3");
         assert_eq!(h["trailer"], "x-checksum");
         assert_eq!(h["authorization"], "Bearer t");
-        for gone in ["connection", "x-secret", "proxy-connection", "keep-alive", "proxy-authorization", "expect"] {
+        for gone in [
+            "connection",
+            "x-secret",
+            "proxy-connection",
+            "keep-alive",
+            "proxy-authorization",
+            "expect",
+        ] {
             assert!(!h.contains_key(gone), "{gone} kept");
         }
     }

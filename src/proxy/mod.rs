@@ -58,14 +58,21 @@ impl Proxy {
         }
     }
 
-    async fn forward(&self, mut req: Request<RequestBody>, entry: &Entry) -> Result<Response<ResponseBody>, ProxyError> {
+    async fn forward(
+        &self,
+        mut req: Request<RequestBody>,
+        entry: &Entry,
+    ) -> Result<Response<ResponseBody>, ProxyError> {
         if req.method() == Method::CONNECT {
             return Err(ProxyError::new(
                 ErrorKind::BadRequest,
                 "CONNECT tunnels are not supported by this build; send plain http:// requests",
             ));
         }
-        let host = req.headers().get(http::header::HOST).and_then(|h| h.to_str().ok());
+        let host = req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok());
         let target = self.router.route(entry, req.uri(), host)?;
         headers::to_upstream(&mut req, target.upstream.host_header());
         let resp = target.upstream.send(req).await?;
@@ -94,7 +101,10 @@ impl Body for ResponseBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),

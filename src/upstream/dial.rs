@@ -67,10 +67,16 @@ impl Http1Connector {
         if let Ok(ip) = self.authority.host.parse() {
             return Ok(vec![SocketAddr::new(ip, self.authority.port)]);
         }
-        let found: Vec<SocketAddr> = tokio::net::lookup_host((self.authority.host.as_str(), self.authority.port))
-            .await
-            .map_err(|e| self.error(ErrorKind::ConnectFailed, format!("resolving {}: {e}", self.authority.host)))?
-            .collect();
+        let found: Vec<SocketAddr> =
+            tokio::net::lookup_host((self.authority.host.as_str(), self.authority.port))
+                .await
+                .map_err(|e| {
+                    self.error(
+                        ErrorKind::ConnectFailed,
+                        format!("resolving {}: {e}", self.authority.host),
+                    )
+                })?
+                .collect();
         if found.is_empty() {
             return Err(self.error(
                 ErrorKind::ConnectFailed,
@@ -103,7 +109,11 @@ impl Http1Connector {
         let cause = last_err.map_or_else(|| "no address".to_owned(), |e| e.to_string());
         Err(self.error(
             ErrorKind::ConnectFailed,
-            format!("connecting to {} ({}): {cause}", self.authority, join_addrs(&addrs)),
+            format!(
+                "connecting to {} ({}): {cause}",
+                self.authority,
+                join_addrs(&addrs)
+            ),
         ))
     }
 

@@ -40,7 +40,7 @@ pub struct Upstream {
 
 enum Failure {
     /// hyper handed the request back: nothing reached the upstream.
-    Unsent(Request<RequestBody>, ProxyError),
+    Unsent(Box<Request<RequestBody>>, ProxyError),
     /// The request (or part of it) was written.
     Sent(ProxyError),
 }
@@ -155,7 +155,7 @@ impl Upstream {
                     if unsent_attempts >= MAX_UNSENT_ATTEMPTS {
                         return Err(err);
                     }
-                    req = back;
+                    req = *back;
                 }
                 Err(Failure::Sent(err)) => match replay {
                     Some(copy) if err.kind() == ErrorKind::UpstreamReset => {
@@ -169,7 +169,11 @@ impl Upstream {
         }
     }
 
-    async fn exchange(&self, lease: &mut Lease, req: Request<RequestBody>) -> Result<Response<Incoming>, Failure> {
+    async fn exchange(
+        &self,
+        lease: &mut Lease,
+        req: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, Failure> {
         let sending = lease.sender().try_send_request(req);
         let result = match self.settings.response_header_timeout {
             Some(limit) => match tokio::time::timeout(limit, sending).await {
@@ -190,7 +194,7 @@ impl Upstream {
             let unsent = e.take_message();
             let err = self.classify(e.error());
             match unsent {
-                Some(req) => Failure::Unsent(req, err),
+                Some(req) => Failure::Unsent(Box::new(req), err),
                 None => Failure::Sent(err),
             }
         })
@@ -210,13 +214,19 @@ impl Upstream {
             Some(source) => format!("{e}: {source}"),
             None => e.to_string(),
         };
-        self.error(ErrorKind::UpstreamReset, format!("connection closed before a response: {cause}"))
+        self.error(
+            ErrorKind::UpstreamReset,
+            format!("connection closed before a response: {cause}"),
+        )
     }
 }
 
 /// `host[:port]`, leaving out the scheme's default port.
 fn host_header(scheme: Scheme, authority: &Authority) -> HeaderValue {
-    let text = match (authority.port == scheme.default_port(), authority.host.contains(':')) {
+    let text = match (
+        authority.port == scheme.default_port(),
+        authority.host.contains(':'),
+    ) {
         (true, false) => authority.host.clone(),
         (true, true) => format!("[{}]", authority.host),
         (false, _) => authority.to_string(),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
@@ -124,7 +124,9 @@ impl Drop for FakeUpstream {
 }
 
 fn full(body: impl Into<Bytes>) -> BoxBody {
-    Full::new(body.into()).map_err(|never: Infallible| match never {}).boxed()
+    Full::new(body.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed()
 }
 
 async fn handle(
@@ -260,7 +262,11 @@ impl Sidecar {
         let listeners = egress_sidecar::Listeners::bind(&config).await.unwrap();
         let addr = listeners.proxy.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();
-        let routes = listeners.routes.iter().map(|(_, l)| l.local_addr().unwrap()).collect();
+        let routes = listeners
+            .routes
+            .iter()
+            .map(|(_, l)| l.local_addr().unwrap())
+            .collect();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(egress_sidecar::run(config, listeners, async move {
             let _ = stopped.await;
@@ -321,7 +327,10 @@ pub struct RawClient {
 impl RawClient {
     /// A client over an already connected stream.
     pub fn from_stream(stream: TcpStream) -> Self {
-        RawClient { stream, buf: Vec::new() }
+        RawClient {
+            stream,
+            buf: Vec::new(),
+        }
     }
 
     /// Bytes read past the last parsed message.
@@ -379,16 +388,17 @@ impl RawClient {
                 assert!(self.fill().await, "closed mid-body");
             }
             self.buf.drain(..len).collect()
-        } else if headers
-            .get("transfer-encoding")
-            .is_some_and(|v| v == "chunked")
-        {
+        } else if headers.get("transfer-encoding").is_some_and(|v| v == "chunked") {
             self.read_chunked().await
         } else {
             while self.fill().await {}
             std::mem::take(&mut self.buf)
         };
-        Some(RawResponse { status, headers, body })
+        Some(RawResponse {
+            status,
+            headers,
+            body,
+        })
     }
 
     async fn read_chunked(&mut self) -> Vec<u8> {
