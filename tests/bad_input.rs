@@ -127,3 +127,21 @@ async fn a_client_that_vanishes_mid_upload_leaks_nothing() {
     let mut client = RawClient::connect(sidecar.addr).await;
     assert_eq!(client.get(&format!("http://{up}/")).await.status, 200);
 }
+
+#[tokio::test]
+async fn a_client_that_leaves_before_the_response_abandons_the_upstream_exchange() {
+    let upstream = FakeUpstream::start().await;
+    let sidecar = Sidecar::start("").await;
+    let up = upstream.addr;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    client
+        .send_raw(format!("GET http://{up}/sleep/10000 HTTP/1.1\r\nHost: {up}\r\n\r\n").as_bytes())
+        .await;
+    assert!(support::eventually(Duration::from_secs(3), || upstream.requests() == 1).await);
+    drop(client);
+    // The pooled connection carrying the abandoned exchange is closed, not left to finish.
+    assert!(
+        support::eventually(Duration::from_secs(3), || upstream.open() == 0).await,
+        "upstream exchange kept running for a client that left"
+    );
+}

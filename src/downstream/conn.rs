@@ -200,16 +200,22 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
     let max_trailer = ctx.config.max_header_bytes;
 
     // Phase 1: until the response head is ready, feed the request body (and answer
-    // `Expect: 100-continue` once the upstream asks for it).
+    // `Expect: 100-continue` once the upstream asks for it); once the body is in, watch for the
+    // client going away, which abandons the upstream exchange (as nginx does) instead of
+    // letting a long upstream call run for nobody.
     let respond = ctx.proxy.handle(req, entry).instrument(span);
     tokio::pin!(respond);
+    let max_head = ctx.config.max_header_bytes;
     let resp = loop {
         tokio::select! {
             resp = &mut respond => break resp,
-            step = pump.step(&mut rd, buf, Some(&mut wr), max_trailer), if pump.is_active() => {
-                if let Err(e) = step {
-                    pump.fail(e);
+            step = pump.step_or_watch(&mut rd, buf, &mut wr, max_trailer, max_head) => match step {
+                Ok(()) => {}
+                Err(_) if !pump.is_active() => {
+                    tracing::debug!("client went away before the response");
+                    return false;
                 }
+                Err(e) => pump.fail(e),
             }
         }
     };
@@ -320,6 +326,30 @@ impl BodyPump {
         self.failed = true;
         if let Some(tx) = self.tx.take() {
             let _ = tx.try_send(Err(err));
+        }
+    }
+
+    /// While the body flows, one [`BodyPump::step`]; after it, waits for the client to close
+    /// (an error), keeping any pipelined bytes, up to `max_head` of them, in `buf`.
+    async fn step_or_watch(
+        &mut self,
+        rd: &mut ReadHalf<'_>,
+        buf: &mut BytesMut,
+        wr: &mut WriteHalf<'_>,
+        max_trailer: usize,
+        max_head: usize,
+    ) -> Result<(), BodyError> {
+        if self.is_active() {
+            return self.step(rd, buf, Some(wr), max_trailer).await;
+        }
+        if self.failed || buf.len() >= max_head {
+            return std::future::pending().await;
+        }
+        buf.reserve(1024);
+        match rd.read_buf(buf).await {
+            Ok(0) => Err(BodyError("client closed the connection".into())),
+            Ok(_) => Ok(()),
+            Err(e) => Err(BodyError(format!("client connection: {e}"))),
         }
     }
 
