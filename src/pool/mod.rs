@@ -305,6 +305,8 @@ impl Pool {
                     retire: false,
                 };
                 self.hand_over(&mut st, conn);
+                // Requests that arrived while every allowed dial was in flight still wait.
+                self.start_dials(&mut st);
             }
             Err(err) => {
                 // The upstream looks unreachable when nothing is established: fail every waiter
@@ -612,3 +614,6 @@ mod tests {
         assert_eq!(parse_keep_alive("garbage"), (None, None));
     }
 }
+
+#[cfg(test)]
+mod pool_tests;

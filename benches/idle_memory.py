@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+"""Idle-connection memory of egress-sidecar next to nginx. Run it through idle_memory.sh.
+
+Question answered:
+    What does one idle downstream keep-alive connection cost the sidecar, and one pooled idle
+    upstream connection? And the same for nginx as a keep-alive reverse proxy?
+
+Method (user-space memory only: VmRSS from /proc/PID/status, nginx = master + workers):
+    A Python asyncio upstream (`upstream` subcommand) answers `ok\\n`, after 1 s on /sleep.
+    Each measurement gets a fresh proxy process, configured to keep everything that is opened
+    (sidecar: downstream.idle_timeout 5m, pool max_connections/max_idle 1000, pool idle_timeout
+    5m; nginx: keepalive_timeout 300s, `upstream { keepalive 1000; keepalive_timeout 300s; }`).
+
+    downstream: warm up with 64 connections (one request each, then closed) so that one-time
+                allocations and the upstream pool exist; read RSS; open N (5000) connections
+                to the proxy, one GET / on each (at most 4 in flight, so the upstream pool does
+                not grow), keep all open and idle; wait 1 s; read RSS.
+                cost = delta RSS / (downstream connections the proxy holds, counted with ss).
+    upstream:   warm up with 64 concurrent /sleep requests; read RSS; send M (1000) concurrent
+                /sleep requests on M new client connections (started 0.5 ms apart, all in
+                flight together), so that the pool dials up to M upstream connections, which go
+                idle when the responses are done; wait 1 s; read RSS. The M client connections are still open, so
+                cost = (delta RSS - new downstream conns x downstream cost) / new upstream conns
+                (both counted with ss). Then the clients close and RSS is read once more: that
+                figure keeps whatever the allocator did not give back from the closed clients.
+
+Not counted: kernel memory (socket structures, buffers), which RSS does not include.
+"""
+
+import argparse
+import asyncio
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+OK_BODY = b"ok\n"
+# Downstream test: requests in flight at once. Kept low so that the upstream pool the warm-up
+# made is enough and does not grow while downstream connections are counted.
+DOWNSTREAM_IN_FLIGHT = 4
+# Upstream test: the slow requests start this far apart (1000 in 0.5 s, all in flight together
+# since each takes 1 s), so each finds the previous dial done: the pool dials at most
+# max_connecting (8) at a time, and a simultaneous burst of 1000 gets fewer connections.
+SPACING = 0.0005
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\n" + OK_BODY
+
+
+def raise_nofile():
+    """Lift the soft RLIMIT_NOFILE to the hard limit (children inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+# === upstream ===
+
+
+async def serve_upstream(port, sleep_s):
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                target = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
+                if target.startswith(b"/sleep"):
+                    await asyncio.sleep(sleep_s)
+                writer.write(RESPONSE)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=8192)
+    async with server:
+        await server.serve_forever()
+
+
+# === clients ===
+
+
+async def read_response(reader):
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, value = line.split(":", 1)
+            headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                while await reader.readuntil(b"\r\n") != b"\r\n":
+                    pass  # trailers
+                break
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+    else:
+        body = b""
+    return status, body
+
+
+async def open_clients(port, n, path, in_flight=None, spacing=0.0):
+    """Opens n connections, one GET each; returns (open connections, failure messages).
+
+    in_flight: at most this many connections between connect and response at a time.
+    spacing:   else connection i starts i * spacing seconds in, and all may be in flight at once.
+    """
+    sem = asyncio.Semaphore(in_flight or n)
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+
+    async def one(i):
+        if spacing:
+            await asyncio.sleep(i * spacing)
+        async with sem:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            status, body = await read_response(reader)
+        if status != 200 or body != OK_BODY:
+            writer.close()
+            raise RuntimeError(f"status {status}, body {body[:60]!r}")
+        return writer
+
+    results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True), 120)
+    writers = [r for r in results if not isinstance(r, BaseException)]
+    failures = [repr(r) for r in results if isinstance(r, BaseException)]
+    return writers, failures
+
+
+async def close_all(writers):
+    for w in writers:
+        w.close()
+    await asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True)
+
+
+# === measuring ===
+
+
+def pids_of(root):
+    """root and its direct children (nginx's workers)."""
+    pids = [root]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == root:
+                pids.append(int(entry))
+    return pids
+
+
+def rss_bytes(root):
+    total = 0
+    for pid in pids_of(root):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def established(sport=None, dport=None):
+    """Established TCP connections on 127.0.0.1 by local (sport) or remote (dport) port."""
+    flt = f"( sport = :{sport} )" if sport else f"( dport = :{dport} )"
+    out = subprocess.run(["ss", "-Htn", "state", "established", flt], capture_output=True, text=True, check=True)
+    return sum(1 for line in out.stdout.splitlines() if line.strip())
+
+
+async def settle():
+    await asyncio.sleep(1.0)
+
+
+def free_ports(n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def wait_port(port, proc, what, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{what} does not listen on 127.0.0.1:{port}")
+
+
+def die_with_parent():
+    """In the child: SIGTERM when this driver exits, however it exits (PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except Exception:
+        pass
+
+
+class Proc:
+    """A child process, stopped by its own pid."""
+
+    def __init__(self, argv, log, env=None):
+        self.log = open(log, "ab")
+        self.p = subprocess.Popen(argv, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env,
+                                  preexec_fn=die_with_parent)
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+# === the proxies ===
+
+
+def start_sidecar(args, up_port):
+    fwd, admin, route = free_ports(3)
+    conf = os.path.join(args.tmp, "sidecar.yaml")
+    with open(conf, "w") as f:
+        f.write(
+            f"""listen: 127.0.0.1:{fwd}
+admin: 127.0.0.1:{admin}
+shutdown: {{ drain_timeout: 1s }}
+downstream: {{ idle_timeout: 5m, max_connections: {args.downstream + 1000} }}
+upstreams:
+  - name: bench
+    url: http://127.0.0.1:{up_port}
+    listen: 127.0.0.1:{route}
+    pool:
+      max_connections: {args.upstream}
+      max_idle: {args.upstream}
+      idle_timeout: 5m
+      max_pending: {args.upstream * 2}
+      pending_timeout: 30s
+"""
+        )
+    env = dict(os.environ, EGRESS_LOG="warn")
+    proc = Proc([args.sidecar, "run", "--config", conf], os.path.join(args.tmp, "sidecar.log"), env)
+    wait_port(route, proc.p, "sidecar")
+    return proc, route
+
+
+def start_nginx(args, up_port):
+    (port,) = free_ports(1)
+    t = args.tmp
+    conf = os.path.join(t, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(
+            f"""pid {t}/nginx.pid;
+error_log {t}/nginx.error.log warn;
+worker_processes 1;
+worker_rlimit_nofile {args.downstream + 2 * args.upstream + 1000};
+events {{ worker_connections {args.downstream + 2 * args.upstream + 500}; }}
+http {{
+    access_log off;
+    client_body_temp_path {t}/nginx.body;
+    proxy_temp_path {t}/nginx.proxy;
+    fastcgi_temp_path {t}/nginx.fastcgi;
+    uwsgi_temp_path {t}/nginx.uwsgi;
+    scgi_temp_path {t}/nginx.scgi;
+    keepalive_timeout 300s;
+    upstream bench {{
+        server 127.0.0.1:{up_port};
+        keepalive {args.upstream};
+        keepalive_timeout 300s;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://bench;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+        )
+    argv = ["nginx", "-p", t, "-e", f"{t}/nginx.error.log", "-c", conf, "-g", "daemon off;"]
+    proc = Proc(argv, os.path.join(t, "nginx.out"))
+    wait_port(port, proc.p, "nginx")
+    return proc, port
+
+
+def kib(n):
+    return f"{n / 1024:,.0f} KiB"
+
+
+async def measure_downstream(name, start, args, up_port):
+    proc, port = start(args, up_port)
+    try:
+        warm, failed = await open_clients(port, 64, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
+        await close_all(warm)
+        await settle()
+        base, base_up = rss_bytes(proc.pid), established(dport=up_port)
+        conns, failed = await open_clients(port, args.downstream, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
+        await settle()
+        after, held, after_up = rss_bytes(proc.pid), established(sport=port), established(dport=up_port)
+        await close_all(conns)
+        per = (after - base) / max(held, 1)
+        print(
+            f"{name:8} downstream: RSS {kib(base)} -> {kib(after)} with {held} idle client connections "
+            f"({len(failed)} failed; upstream connections {base_up} -> {after_up}): "
+            f"{per:,.0f} B per idle downstream connection",
+            flush=True,
+        )
+        if failed:
+            print(f"         first failure: {failed[0]}", flush=True)
+        return {"base": base, "after": after, "held": held, "per": per, "failed": len(failed)}
+    finally:
+        proc.stop()
+
+
+async def measure_upstream(name, start, args, up_port, per_downstream):
+    proc, port = start(args, up_port)
+    try:
+        warm, failed = await open_clients(port, 64, "/sleep", spacing=SPACING)
+        await close_all(warm)
+        await settle()
+        base, base_up, base_down = rss_bytes(proc.pid), established(dport=up_port), established(sport=port)
+        t0 = time.monotonic()
+        conns, failed = await open_clients(port, args.upstream, "/sleep", spacing=SPACING)
+        elapsed = time.monotonic() - t0
+        await settle()
+        after, pooled, held = rss_bytes(proc.pid), established(dport=up_port), established(sport=port)
+        await close_all(conns)
+        await settle()
+        closed = rss_bytes(proc.pid)
+        new_up = max(pooled - base_up, 1)
+        new_down = held - base_down
+        per = (after - base - new_down * per_downstream) / new_up
+        per_closed = (closed - base) / new_up
+        print(
+            f"{name:8} upstream:   RSS {kib(base)} -> {kib(after)} with {pooled} idle pooled upstream "
+            f"connections (was {base_up}) and {held} idle client connections; {args.upstream} slow "
+            f"requests took {elapsed:.1f}s, {len(failed)} failed: "
+            f"({kib(after - base)} - {new_down} x {per_downstream:,.0f} B) / {new_up} = "
+            f"{per:,.0f} B per pooled idle upstream connection; after the clients closed: RSS {kib(closed)}, "
+            f"{per_closed:,.0f} B per pooled connection",
+            flush=True,
+        )
+        if pooled < args.upstream:
+            print(f"         note: {args.upstream} concurrent requests left only {pooled} pooled upstream "
+                  f"connections (pool max_connections {args.upstream})", flush=True)
+        if failed:
+            print(f"         first failure: {failed[0]}", flush=True)
+        return {"base": base, "after": after, "pooled": pooled, "new": new_up, "per": per,
+                "closed": closed, "per_closed": per_closed, "failed": len(failed)}
+    finally:
+        proc.stop()
+
+
+async def run(args):
+    nofile = raise_nofile()
+    need = args.downstream + 2 * args.upstream + 200
+    if nofile < need:
+        sys.exit(f"RLIMIT_NOFILE is {nofile}, need about {need}")
+    (up_port,) = free_ports(1)
+    upstream = Proc([sys.executable, os.path.abspath(__file__), "upstream", "--port", str(up_port)],
+                    os.path.join(args.tmp, "upstream.log"))
+    try:
+        wait_port(up_port, upstream.p, "upstream")
+        results = {}
+        for name, start in (("sidecar", start_sidecar), ("nginx", start_nginx)):
+            d = await measure_downstream(name, start, args, up_port)
+            u = await measure_upstream(name, start, args, up_port, d["per"])
+            results[name] = (d, u)
+        report(args, results)
+    finally:
+        upstream.stop()
+
+
+def report(args, results):
+    print()
+    print(f"## Idle connection memory (user-space RSS), N={args.downstream} downstream, "
+          f"M={args.upstream} pooled upstream")
+    print()
+    print(f"- sidecar: {subprocess.run([args.sidecar, '--version'], capture_output=True, text=True).stdout.strip()}"
+          f", default runtime ({os.cpu_count()} worker threads), not pinned")
+    ngx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
+    print(f"- nginx: {ngx.replace('nginx version: ', '')}, worker_processes 1, RSS = master + worker")
+    print(f"- upstream: Python asyncio server, `ok\\n`, /sleep answers after 1 s")
+    print()
+    print("| proxy | RSS at start of downstream test | per idle downstream conn | per idle pooled upstream conn "
+          "| same, after clients closed | failed requests |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, (d, u) in results.items():
+        print(f"| {name} | {kib(d['base'])} | {d['per']:,.0f} B ({d['held']} conns) | {u['per']:,.0f} B "
+              f"({u['new']} new conns) | {u['per_closed']:,.0f} B | {d['failed'] + u['failed']} |")
+    print()
+    print("per idle downstream conn = (RSS with N idle clients - RSS before) / clients held (ss count)")
+    print("per idle pooled upstream conn = (RSS after M slow requests - RSS before - new client conns x "
+          "per-downstream cost) / new pooled upstream conns (ss count); clients still open")
+    print("Kernel memory for the sockets is not in RSS and not counted.")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("upstream", help="serve the test upstream")
+    up.add_argument("--port", type=int, required=True)
+    up.add_argument("--sleep", type=float, default=1.0)
+    m = sub.add_parser("measure", help="run the measurement")
+    m.add_argument("--sidecar", required=True, help="release egress-sidecar binary")
+    m.add_argument("--tmp", required=True, help="scratch directory for configs and logs")
+    m.add_argument("--downstream", type=int, default=5000)
+    m.add_argument("--upstream", type=int, default=1000)
+    args = parser.parse_args()
+    if args.cmd == "upstream":
+        raise_nofile()
+        asyncio.run(serve_upstream(args.port, args.sleep))
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

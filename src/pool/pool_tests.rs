@@ -1,0 +1,194 @@
+//! The pool's queueing and dial rules, against real hyper connections over in-memory pipes whose
+//! dials the test releases one by one.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::sync::Semaphore;
+
+use super::*;
+
+/// Dials an in-memory HTTP/1.1 server; each dial waits for a permit from `gate`.
+#[derive(Debug)]
+struct GatedConnector {
+    gate: Arc<Semaphore>,
+    in_flight: Arc<AtomicUsize>,
+    peak_in_flight: Arc<AtomicUsize>,
+    dials: Arc<AtomicUsize>,
+}
+
+impl GatedConnector {
+    fn new() -> Self {
+        GatedConnector {
+            gate: Arc::new(Semaphore::new(0)),
+            in_flight: Arc::default(),
+            peak_in_flight: Arc::default(),
+            dials: Arc::default(),
+        }
+    }
+
+    async fn dial(&self, slot: Slot) -> Result<Sender, ProxyError> {
+        self.dials.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        let permit = self.gate.acquire().await.expect("gate open");
+        permit.forget();
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let (client, server) = tokio::io::duplex(4096);
+        tokio::spawn(async move {
+            let svc = service_fn(|_req| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(
+                    http_body_util::Empty::<bytes::Bytes>::new(),
+                ))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(server), svc)
+                .await;
+        });
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
+            .await
+            .map_err(|e| ProxyError::new(ErrorKind::ProtocolError, e.to_string()))?;
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+}
+
+impl Connect for Arc<GatedConnector> {
+    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Sender, ProxyError>> + Send + '_>> {
+        Box::pin(self.dial(slot))
+    }
+}
+
+fn config(max_connections: usize, max_connecting: usize) -> PoolConfig {
+    PoolConfig {
+        max_connections,
+        max_idle: max_connections,
+        idle_timeout: Duration::from_secs(30),
+        max_lifetime: None,
+        max_requests_per_connection: None,
+        max_pending: 100,
+        pending_timeout: Duration::from_secs(30),
+        max_connecting,
+    }
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
+#[tokio::test]
+async fn a_burst_dials_at_most_max_connecting_at_once_and_never_past_the_cap() {
+    let connector = Arc::new(GatedConnector::new());
+    let pool = Pool::new("test".into(), config(6, 2), Box::new(connector.clone()));
+    let mut waiting = Vec::new();
+    for _ in 0..10 {
+        let pool = pool.clone();
+        waiting.push(tokio::spawn(async move { pool.checkout().await }));
+    }
+    settle().await;
+    assert_eq!(connector.in_flight.load(Ordering::SeqCst), 2, "dials in flight");
+    assert_eq!(pool.snapshot().pending, 10);
+    // Release dials one at a time: each finished dial makes room for another, up to the cap.
+    for _ in 0..10 {
+        connector.gate.add_permits(1);
+        settle().await;
+    }
+    assert_eq!(connector.peak_in_flight.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        connector.dials.load(Ordering::SeqCst),
+        6,
+        "dials stop at max_connections"
+    );
+    let snapshot = pool.snapshot();
+    assert_eq!(snapshot.open, 6);
+    assert_eq!(snapshot.pending, 4, "the rest wait for a connection to free up");
+    // Six requests hold connections; giving them back serves the other four without a dial.
+    let mut leases = Vec::new();
+    for task in waiting.iter_mut().take(10) {
+        if task.is_finished() {
+            leases.push(task.await.unwrap().unwrap());
+        }
+    }
+    assert_eq!(leases.len(), 6);
+    for mut lease in leases {
+        lease.count_request();
+        lease.release();
+    }
+    settle().await;
+    assert!(waiting.iter().all(|t| t.is_finished()), "a waiter was not served");
+    assert_eq!(connector.dials.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test]
+async fn waiters_are_served_oldest_first() {
+    let connector = Arc::new(GatedConnector::new());
+    connector.gate.add_permits(1);
+    let pool = Pool::new("test".into(), config(1, 1), Box::new(connector.clone()));
+    let mut first = pool.checkout().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let (pool, order) = (pool.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lease = pool.checkout().await.unwrap();
+            order.lock().unwrap().push(i);
+            lease.count_request();
+            lease.release();
+        }));
+        settle().await; // fixes the arrival order
+    }
+    first.count_request();
+    first.release();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(connector.dials.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_cancelled_waiter_leaves_the_queue() {
+    let connector = Arc::new(GatedConnector::new());
+    let pool = Pool::new("test".into(), config(1, 1), Box::new(connector.clone()));
+    let pool2 = pool.clone();
+    let waiter = tokio::spawn(async move { pool2.checkout().await });
+    settle().await;
+    assert_eq!(pool.snapshot().pending, 1);
+    waiter.abort();
+    settle().await;
+    assert_eq!(pool.snapshot().pending, 0);
+    // The dial it caused still completes and its connection is kept idle for the next request.
+    connector.gate.add_permits(1);
+    settle().await;
+    let snapshot = pool.snapshot();
+    assert_eq!((snapshot.open, snapshot.idle), (1, 1));
+}
+
+#[tokio::test]
+async fn a_dropped_lease_frees_its_place_under_the_cap() {
+    let connector = Arc::new(GatedConnector::new());
+    connector.gate.add_permits(2);
+    let pool = Pool::new("test".into(), config(1, 1), Box::new(connector.clone()));
+    let lease = pool.checkout().await.unwrap();
+    let pool2 = pool.clone();
+    let next = tokio::spawn(async move { pool2.checkout().await.map(|l| l.connection_id()) });
+    settle().await;
+    assert!(!next.is_finished(), "cap of 1 holds the second request");
+    drop(lease); // an unfinished exchange: the connection is closed, not pooled
+    let id = tokio::time::timeout(Duration::from_secs(2), next)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(id, 2, "served by a new connection");
+    assert_eq!(connector.dials.load(Ordering::SeqCst), 2);
+}

@@ -1,0 +1,341 @@
+//! The seeds' leaky Go client (`tests/leaky/main.go`): a new `http.Transport` per request, never
+//! closed, so every request leaves an idle keep-alive connection and two goroutines behind.
+//!
+//! Run directly against an upstream, the leak lands on the upstream (one open connection per
+//! request, for as long as the client lives). Run through the sidecar, the upstream sees a
+//! handful of pooled connections, and the sidecar's `downstream.idle_timeout` closes the
+//! leaked client connections, which frees the client's sockets and goroutines too.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use support::{FakeUpstream, Sidecar};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+
+const REQUESTS: usize = 2000;
+/// The sidecar's `downstream.idle_timeout`. It must outlast the client's whole sequential run
+/// (about 1.3 s for 2000 requests on a 2-core machine), or the sidecar reaps the first leaked
+/// connections before the client reports how many it holds; 5 s leaves a 4x margin.
+const IDLE_TIMEOUT_SECS: u64 = 5;
+
+/// One JSON line the Go program printed.
+#[derive(Debug, Clone)]
+struct Phase {
+    phase: String,
+    goroutines: i64,
+    sockets: i64,
+    ok: i64,
+    errors: i64,
+    elapsed_ms: i64,
+    first_error: String,
+    line: String,
+}
+
+impl Phase {
+    fn parse(line: &str) -> Phase {
+        let int = |key: &str| -> i64 {
+            json_field(line, key)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no integer {key:?} in {line:?}"))
+        };
+        Phase {
+            phase: json_field(line, "phase")
+                .unwrap_or_else(|| panic!("no phase in {line:?}"))
+                .trim_matches('"')
+                .to_owned(),
+            goroutines: int("goroutines"),
+            sockets: int("sockets"),
+            ok: int("ok"),
+            errors: int("errors"),
+            elapsed_ms: int("elapsed_ms"),
+            first_error: json_field(line, "first_error")
+                .unwrap_or_default()
+                .trim_matches('"')
+                .to_owned(),
+            line: line.to_owned(),
+        }
+    }
+}
+
+/// The raw value of `"key":value` in a flat JSON object (strings keep their quotes; the Go
+/// program's strings never contain `","`, which is all this needs).
+fn json_field(line: &str, key: &str) -> Option<String> {
+    let needle = format!("\"{key}\":");
+    let start = line.find(&needle)? + needle.len();
+    let rest = &line[start..];
+    let end = if let Some(quoted) = rest.strip_prefix('"') {
+        quoted.find('"').map(|i| i + 2)?
+    } else {
+        rest.find([',', '}'])?
+    };
+    Some(rest[..end].to_owned())
+}
+
+/// Whether `go` is on PATH.
+async fn have_go() -> bool {
+    Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
+/// Builds the Go program at `src` (relative to the crate root) into the cargo target tmpdir.
+async fn build_go(src: &str, name: &str) -> PathBuf {
+    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-bin");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join(name);
+    let mut cmd = Command::new("go");
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(src)
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "")
+        .env("GOWORK", "off")
+        .kill_on_drop(true);
+    let has_cache_home = ["GOCACHE", "XDG_CACHE_HOME", "HOME"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
+    if !has_cache_home {
+        cmd.env("GOCACHE", Path::new(env!("CARGO_TARGET_TMPDIR")).join("gocache"));
+    }
+    let output = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .expect("go build took longer than 180s")
+        .expect("running go build");
+    assert!(
+        output.status.success(),
+        "go build {src} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
+/// Warns when this process may not be able to hold a few thousand sockets.
+fn check_fd_limit() {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|s| s.parse::<u64>().ok());
+    match soft {
+        Some(n) if n < 8192 => println!(
+            "WARNING: open-file soft limit is {n}; this test holds ~{} sockets and may fail \
+             with EMFILE (raise it with `ulimit -n 8192`)",
+            2 * REQUESTS
+        ),
+        Some(_) => {}
+        None => println!("WARNING: could not read the open-file limit from /proc/self/limits"),
+    }
+}
+
+/// A running leaky client whose stdout is read line by line.
+struct Leaky {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Leaky {
+    fn spawn(bin: &Path, url: &str, proxy: Option<&str>, wait: &str) -> Leaky {
+        let mut cmd = Command::new(bin);
+        cmd.args(["-n", &REQUESTS.to_string(), "-url", url, "-wait", wait])
+            .args(["-proxy", proxy.unwrap_or("")])
+            // The program picks its proxy from -proxy only; keep the environment out of it.
+            .env_remove("HTTP_PROXY")
+            .env_remove("http_proxy")
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawning the leaky client");
+        let stdout = child.stdout.take().unwrap();
+        Leaky {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The next JSON line, which must be `phase`.
+    async fn next(&mut self, phase: &str) -> Phase {
+        let line = tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no {phase:?} line from the leaky client within 30s"))
+            .expect("reading the leaky client's stdout");
+        let Some(line) = line else {
+            let stderr = self.stderr().await;
+            panic!("leaky client exited before {phase:?}; stderr:\n{stderr}");
+        };
+        let parsed = Phase::parse(&line);
+        assert_eq!(parsed.phase, phase, "unexpected line {line}");
+        parsed
+    }
+
+    async fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            let _ = err.read_to_string(&mut text).await;
+        }
+        text
+    }
+
+    async fn finish(mut self) {
+        let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("leaky client did not exit")
+            .unwrap();
+        let stderr = self.stderr().await;
+        assert!(status.success(), "leaky client failed: {status}\n{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaky_go_client_is_contained_by_the_sidecar() {
+    if !have_go().await {
+        println!("SKIPPED: `go` is not on PATH; the leaky Go client cannot be built");
+        return;
+    }
+    check_fd_limit();
+    let bin = build_go("tests/leaky/main.go", "leaky").await;
+
+    // --- via the sidecar ---
+    let upstream = FakeUpstream::start().await;
+    let sidecar = Sidecar::start(&format!(
+        "downstream: {{ idle_timeout: {IDLE_TIMEOUT_SECS}s }}\n\
+         upstreams:\n  - name: leaky\n    url: http://{0}\n    \
+         pool: {{ max_connections: 8, max_idle: 8 }}\n",
+        upstream.addr,
+    ))
+    .await;
+    let mut client = Leaky::spawn(
+        &bin,
+        &format!("http://{}/hello", upstream.addr),
+        Some(&format!("http://{}", sidecar.addr)),
+        &format!("{}s", IDLE_TIMEOUT_SECS + 2),
+    );
+    let base = client.next("baseline").await;
+    let after = client.next("after_requests").await;
+    let waited = client.next("after_wait").await;
+    client.finish().await;
+    println!(
+        "via sidecar: {}\n             {}\n             {}",
+        base.line, after.line, waited.line
+    );
+
+    assert_eq!(
+        after.ok, REQUESTS as i64,
+        "errors: {} (first: {})",
+        after.errors, after.first_error
+    );
+    assert_eq!(after.errors, 0, "first error: {}", after.first_error);
+    assert_eq!(
+        upstream.requests(),
+        REQUESTS,
+        "every request reached the upstream once"
+    );
+    let sidecar_accepted = upstream.accepted();
+    let sidecar_peak = upstream.peak();
+    assert!(
+        sidecar_accepted <= 8,
+        "the upstream accepted {sidecar_accepted} connections; the pool caps it at 8"
+    );
+    // The leak is real on the client side: right after the requests it holds one socket per
+    // request (the sidecar reaps none of them before idle_timeout, which outlasts the run).
+    assert!(
+        after.sockets - base.sockets >= 1900,
+        "the leaky client held only {} sockets after {REQUESTS} requests; expected ~{REQUESTS} \
+         (the run took {} ms; idle_timeout is {IDLE_TIMEOUT_SECS}s)",
+        after.sockets - base.sockets,
+        after.elapsed_ms
+    );
+    // ...and the sidecar's idle_timeout cleans it up.
+    assert_eq!(
+        waited.sockets, base.sockets,
+        "client sockets after idle_timeout: {} (baseline {})",
+        waited.sockets, base.sockets
+    );
+    assert!(
+        waited.goroutines <= base.goroutines + 2,
+        "client goroutines after idle_timeout: {} (baseline {})",
+        waited.goroutines,
+        base.goroutines
+    );
+    sidecar.stop().await;
+    drop(upstream);
+
+    // --- directly, no sidecar ---
+    let direct_upstream = FakeUpstream::start().await;
+    let mut client = Leaky::spawn(
+        &bin,
+        &format!("http://{}/hello", direct_upstream.addr),
+        None,
+        "2s",
+    );
+    let dbase = client.next("baseline").await;
+    let dafter = client.next("after_requests").await;
+    // The client process is alive (sleeping in -wait): its leaked connections are open at the
+    // upstream, which never closes idle keep-alive connections itself.
+    let direct_open = direct_upstream.open();
+    let dwaited = client.next("after_wait").await;
+    client.finish().await;
+    println!(
+        "direct:      {}\n             {}\n             {}",
+        dbase.line, dafter.line, dwaited.line
+    );
+
+    assert_eq!(
+        dafter.ok, REQUESTS as i64,
+        "errors: {} (first: {})",
+        dafter.errors, dafter.first_error
+    );
+    assert!(
+        direct_open >= REQUESTS - 10,
+        "the upstream had {direct_open} connections open while the leaky client lived; \
+         expected ~{REQUESTS}"
+    );
+    assert!(
+        dwaited.goroutines >= dbase.goroutines + 3000,
+        "direct: client goroutines after the wait {} (baseline {}); expected two per leaked \
+         connection",
+        dwaited.goroutines,
+        dbase.goroutines
+    );
+    // Only the client's exit ends the leak.
+    assert!(
+        support::eventually(Duration::from_secs(5), || direct_upstream.open() == 0).await,
+        "upstream still has {} connections open after the client exited",
+        direct_upstream.open()
+    );
+
+    println!(
+        "\n=== leaky Go client, {REQUESTS} requests, a new http.Transport each ===\n\
+         direct:      upstream open connections = {direct_open} (accepted {}), client sockets \
+         after requests = {}, client goroutines after {}ms = {} (baseline {}), sockets still \
+         open = {}\n\
+         via sidecar: upstream connections accepted = {sidecar_accepted} (peak open \
+         {sidecar_peak}), client sockets after requests = {} (run took {} ms), after \
+         idle_timeout ({IDLE_TIMEOUT_SECS}s) + 2s: sockets = {} ({} extra), goroutines = {} (baseline {})\n",
+        direct_upstream.accepted(),
+        dafter.sockets - dbase.sockets,
+        dwaited.elapsed_ms,
+        dwaited.goroutines,
+        dbase.goroutines,
+        dwaited.sockets - dbase.sockets,
+        after.sockets - base.sockets,
+        after.elapsed_ms,
+        waited.sockets,
+        waited.sockets - base.sockets,
+        waited.goroutines,
+        base.goroutines,
+    );
+}
