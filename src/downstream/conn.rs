@@ -540,3 +540,31 @@ fn poll_now(mut body: Pin<&mut ResponseBody>) -> Option<FrameResult> {
         Poll::Pending => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    /// What an idle keep-alive connection costs is mostly this future (plus its task, socket
+    /// registration and timer entry): keep it from creeping up unnoticed.
+    #[tokio::test]
+    async fn an_idle_connection_future_stays_small() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let config = Arc::new(crate::Config::default());
+        let (_drain_tx, drain) = tokio::sync::watch::channel(false);
+        let ctx = super::Context {
+            config: config.downstream.clone(),
+            proxy: crate::proxy::Proxy::new(crate::routing::Router::new(config.clone(), &[], vec![])),
+            drain,
+            limit: Arc::new(tokio::sync::Semaphore::new(1)),
+            stats: Default::default(),
+        };
+        let entry = crate::routing::Entry::Forward;
+        let serve = super::serve(stream, "127.0.0.1:1".parse().unwrap(), &entry, &ctx);
+        let size = std::mem::size_of_val(&serve);
+        assert!(size <= 768, "idle connection future grew to {size} bytes");
+    }
+}

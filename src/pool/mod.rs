@@ -5,9 +5,10 @@
 //! - `open`: connections dialing, in use or idle. It never exceeds `max_connections`. A
 //!   connection counts until its socket is closed: the [`Slot`] guard travels from the dial
 //!   into the connection's driver task and gives the place back when that task ends.
-//! - `idle`: connections ready for a request, most recently used last (checked out first), at
-//!   most `max_idle`, each closed after `idle_timeout` (sooner when the upstream's
-//!   `Keep-Alive: timeout=N` says so) or, once idle, after `max_lifetime`.
+//! - `idle`: connections ready for a request, most recently used last (checked out first),
+//!   each closed after `idle_timeout` (sooner when the upstream's `Keep-Alive: timeout=N` says
+//!   so) or, once idle, after `max_lifetime`. Beyond `max_idle`, the oldest idle connections are
+//!   closed after a one-second grace, so that load hovering around `max_idle` does not churn.
 //! - `waiters`: requests waiting for a connection, oldest first, at most `max_pending`, each for
 //!   at most `pending_timeout`. A connection that finishes a request goes straight to the oldest
 //!   waiter; so does a freshly dialed one.
@@ -45,6 +46,11 @@ pub use body::PooledBody;
 use crate::config::PoolConfig;
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
+
+/// Idle connections beyond `max_idle` are closed once idle this long, rather than at once: under
+/// steady load the idle count swings past `max_idle` for microseconds as requests complete
+/// together, and closing then would churn connections (HAProxy's `pool-purge-delay` idea).
+const IDLE_SURPLUS_GRACE: Duration = Duration::from_secs(1);
 
 /// The request handle of one upstream HTTP/1.1 connection.
 pub type Sender = SendRequest<RequestBody>;
@@ -344,12 +350,12 @@ impl Pool {
         if self.config.max_idle == 0 {
             return;
         }
-        if st.idle.len() >= self.config.max_idle {
-            st.idle.remove(0);
-        }
         let now = Instant::now();
-        let deadline = self.idle_deadline(&conn, now);
+        let mut deadline = self.idle_deadline(&conn, now);
         st.idle.push(Idle { conn, since: now });
+        if st.idle.len() > self.config.max_idle {
+            deadline = deadline.min(st.idle[0].since + IDLE_SURPLUS_GRACE);
+        }
         if !st.reaper_running {
             st.reaper_running = true;
             st.reaper_deadline = Some(deadline);
@@ -385,23 +391,38 @@ impl Pool {
         self.hand_over(&mut st, conn);
     }
 
-    /// Closes idle connections past their deadline; returns the next deadline.
+    /// Closes idle connections past their deadline, and the oldest idle connections beyond
+    /// `max_idle` once they have been idle for [`IDLE_SURPLUS_GRACE`]; returns the next deadline.
     fn reap_once(&self, now: Instant) -> Option<Instant> {
         let mut expired = Vec::new();
         let mut st = self.lock();
+        let max_idle = self.config.max_idle;
         let mut i = 0;
         while i < st.idle.len() {
             let idle = &st.idle[i];
-            if idle.conn.sender.is_closed() || self.idle_deadline(&idle.conn, idle.since) <= now {
+            let surplus = i < st.idle.len().saturating_sub(max_idle);
+            let expired_now = idle.conn.sender.is_closed()
+                || self.idle_deadline(&idle.conn, idle.since) <= now
+                || (surplus && idle.since + IDLE_SURPLUS_GRACE <= now);
+            if expired_now {
                 expired.push(st.idle.remove(i));
             } else {
                 i += 1;
             }
         }
+        let surplus = st.idle.len().saturating_sub(max_idle);
         let next = st
             .idle
             .iter()
-            .map(|idle| self.idle_deadline(&idle.conn, idle.since))
+            .enumerate()
+            .map(|(i, idle)| {
+                let deadline = self.idle_deadline(&idle.conn, idle.since);
+                if i < surplus {
+                    deadline.min(idle.since + IDLE_SURPLUS_GRACE)
+                } else {
+                    deadline
+                }
+            })
             .min();
         st.reaper_deadline = next;
         if next.is_none() {

@@ -192,3 +192,29 @@ async fn a_dropped_lease_frees_its_place_under_the_cap() {
     assert_eq!(id, 2, "served by a new connection");
     assert_eq!(connector.dials.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test]
+async fn idle_connections_beyond_max_idle_close_after_a_grace() {
+    let connector = Arc::new(GatedConnector::new());
+    connector.gate.add_permits(4);
+    let mut cfg = config(4, 4);
+    cfg.max_idle = 1;
+    let pool = Pool::new("test".into(), cfg, Box::new(connector.clone()));
+    let mut leases = Vec::new();
+    for _ in 0..4 {
+        leases.push(pool.checkout().await.unwrap());
+    }
+    for mut lease in leases {
+        lease.count_request();
+        lease.release();
+    }
+    // All four are kept for now: closing them at once would churn under steady load.
+    assert_eq!(pool.snapshot().idle, 4);
+    tokio::time::sleep(IDLE_SURPLUS_GRACE + Duration::from_millis(300)).await;
+    let snapshot = pool.snapshot();
+    assert_eq!((snapshot.idle, snapshot.open), (1, 1), "{snapshot:?}");
+    // The one kept is the most recently used; reusing it needs no dial.
+    let lease = pool.checkout().await.unwrap();
+    assert!(lease.is_reused());
+    assert_eq!(connector.dials.load(Ordering::SeqCst), 4);
+}
