@@ -13,6 +13,7 @@
 //! permit is held, and socket reads go into the connection buffer, so a step dropped mid-way
 //! loses nothing.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -195,50 +196,15 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
     *req.headers_mut() = headers;
 
     let Connection { stream, buf, .. } = conn;
-    let (mut rd, mut wr) = stream.split();
     let mut pump = pump;
-    let max_trailer = ctx.config.max_header_bytes;
-
-    // Phase 1: until the response head is ready, feed the request body (and answer
-    // `Expect: 100-continue` once the upstream asks for it); once the body is in, watch for the
-    // client going away, which abandons the upstream exchange (as nginx does) instead of
-    // letting a long upstream call run for nobody.
     let respond = ctx.proxy.handle(req, entry).instrument(span);
-    tokio::pin!(respond);
-    let max_head = ctx.config.max_header_bytes;
-    let resp = loop {
-        tokio::select! {
-            resp = &mut respond => break resp,
-            step = pump.step_or_watch(&mut rd, buf, &mut wr, max_trailer, max_head) => match step {
-                Ok(()) => {}
-                Err(_) if !pump.is_active() => {
-                    tracing::debug!("client went away before the response");
-                    return false;
-                }
-                Err(e) => pump.fail(e),
-            }
-        }
+    let Some(resp) = await_response(stream, buf, &mut pump, respond, ctx).await else {
+        return false;
     };
-
-    // Phase 2: write the response while the rest of the request body (if any) still flows.
-    // A body the upstream never asked for is not solicited any more.
     let abandoned = pump.abandon_unstarted();
     let keep_alive = keep_alive && !abandoned && !ctx.draining();
     let head_only = method == Method::HEAD;
-    let written = {
-        let write = write_response(&mut wr, resp, head_only, version, keep_alive);
-        tokio::pin!(write);
-        loop {
-            tokio::select! {
-                written = &mut write => break written,
-                step = pump.step(&mut rd, buf, None, max_trailer), if pump.is_active() => {
-                    if let Err(e) = step {
-                        pump.fail(e);
-                    }
-                }
-            }
-        }
-    };
+    let written = send_response(stream, buf, &mut pump, resp, head_only, version, keep_alive, ctx).await;
     match written {
         Ok(true) if pump.is_complete() => true,
         Ok(_) => {
@@ -254,11 +220,72 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
     }
 }
 
+/// Until the response head is ready, feeds the request body (answering
+/// `Expect: 100-continue` once the upstream asks for it); once the body is in, watches for the
+/// client going away, which abandons the upstream exchange (as nginx does) instead of letting a
+/// long upstream call run for nobody. `None`: the client left.
+///
+/// This and [`send_response`] are separate functions so that their states, which are never
+/// alive together, share memory in the caller's future.
+async fn await_response(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    pump: &mut BodyPump,
+    respond: impl Future<Output = Response<ResponseBody>>,
+    ctx: &Context,
+) -> Option<Response<ResponseBody>> {
+    let (mut rd, mut wr) = stream.split();
+    let max_head = ctx.config.max_header_bytes;
+    tokio::pin!(respond);
+    loop {
+        tokio::select! {
+            resp = &mut respond => return Some(resp),
+            step = pump.step_or_watch(&mut rd, buf, &mut wr, max_head, max_head) => match step {
+                Ok(()) => {}
+                Err(_) if !pump.is_active() => {
+                    tracing::debug!("client went away before the response");
+                    return None;
+                }
+                Err(e) => pump.fail(e),
+            }
+        }
+    }
+}
+
+/// Writes the response while the rest of the request body (if any) still flows; returns
+/// whether the response allows keeping the connection.
+#[allow(clippy::too_many_arguments)]
+async fn send_response(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    pump: &mut BodyPump,
+    resp: Response<ResponseBody>,
+    head_only: bool,
+    version: Version,
+    keep_alive: bool,
+    ctx: &Context,
+) -> io::Result<bool> {
+    let (mut rd, mut wr) = stream.split();
+    let max_trailer = ctx.config.max_header_bytes;
+    let write = write_response(&mut wr, resp, head_only, version, keep_alive);
+    tokio::pin!(write);
+    loop {
+        tokio::select! {
+            written = &mut write => return written,
+            step = pump.step(&mut rd, buf, None, max_trailer), if pump.is_active() => {
+                if let Err(e) = step {
+                    pump.fail(e);
+                }
+            }
+        }
+    }
+}
+
 /// Closes our side and discards what the client still sends, briefly, so that it reads the
 /// response instead of a connection reset.
 async fn linger(stream: &mut TcpStream) {
     let _ = stream.shutdown().await;
-    let mut sink = [0u8; 4096];
+    let mut sink = vec![0u8; 4096];
     let deadline = Instant::now() + LINGER;
     while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
         if n == 0 {
