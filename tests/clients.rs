@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -235,52 +235,9 @@ async fn python_requests_uses_http_proxy_env() {
     sidecar.stop().await;
 }
 
-/// Builds the Go program at `src` (relative to the crate root) into the cargo target tmpdir;
-/// None when `go` is not on PATH.
-async fn build_go(src: &str, name: &str) -> Option<PathBuf> {
-    let have_go = command("go")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if !have_go {
-        return None;
-    }
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-bin");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = out_dir.join(name);
-    let mut cmd = command("go");
-    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(src)
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "")
-        .env("GOWORK", "off");
-    let has_cache_home = ["GOCACHE", "XDG_CACHE_HOME", "HOME"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
-    if !has_cache_home {
-        cmd.env("GOCACHE", Path::new(env!("CARGO_TARGET_TMPDIR")).join("gocache"));
-    }
-    let output = tokio::time::timeout(Duration::from_secs(180), cmd.output())
-        .await
-        .expect("go build took longer than 180s")
-        .expect("running go build");
-    assert!(
-        output.status.success(),
-        "go build {src} failed:\n{}",
-        text(&output.stderr)
-    );
-    Some(out)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_proxy_from_environment_uses_http_proxy() {
-    let Some(bin) = build_go("tests/goenv/main.go", "goenv").await else {
+    let Some(bin) = support::build_go("tests/goenv/main.go", "goenv").await else {
         println!("SKIPPED: `go` is not on PATH");
         return;
     };

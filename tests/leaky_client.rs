@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -73,50 +73,6 @@ fn json_field(line: &str, key: &str) -> Option<String> {
         rest.find([',', '}'])?
     };
     Some(rest[..end].to_owned())
-}
-
-/// Whether `go` is on PATH.
-async fn have_go() -> bool {
-    Command::new("go")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success())
-}
-
-/// Builds the Go program at `src` (relative to the crate root) into the cargo target tmpdir.
-async fn build_go(src: &str, name: &str) -> PathBuf {
-    let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-bin");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = out_dir.join(name);
-    let mut cmd = Command::new("go");
-    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(src)
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "")
-        .env("GOWORK", "off")
-        .kill_on_drop(true);
-    let has_cache_home = ["GOCACHE", "XDG_CACHE_HOME", "HOME"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
-    if !has_cache_home {
-        cmd.env("GOCACHE", Path::new(env!("CARGO_TARGET_TMPDIR")).join("gocache"));
-    }
-    let output = tokio::time::timeout(Duration::from_secs(180), cmd.output())
-        .await
-        .expect("go build took longer than 180s")
-        .expect("running go build");
-    assert!(
-        output.status.success(),
-        "go build {src} failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    out
 }
 
 /// Warns when this process may not be able to hold a few thousand sockets.
@@ -201,12 +157,11 @@ impl Leaky {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaky_go_client_is_contained_by_the_sidecar() {
-    if !have_go().await {
+    let Some(bin) = support::build_go("tests/leaky/main.go", "leaky").await else {
         println!("SKIPPED: `go` is not on PATH; the leaky Go client cannot be built");
         return;
-    }
+    };
     check_fd_limit();
-    let bin = build_go("tests/leaky/main.go", "leaky").await;
 
     // --- via the sidecar ---
     let upstream = FakeUpstream::start().await;

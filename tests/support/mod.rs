@@ -359,26 +359,7 @@ impl RawClient {
 
     /// Reads one response (`head_only` for HEAD requests); None if the connection closed first.
     pub async fn read_response(&mut self, head_only: bool) -> Option<RawResponse> {
-        let head_end = loop {
-            if let Some(pos) = find(&self.buf, b"\r\n\r\n") {
-                break pos + 4;
-            }
-            if !self.fill().await {
-                return None;
-            }
-        };
-        let mut slots = [httparse::EMPTY_HEADER; 64];
-        let mut resp = httparse::Response::new(&mut slots);
-        resp.parse(&self.buf[..head_end]).expect("valid response head");
-        let status = resp.code.unwrap();
-        let mut headers = HeaderMap::new();
-        for h in resp.headers.iter() {
-            headers.append(
-                http::HeaderName::from_bytes(h.name.as_bytes()).unwrap(),
-                http::HeaderValue::from_bytes(h.value).unwrap(),
-            );
-        }
-        self.buf.drain(..head_end);
+        let (status, headers) = self.try_read_head().await?;
         let no_body = head_only || status == 204 || status == 304 || (100..200).contains(&status);
         let body = if no_body {
             Vec::new()
@@ -461,15 +442,22 @@ impl RawClient {
 
     /// Reads the head of a response only (the body is left for `read_chunk`).
     pub async fn read_head(&mut self) -> (u16, HeaderMap) {
+        self.try_read_head().await.expect("closed before head")
+    }
+
+    /// Reads a response head; None if the connection closed first.
+    async fn try_read_head(&mut self) -> Option<(u16, HeaderMap)> {
         let head_end = loop {
             if let Some(pos) = find(&self.buf, b"\r\n\r\n") {
                 break pos + 4;
             }
-            assert!(self.fill().await, "closed before head");
+            if !self.fill().await {
+                return None;
+            }
         };
         let mut slots = [httparse::EMPTY_HEADER; 64];
         let mut resp = httparse::Response::new(&mut slots);
-        resp.parse(&self.buf[..head_end]).unwrap();
+        resp.parse(&self.buf[..head_end]).expect("valid response head");
         let status = resp.code.unwrap();
         let mut headers = HeaderMap::new();
         for h in resp.headers.iter() {
@@ -479,7 +467,7 @@ impl RawClient {
             );
         }
         self.buf.drain(..head_end);
-        (status, headers)
+        Some((status, headers))
     }
 
     /// Whether the peer closed the connection (reads until EOF or `wait`).
@@ -616,4 +604,55 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+// === Go programs under tests/ ===
+
+/// Builds the stdlib-only Go program at `src` (relative to the crate root) into the cargo
+/// target tmpdir; `None` when `go` is not on PATH.
+pub async fn build_go(src: &str, name: &str) -> Option<std::path::PathBuf> {
+    use std::process::Stdio;
+    let have_go = tokio::process::Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if !have_go {
+        return None;
+    }
+    let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-bin");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join(name);
+    let mut cmd = tokio::process::Command::new("go");
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(src)
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "")
+        .env("GOWORK", "off")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let has_cache_home = ["GOCACHE", "XDG_CACHE_HOME", "HOME"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
+    if !has_cache_home {
+        cmd.env(
+            "GOCACHE",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gocache"),
+        );
+    }
+    let output = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .expect("go build took longer than 180s")
+        .expect("running go build");
+    assert!(
+        output.status.success(),
+        "go build {src} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(out)
 }
