@@ -28,6 +28,11 @@ use crate::routing::is_same_listener;
 const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Cap on hyper's per-connection read buffer. It grows to fit large bodies and never shrinks, so
+/// hyper's default (~400 KiB) would leave every pooled connection that once carried a download
+/// holding that much; 64 KiB keeps bulk throughput and bounds the pool's memory.
+const UPSTREAM_MAX_BUF: usize = 64 * 1024;
+
 /// Dials plain-TCP HTTP/1.1 connections to one upstream.
 #[derive(Debug)]
 pub struct Http1Connector {
@@ -155,6 +160,7 @@ impl Http1Connector {
     async fn connect_http1(&self, slot: Slot) -> Result<Sender, ProxyError> {
         let stream = self.connect_tcp().await?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(UPSTREAM_MAX_BUF)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/1.1 handshake: {e}")))?;
