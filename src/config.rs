@@ -909,15 +909,17 @@ fn validate_upstream(
         insecure_skip_verify: raw.tls.insecure_skip_verify.unwrap_or(false),
     };
     if let Some(ca) = &tls.ca_file {
-        if let Err(e) = std::fs::metadata(ca) {
-            problems.add(key("tls.ca_file"), format!("cannot read {}: {e}", ca.display()));
+        if let Err(why) = crate::upstream::tls::load_ca_file(ca) {
+            problems.add(key("tls.ca_file"), why);
         }
     }
-    if scheme == Scheme::Https {
-        problems.add(
-            key("url"),
-            "https upstreams (TLS origination) are not supported by this build yet",
-        );
+    if let Some(name) = &tls.server_name {
+        if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+            problems.add(
+                key("tls.server_name"),
+                format!("{name:?} is not a DNS name or IP address"),
+            );
+        }
     }
     let settings = merge_settings(defaults, SettingsRef::from_upstream(raw), &prefix, problems);
     Some(UpstreamConfig {
@@ -1022,11 +1024,10 @@ fn parse_tls_hosts(raw: Option<&str>, problems: &mut Problems) -> Vec<String> {
         .map(|h| h.trim().to_ascii_lowercase())
         .filter(|h| !h.is_empty())
         .collect();
-    if !hosts.is_empty() {
-        problems.add(
-            "EGRESS_TLS_HOSTS",
-            "TLS origination is not supported by this build yet",
-        );
+    for host in &hosts {
+        if rustls::pki_types::ServerName::try_from(host.as_str()).is_err() {
+            problems.add("EGRESS_TLS_HOSTS", format!("{host:?} is not a host name"));
+        }
     }
     hosts
 }

@@ -74,6 +74,14 @@ fn each_bad_config_names_its_key() {
         ("policy:\n  deny_hosts: [\"10.0.0.0/99\"]\n", "policy.deny_hosts[0]"),
         ("defaults:\n  pool:\n    max_conns: 3\n", "defaults.pool.max_conns"),
         ("downstream:\n  max_header_bytes: 12 parsecs\n", "downstream.max_header_bytes"),
+        (
+            "upstreams:\n  - url: https://a.example\n    tls: { ca_file: /nonexistent/ca.pem }\n",
+            "upstreams[0].tls.ca_file",
+        ),
+        (
+            "upstreams:\n  - url: https://a.example\n    tls: { server_name: \"not a name\" }\n",
+            "upstreams[0].tls.server_name",
+        ),
     ];
     for (yaml, key) in cases {
         let (code, stdout, stderr) = check(yaml);
@@ -96,4 +104,26 @@ fn several_problems_are_reported_together() {
         .filter_map(|l| l.strip_prefix("config: "))
         .collect();
     assert_eq!(keys.len(), 3, "{stderr}");
+}
+
+#[test]
+fn a_ca_file_that_is_not_pem_is_named() {
+    let dir = TempDir::new();
+    let bogus = dir.path.join("ca.pem");
+    std::fs::write(&bogus, "not a certificate\n").unwrap();
+    let (code, _, stderr) = check(&format!(
+        "upstreams:\n  - url: https://a.example\n    tls: {{ ca_file: {} }}\n",
+        bogus.display()
+    ));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("config: upstreams[0].tls.ca_file: "), "{stderr}");
+}
+
+#[test]
+fn https_upstreams_and_tls_hosts_are_accepted() {
+    let (code, stdout, stderr) = check(
+        "upstreams:\n  - name: llm\n    url: https://api.example.com\n    aliases: [api.example.com:80]\n",
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("url: https://api.example.com:443"), "{stdout}");
 }

@@ -1,11 +1,11 @@
-//! Dialing an upstream: resolve, TCP connect within `connect_timeout`, socket options, the
-//! HTTP/1.1 handshake, and the connection's driver task.
+//! Dialing an upstream: resolve, TCP connect and TLS handshake within `connect_timeout`, socket
+//! options, the HTTP/1.1 handshake, and the connection's driver task.
 //!
 //! Resolution uses the upstream's static `addresses` when configured, else the system resolver
 //! (getaddrinfo); addresses are tried in order until one connects or the deadline passes. A
 //! connection that turns out to reach one of the sidecar's own listeners is refused as `loop`.
 //!
-//! Not handled here: which connection a request uses (`pool`), TLS (not in this build).
+//! Not handled here: which connection a request uses (`pool`), TLS settings (`tls`).
 
 use std::future::Future;
 use std::io;
@@ -23,6 +23,7 @@ use crate::config::Authority;
 use crate::error::{ErrorKind, ProxyError};
 use crate::pool::{Connect, Sender, Slot};
 use crate::routing::is_same_listener;
+use crate::upstream::tls::TlsConnector;
 
 /// TCP keepalive probes on upstream sockets find peers that vanished without a FIN.
 const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
@@ -33,7 +34,7 @@ const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// holding that much; 64 KiB keeps bulk throughput and bounds the pool's memory.
 const UPSTREAM_MAX_BUF: usize = 64 * 1024;
 
-/// Dials plain-TCP HTTP/1.1 connections to one upstream.
+/// Dials HTTP/1.1 connections, over TCP or TLS, to one upstream.
 #[derive(Debug)]
 pub struct Http1Connector {
     label: Arc<str>,
@@ -41,6 +42,9 @@ pub struct Http1Connector {
     addresses: Vec<SocketAddr>,
     connect_timeout: Duration,
     local: Vec<SocketAddr>,
+    /// `None`: plain TCP. `Some(Err)`: TLS was asked for but cannot be set up (every dial
+    /// fails with `tls_failed` saying why).
+    tls: Option<Result<TlsConnector, String>>,
 }
 
 impl Http1Connector {
@@ -51,6 +55,7 @@ impl Http1Connector {
         addresses: Vec<SocketAddr>,
         connect_timeout: Duration,
         local: Vec<SocketAddr>,
+        tls: Option<Result<TlsConnector, String>>,
     ) -> Self {
         Http1Connector {
             label,
@@ -58,6 +63,7 @@ impl Http1Connector {
             addresses,
             connect_timeout,
             local,
+            tls,
         }
     }
 
@@ -91,8 +97,7 @@ impl Http1Connector {
         Ok(found)
     }
 
-    async fn connect_tcp(&self) -> Result<TcpStream, ProxyError> {
-        let deadline = Instant::now() + self.connect_timeout;
+    async fn connect_tcp(&self, deadline: Instant) -> Result<TcpStream, ProxyError> {
         let addrs = tokio::time::timeout_at(deadline, self.resolve())
             .await
             .map_err(|_| self.timeout_error())??;
@@ -150,7 +155,7 @@ impl Http1Connector {
         self.error(
             ErrorKind::ConnectTimeout,
             format!(
-                "connecting to {} took longer than connect_timeout ({})",
+                "connecting to {} (TCP and TLS) took longer than connect_timeout ({})",
                 self.authority,
                 humantime::format_duration(self.connect_timeout)
             ),
@@ -158,10 +163,38 @@ impl Http1Connector {
     }
 
     async fn connect_http1(&self, slot: Slot) -> Result<Sender, ProxyError> {
-        let stream = self.connect_tcp().await?;
+        let deadline = Instant::now() + self.connect_timeout;
+        let tcp = self.connect_tcp(deadline).await?;
+        match &self.tls {
+            None => self.handshake_http1(tcp, slot).await,
+            Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
+            Some(Ok(tls)) => {
+                let stream = match tokio::time::timeout_at(deadline, tls.handshake(tcp)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        return Err(self.error(
+                            ErrorKind::TlsFailed,
+                            format!(
+                                "TLS handshake with {} (as {}): {e}",
+                                self.authority,
+                                tls.server_name()
+                            ),
+                        ))
+                    }
+                    Err(_) => return Err(self.timeout_error()),
+                };
+                self.handshake_http1(stream, slot).await
+            }
+        }
+    }
+
+    async fn handshake_http1<T>(&self, io: T, slot: Slot) -> Result<Sender, ProxyError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .max_buf_size(UPSTREAM_MAX_BUF)
-            .handshake(TokioIo::new(stream))
+            .handshake(TokioIo::new(io))
             .await
             .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/1.1 handshake: {e}")))?;
         let label = self.label.clone();

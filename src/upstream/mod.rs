@@ -11,6 +11,7 @@
 //! Not handled here: header rewriting (`proxy::headers`), the pool itself (`pool`).
 
 pub mod dial;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use http::{HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::config::{Authority, Config, Scheme, UpstreamConfig, UpstreamSettings};
+use crate::config::{Authority, Config, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
 use crate::pool::{Lease, Pool, PooledBody};
@@ -54,6 +55,7 @@ impl Upstream {
             cfg.authority.clone(),
             cfg.aliases.clone(),
             cfg.addresses.clone(),
+            &cfg.tls,
             cfg.settings.clone(),
             local,
         )
@@ -67,27 +69,36 @@ impl Upstream {
             authority,
             Vec::new(),
             Vec::new(),
+            &TlsConfig::default(),
             config.defaults.clone(),
             local,
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build(
         label: Arc<str>,
         scheme: Scheme,
         authority: Authority,
         aliases: Vec<Authority>,
         addresses: Vec<SocketAddr>,
+        tls: &TlsConfig,
         settings: UpstreamSettings,
         local: &[SocketAddr],
     ) -> Self {
         let host_header = host_header(scheme, &authority);
+        let tls = (scheme == Scheme::Https).then(|| {
+            tls::TlsConnector::new(tls, &authority.host).inspect_err(|why| {
+                tracing::error!(upstream = %label, "TLS origination unavailable: {why}");
+            })
+        });
         let connector = dial::Http1Connector::new(
             label.clone(),
             authority.clone(),
             addresses,
             settings.connect_timeout,
             local.to_vec(),
+            tls,
         );
         let pool = Pool::new(label.clone(), settings.pool.clone(), Box::new(connector));
         Upstream {

@@ -41,6 +41,8 @@ pub struct Counters {
     pub accepted: AtomicUsize,
     /// Requests received.
     pub requests: AtomicUsize,
+    /// TLS handshakes that resumed an earlier session.
+    pub tls_resumed: AtomicUsize,
 }
 
 /// An HTTP/1.1 upstream that counts connections. Paths:
@@ -62,6 +64,15 @@ pub struct FakeUpstream {
 
 impl FakeUpstream {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Serves over TLS with `acceptor` (see [`TestCa`]).
+    pub async fn start_tls(acceptor: tokio_rustls::TlsAcceptor) -> Self {
+        Self::start_with(Some(acceptor)).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let counters = Arc::new(Counters::default());
@@ -80,11 +91,24 @@ impl FakeUpstream {
                 c.peak.fetch_max(now, Ordering::SeqCst);
                 let (c2, s2, n2) = (c.clone(), s.clone(), n.clone());
                 let counters = c.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| handle(req, c2.clone(), s2.clone(), n2.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                if stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+                                {
+                                    counters.tls_resumed.fetch_add(1, Ordering::SeqCst);
+                                }
+                                let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                            }
+                        }
+                    }
                     counters.open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -527,6 +551,11 @@ impl ChildSidecar {
     /// Starts the binary with `yaml` (listen/admin 127.0.0.1:0 prepended) and waits until it
     /// logs its addresses.
     pub async fn spawn(yaml: &str) -> Self {
+        Self::spawn_with_env(yaml, &[]).await
+    }
+
+    /// Like [`ChildSidecar::spawn`], with extra environment variables.
+    pub async fn spawn_with_env(yaml: &str, env: &[(&str, &str)]) -> Self {
         use tokio::io::AsyncBufReadExt;
         let dir = TempDir::new();
         let path = dir.path.join("config.yaml");
@@ -537,6 +566,7 @@ impl ChildSidecar {
             .arg(&path)
             .env("EGRESS_LOG_FORMAT", "json")
             .env("EGRESS_LOG", "info")
+            .envs(env.iter().copied())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -655,4 +685,58 @@ pub async fn build_go(src: &str, name: &str) -> Option<std::path::PathBuf> {
         String::from_utf8_lossy(&output.stderr)
     );
     Some(out)
+}
+
+// === TLS ===
+
+/// A throwaway certificate authority for TLS tests.
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    /// The CA certificate, PEM.
+    pub pem: String,
+}
+
+impl TestCa {
+    pub fn new() -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "egress-sidecar test CA");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        TestCa {
+            pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A server config with a certificate for `names` (expired when asked) offering `alpn`.
+    pub fn server(&self, names: &[&str], expired: bool, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let key_der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key_der)
+            .unwrap();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    }
+
+    /// Writes the CA certificate into `dir`; returns the path.
+    pub fn write_pem(&self, dir: &TempDir) -> std::path::PathBuf {
+        let path = dir.path.join("ca.pem");
+        std::fs::write(&path, &self.pem).unwrap();
+        path
+    }
 }

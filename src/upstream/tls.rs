@@ -1,0 +1,158 @@
+//! TLS origination: the application speaks plain HTTP to the sidecar, the sidecar speaks TLS to
+//! the upstream.
+//!
+//! One rustls `ClientConfig` per upstream, built once: trust anchors are the system store
+//! (loaded once per process; `SSL_CERT_FILE` / `SSL_CERT_DIR` are honoured) plus the upstream's
+//! `tls.ca_file`; SNI and the verified name are `tls.server_name` or the url host;
+//! `insecure_skip_verify` swaps in a verifier that accepts any certificate but still checks the
+//! handshake signatures. Keeping the config per upstream keeps its session cache, so later dials
+//! resume TLS sessions instead of doing full handshakes.
+//!
+//! ALPN offers `http/1.1` only: this build pools HTTP/1.1 connections.
+//!
+//! Not handled here: TCP (`dial`), which protocol a pool speaks.
+
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::config::TlsConfig;
+
+/// Starts TLS sessions to one upstream.
+pub struct TlsConnector {
+    connector: tokio_rustls::TlsConnector,
+    server_name: ServerName<'static>,
+}
+
+impl fmt::Debug for TlsConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConnector")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsConnector {
+    /// A connector for `host` (the url host) with `tls` settings.
+    pub fn new(tls: &TlsConfig, host: &str) -> Result<Self, String> {
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS versions: {e}"))?;
+        let mut config = if tls.insecure_skip_verify {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+                .with_no_client_auth()
+        } else {
+            let mut roots = RootCertStore::empty();
+            roots.roots.extend(system_roots().roots.iter().cloned());
+            if let Some(path) = &tls.ca_file {
+                for cert in load_ca_file(path)? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| format!("tls.ca_file {}: {e}", path.display()))?;
+                }
+            }
+            if roots.is_empty() {
+                return Err(
+                    "no trusted CA certificates: the system store is empty and no tls.ca_file is set".into(),
+                );
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = tls.server_name.as_deref().unwrap_or(host);
+        let server_name = ServerName::try_from(name.to_owned())
+            .map_err(|e| format!("{name:?} is not a valid TLS server name: {e}"))?;
+        Ok(TlsConnector {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            server_name,
+        })
+    }
+
+    /// Runs the handshake over `tcp`.
+    pub async fn handshake(&self, tcp: TcpStream) -> io::Result<TlsStream<TcpStream>> {
+        self.connector.connect(self.server_name.clone(), tcp).await
+    }
+
+    /// The name the certificate must be valid for.
+    pub fn server_name(&self) -> String {
+        self.server_name.to_str().into_owned()
+    }
+}
+
+/// Parses a PEM bundle of CA certificates; used by config validation too.
+pub fn load_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: not a PEM certificate bundle: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificates in it", path.display()));
+    }
+    Ok(certs)
+}
+
+/// The system's trust anchors, loaded once per process.
+fn system_roots() -> &'static RootCertStore {
+    static ROOTS: OnceLock<RootCertStore> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for err in &found.errors {
+            tracing::warn!(error = %err, "reading the system CA store");
+        }
+        let mut roots = RootCertStore::empty();
+        let (added, ignored) = roots.add_parsable_certificates(found.certs);
+        tracing::debug!(added, ignored, "system CA certificates loaded");
+        roots
+    })
+}
+
+/// `insecure_skip_verify`: any certificate, any name; the handshake itself is still verified.
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
