@@ -15,6 +15,7 @@ pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
@@ -34,6 +35,7 @@ pub struct Upstream {
     scheme: Scheme,
     authority: Authority,
     aliases: Vec<Authority>,
+    addresses: Vec<SocketAddr>,
     settings: UpstreamSettings,
     host_header: HeaderValue,
     pool: Arc<Pool>,
@@ -95,7 +97,7 @@ impl Upstream {
         let connector = dial::Http1Connector::new(
             label.clone(),
             authority.clone(),
-            addresses,
+            addresses.clone(),
             settings.connect_timeout,
             local.to_vec(),
             tls,
@@ -106,6 +108,7 @@ impl Upstream {
             scheme,
             authority,
             aliases,
+            addresses,
             settings,
             host_header,
             pool,
@@ -130,6 +133,21 @@ impl Upstream {
     /// Whether the sidecar originates TLS to this upstream.
     pub fn scheme(&self) -> Scheme {
         self.scheme
+    }
+
+    /// The upstream's own authority (from `url`, or the request for on-the-fly upstreams).
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// Static endpoints (`addresses`); empty means resolve `authority` by DNS.
+    pub fn addresses(&self) -> &[SocketAddr] {
+        &self.addresses
+    }
+
+    /// TCP (and TLS) connect deadline.
+    pub fn connect_timeout(&self) -> Duration {
+        self.settings.connect_timeout
     }
 
     /// The pool.
