@@ -714,13 +714,7 @@ fn merge_settings(
         None => base.protocol,
         Some("auto") => Protocol::Auto,
         Some("http1") => Protocol::Http1,
-        Some("http2") => {
-            problems.add(
-                key("protocol"),
-                "http2 upstreams are not supported by this build yet; use auto or http1",
-            );
-            Protocol::Http2
-        }
+        Some("http2") => Protocol::Http2,
         Some(other) => {
             problems.add(
                 key("protocol"),

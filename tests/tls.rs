@@ -34,11 +34,24 @@ async fn plain_http_from_the_app_reaches_an_https_upstream() {
     }
     assert_eq!(upstream.accepted(), 1, "the TLS connection is pooled");
     let seen = upstream.seen();
+    assert_eq!(seen[0].version, http::Version::HTTP_2, "ALPN chose h2");
+    assert_eq!(seen[0].path(), "/hello");
+    assert_eq!(seen[0].authority(), format!("upstream.test:{}", upstream.addr.port()));
+}
+
+#[tokio::test]
+async fn an_http11_only_tls_upstream_gets_http11() {
+    let ca = TestCa::new();
+    let dir = TempDir::new();
+    let ca_file = ca.write_pem(&dir);
+    let upstream = FakeUpstream::start_tls(ca.server(&["upstream.test"], false, H1)).await;
+    let sidecar = sidecar_for(&upstream, &format!("ca_file: {}", ca_file.display()), "").await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    assert_eq!(client.get("http://upstream.test/hello").await.status, 200);
+    let seen = upstream.seen();
+    assert_eq!(seen[0].version, http::Version::HTTP_11);
     assert_eq!(seen[0].uri, "/hello");
-    assert_eq!(
-        seen[0].headers["host"],
-        format!("upstream.test:{}", upstream.addr.port()).as_str()
-    );
+    assert_eq!(seen[0].headers["host"], format!("upstream.test:{}", upstream.addr.port()).as_str());
 }
 
 #[tokio::test]
@@ -135,7 +148,7 @@ async fn a_plain_http_request_to_a_tls_host_is_upgraded_by_egress_tls_hosts() {
     let url = format!("http://localhost:{}/via-env", upstream.addr.port());
     let resp = RawClient::connect(sidecar.addr).await.get(&url).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    assert_eq!(upstream.seen()[0].uri, "/via-env");
+    assert_eq!(upstream.seen()[0].path(), "/via-env");
 
     // Without the variable the same request is plain HTTP, which a TLS server cannot answer.
     let plain = ChildSidecar::spawn_with_env("", &[("SSL_CERT_FILE", ca_path.as_str())]).await;

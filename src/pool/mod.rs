@@ -1,7 +1,8 @@
-//! The per-upstream HTTP/1.1 connection pool: a hard cap, a FIFO wait queue, MRU reuse.
+//! The per-upstream connection pool: a hard cap, a FIFO wait queue, MRU reuse of HTTP/1.1
+//! connections and stream counting on multiplexed HTTP/2 connections.
 //!
-//! hyper-util's pool has no connection cap and no queue, so this one is ours. One [`Pool`] per
-//! upstream holds:
+//! hyper-util's pool has no connection cap, no queue and only one HTTP/2 connection per host, so
+//! this one is ours. One [`Pool`] per upstream holds:
 //! - `open`: connections dialing, in use or idle. It never exceeds `max_connections`. A
 //!   connection counts until its socket is closed: the [`Slot`] guard travels from the dial
 //!   into the connection's driver task and gives the place back when that task ends.
@@ -9,15 +10,24 @@
 //!   each closed after `idle_timeout` (sooner when the upstream's `Keep-Alive: timeout=N` says
 //!   so) or, once idle, after `max_lifetime`. Beyond `max_idle`, the oldest idle connections are
 //!   closed after a one-second grace, so that load hovering around `max_idle` does not churn.
+//! - `h2`: HTTP/2 connections, each carrying up to min(`http2.max_streams_per_connection`, the
+//!   server's current SETTINGS_MAX_CONCURRENT_STREAMS) streams, re-read at every checkout so the
+//!   pool follows a server that changes it. Requests fill connections in order; a new one is
+//!   dialed only when every connection is full. A connection that saw GOAWAY or passed
+//!   `max_lifetime` takes no new streams and closes when its last stream ends; one with no
+//!   streams for `idle_timeout` is closed.
 //! - `waiters`: requests waiting for a connection, oldest first, at most `max_pending`, each for
-//!   at most `pending_timeout`. A connection that finishes a request goes straight to the oldest
-//!   waiter; so does a freshly dialed one.
+//!   at most `pending_timeout`. A connection (or HTTP/2 stream slot) that frees up goes straight
+//!   to the oldest waiter; so does a freshly dialed one. With `max_connections: 1` an HTTP/2
+//!   upstream behaves like Go's `StrictMaxConcurrentStreams`.
 //!
-//! Dials are decoupled from requests: a dial is started only while more requests wait than dials
-//! are in flight, never more than `max_connecting` at once, and its connection serves whoever is
-//! oldest in the queue when it is ready. A burst of N requests therefore opens at most
-//! `min(N, max_connections)` connections, `max_connecting` at a time, and a connection that
-//! frees up first serves the burst before the dial finishes (no dial storm).
+//! Dials are decoupled from requests: a dial is started only while more requests wait than the
+//! dials in flight will serve (one request each for HTTP/1.1, a connection's worth of streams
+//! for HTTP/2, everything for the single probe dial while the protocol is not yet known from
+//! ALPN), never more than `max_connecting` at once, and its connection serves whoever is oldest
+//! in the queue when it is ready. A burst of N requests therefore opens at most
+//! `min(N, max_connections)` HTTP/1.1 connections, or `ceil(N / streams)` HTTP/2 ones, and a
+//! connection that frees up first serves the burst before the dial finishes (no dial storm).
 //!
 //! Not handled here: how a connection is dialed ([`crate::upstream::dial`]), retries and
 //! timeouts of a request on its connection ([`crate::upstream`]).
@@ -33,11 +43,11 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::{http1, http2};
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
@@ -53,12 +63,35 @@ use crate::error::{ErrorKind, ProxyError};
 const IDLE_SURPLUS_GRACE: Duration = Duration::from_secs(1);
 
 /// The request handle of one upstream HTTP/1.1 connection.
-pub type Sender = SendRequest<RequestBody>;
+pub type Sender = http1::SendRequest<RequestBody>;
+/// The request handle of one upstream HTTP/2 connection (cloned per stream).
+pub type H2Sender = http2::SendRequest<RequestBody>;
+
+/// A freshly dialed connection, by the protocol it speaks.
+#[derive(Debug)]
+pub enum Dialed {
+    /// HTTP/1.1: one request at a time.
+    Http1(Sender),
+    /// HTTP/2: many streams, up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, which the
+    /// connection's driver task keeps current in the shared counter.
+    Http2(H2Sender, Arc<AtomicUsize>),
+}
+
+/// What the pool knows the upstream speaks; it decides how many dials a queue needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Not yet known (TLS with ALPN offering both): one probe dial at a time.
+    Unknown,
+    /// HTTP/1.1.
+    Http1,
+    /// HTTP/2.
+    Http2,
+}
 
 /// Dials a new connection for a pool; the `Slot` must live as long as the connection's socket.
 pub trait Connect: Send + Sync + fmt::Debug + 'static {
     /// Opens a connection and spawns its driver task holding `slot`.
-    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Sender, ProxyError>> + Send + '_>>;
+    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>>;
 }
 
 /// An upstream connection with its bookkeeping.
@@ -80,15 +113,48 @@ struct Idle {
     since: Instant,
 }
 
-struct Waiter {
+/// An HTTP/2 connection and its stream count.
+struct H2Conn {
+    sender: H2Sender,
+    /// The server's current SETTINGS_MAX_CONCURRENT_STREAMS.
+    server_max_streams: Arc<AtomicUsize>,
     id: u64,
-    tx: oneshot::Sender<Result<Conn, ProxyError>>,
+    created: Instant,
+    in_flight: usize,
+    served: u64,
+    /// GOAWAY seen or `max_lifetime` passed: no new streams; closed when the last one ends.
+    draining: bool,
+    /// When `in_flight` last dropped to zero.
+    idle_since: Instant,
 }
 
-#[derive(Default)]
+/// A stream slot on an HTTP/2 connection, counted in its `in_flight`.
+#[derive(Debug)]
+pub struct H2Stream {
+    sender: H2Sender,
+    conn_id: u64,
+    reused: bool,
+}
+
+/// What a request is given: an HTTP/1.1 connection of its own, or a stream slot.
+#[derive(Debug)]
+enum Grant {
+    H1(Conn),
+    H2(H2Stream),
+}
+
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<Result<Grant, ProxyError>>,
+}
+
 struct State {
     /// Oldest first; `pop()` yields the most recently used.
     idle: Vec<Idle>,
+    h2: Vec<H2Conn>,
+    protocol: Protocol,
+    /// Streams the last HTTP/2 connection allowed: how many waiters one dial will serve.
+    h2_streams_hint: usize,
     open: usize,
     connecting: usize,
     waiters: VecDeque<Waiter>,
@@ -108,6 +174,8 @@ struct Stats {
 pub struct Pool {
     label: Arc<str>,
     config: PoolConfig,
+    /// `http2.max_streams_per_connection`.
+    max_streams: usize,
     connector: Box<dyn Connect>,
     state: Mutex<State>,
     reaper_wake: Notify,
@@ -128,8 +196,12 @@ impl fmt::Debug for Pool {
 pub struct PoolSnapshot {
     /// Connections dialing, in use or idle.
     pub open: usize,
-    /// Idle connections.
+    /// Idle HTTP/1.1 connections.
     pub idle: usize,
+    /// HTTP/2 connections (busy or not).
+    pub http2: usize,
+    /// Streams in flight on HTTP/2 connections.
+    pub streams: usize,
     /// Dials in flight.
     pub connecting: usize,
     /// Requests waiting.
@@ -143,13 +215,33 @@ pub struct PoolSnapshot {
 // === impl Pool ===
 
 impl Pool {
-    /// A pool for the upstream labelled `label`.
-    pub fn new(label: Arc<str>, config: PoolConfig, connector: Box<dyn Connect>) -> Arc<Self> {
+    /// A pool for the upstream labelled `label`, which speaks `protocol` (as far as known
+    /// before dialing) with at most `max_streams` streams per HTTP/2 connection.
+    pub fn new(
+        label: Arc<str>,
+        config: PoolConfig,
+        protocol: Protocol,
+        max_streams: usize,
+        connector: Box<dyn Connect>,
+    ) -> Arc<Self> {
+        let state = State {
+            idle: Vec::new(),
+            h2: Vec::new(),
+            protocol,
+            h2_streams_hint: max_streams,
+            open: 0,
+            connecting: 0,
+            waiters: VecDeque::new(),
+            next_waiter: 0,
+            reaper_running: false,
+            reaper_deadline: None,
+        };
         Arc::new(Pool {
             label,
             config,
+            max_streams,
             connector,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
             reaper_wake: Notify::new(),
             stats: Stats::default(),
         })
@@ -171,6 +263,8 @@ impl Pool {
         PoolSnapshot {
             open: st.open,
             idle: st.idle.len(),
+            http2: st.h2.len(),
+            streams: st.h2.iter().map(|c| c.in_flight).sum(),
             connecting: st.connecting,
             pending: st.waiters.len(),
             opened_total: self.stats.opened.load(Ordering::Relaxed),
@@ -188,37 +282,49 @@ impl Pool {
         ProxyError::new(kind, cause).with_upstream(&*self.label)
     }
 
-    /// Waits for a ready connection: an idle one, a freed one, or a new one.
+    /// Waits for a ready connection (or HTTP/2 stream slot): an idle one, a freed one, or a new
+    /// one.
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, ProxyError> {
         let deadline = Instant::now() + self.config.pending_timeout;
         loop {
-            let conn = match self.take_idle_or_enqueue()? {
-                Ok(conn) => conn,
+            let grant = match self.take_or_enqueue()? {
+                Ok(grant) => grant,
                 Err(waiting) => waiting.wait(deadline).await?,
             };
-            if let Some(conn) = Self::ensure_ready(conn).await {
-                if conn.requests > 0 {
-                    self.stats.reused.fetch_add(1, Ordering::Relaxed);
+            match grant {
+                Grant::H2(stream) => {
+                    if stream.reused {
+                        self.stats.reused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(Lease::new(self.clone(), LeaseKind::H2(Some(stream))));
                 }
-                return Ok(Lease {
-                    pool: self.clone(),
-                    conn: Some(conn),
-                });
+                Grant::H1(conn) => {
+                    if let Some(conn) = Self::ensure_ready(conn).await {
+                        if conn.requests > 0 {
+                            self.stats.reused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return Ok(Lease::new(self.clone(), LeaseKind::H1(Some(conn))));
+                    }
+                    // The connection died between check-in and now; nothing was sent on it.
+                }
             }
-            // The connection died between check-in and now; nothing was sent on it.
         }
     }
 
-    /// The fast path (a usable idle connection, no one waiting) or a place in the queue.
+    /// The fast path (a free HTTP/2 stream or a usable idle connection, no one waiting) or a
+    /// place in the queue.
     #[allow(clippy::type_complexity)]
-    fn take_idle_or_enqueue(self: &Arc<Self>) -> Result<Result<Conn, Waiting>, ProxyError> {
+    fn take_or_enqueue(self: &Arc<Self>) -> Result<Result<Grant, Waiting>, ProxyError> {
         let mut discard = Vec::new();
         let now = Instant::now();
         let mut st = self.lock();
         if st.waiters.is_empty() {
+            if let Some(stream) = self.take_stream(&mut st) {
+                return Ok(Ok(Grant::H2(stream)));
+            }
             while let Some(idle) = st.idle.pop() {
                 if self.is_usable(&idle, now) {
-                    return Ok(Ok(idle.conn));
+                    return Ok(Ok(Grant::H1(idle.conn)));
                 }
                 discard.push(idle);
             }
@@ -245,6 +351,32 @@ impl Pool {
             id,
             rx: Some(rx),
         }))
+    }
+
+    /// Streams one HTTP/2 connection may carry now.
+    fn stream_limit(&self, conn: &H2Conn) -> usize {
+        self.max_streams.min(conn.server_max_streams.load(Ordering::Relaxed))
+    }
+
+    /// A stream slot on the first HTTP/2 connection with room.
+    fn take_stream(&self, st: &mut State) -> Option<H2Stream> {
+        st.h2.retain(|c| !c.sender.is_closed());
+        let limit = |c: &H2Conn| self.stream_limit(c);
+        let conn = st
+            .h2
+            .iter_mut()
+            .find(|c| !c.draining && c.in_flight < limit(c))?;
+        Some(Self::grant_stream(conn))
+    }
+
+    fn grant_stream(conn: &mut H2Conn) -> H2Stream {
+        conn.in_flight += 1;
+        conn.served += 1;
+        H2Stream {
+            sender: conn.sender.clone(),
+            conn_id: conn.id,
+            reused: conn.served > 1,
+        }
     }
 
     async fn ensure_ready(mut conn: Conn) -> Option<Conn> {
@@ -279,9 +411,15 @@ impl Pool {
             .is_some_and(|life| now.saturating_duration_since(conn.created) >= life)
     }
 
-    /// Starts dials while more requests wait than dials are in flight, within both caps.
+    /// Starts dials while more requests wait than the dials in flight will serve, within both
+    /// caps.
     fn start_dials(self: &Arc<Self>, st: &mut State) {
-        while st.waiters.len() > st.connecting
+        let served_per_dial = match st.protocol {
+            Protocol::Unknown => usize::MAX,
+            Protocol::Http1 => 1,
+            Protocol::Http2 => st.h2_streams_hint.max(1),
+        };
+        while st.waiters.len() > st.connecting.saturating_mul(served_per_dial)
             && st.open < self.config.max_connections
             && st.connecting < self.config.max_connecting
         {
@@ -299,8 +437,11 @@ impl Pool {
         let mut st = self.lock();
         st.connecting -= 1;
         match result {
-            Ok(sender) => {
+            Ok(Dialed::Http1(sender)) => {
                 let id = self.stats.opened.fetch_add(1, Ordering::Relaxed) + 1;
+                if st.protocol == Protocol::Unknown {
+                    st.protocol = Protocol::Http1;
+                }
                 let conn = Conn {
                     sender,
                     id,
@@ -312,6 +453,26 @@ impl Pool {
                 };
                 self.hand_over(&mut st, conn);
                 // Requests that arrived while every allowed dial was in flight still wait.
+                self.start_dials(&mut st);
+            }
+            Ok(Dialed::Http2(sender, server_max_streams)) => {
+                let id = self.stats.opened.fetch_add(1, Ordering::Relaxed) + 1;
+                let now = Instant::now();
+                let conn = H2Conn {
+                    sender,
+                    server_max_streams,
+                    id,
+                    created: now,
+                    in_flight: 0,
+                    served: 0,
+                    draining: false,
+                    idle_since: now,
+                };
+                st.protocol = Protocol::Http2;
+                st.h2_streams_hint = self.stream_limit(&conn);
+                st.h2.push(conn);
+                let index = st.h2.len() - 1;
+                self.serve_stream_waiters(&mut st, index);
                 self.start_dials(&mut st);
             }
             Err(err) => {
@@ -341,10 +502,10 @@ impl Pool {
     /// Gives a ready connection to the oldest live waiter, else keeps it idle.
     fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Conn) {
         while let Some(waiter) = st.waiters.pop_front() {
-            match waiter.tx.send(Ok(conn)) {
+            match waiter.tx.send(Ok(Grant::H1(conn))) {
                 Ok(()) => return,
-                Err(Ok(back)) => conn = back,
-                Err(Err(_)) => unreachable!("sent Ok"),
+                Err(Ok(Grant::H1(back))) => conn = back,
+                Err(_) => unreachable!("sent an HTTP/1.1 grant"),
             }
         }
         if self.config.max_idle == 0 {
@@ -356,6 +517,11 @@ impl Pool {
         if st.idle.len() > self.config.max_idle {
             deadline = deadline.min(st.idle[0].since + IDLE_SURPLUS_GRACE);
         }
+        self.schedule_reaper(st, deadline);
+    }
+
+    /// Makes sure the reaper wakes by `deadline`.
+    fn schedule_reaper(self: &Arc<Self>, st: &mut State, deadline: Instant) {
         if !st.reaper_running {
             st.reaper_running = true;
             st.reaper_deadline = Some(deadline);
@@ -363,6 +529,62 @@ impl Pool {
         } else if st.reaper_deadline.is_none_or(|d| deadline < d) {
             st.reaper_deadline = Some(deadline);
             self.reaper_wake.notify_one();
+        }
+    }
+
+    /// Gives free stream slots of `st.h2[index]` to the oldest waiters.
+    fn serve_stream_waiters(self: &Arc<Self>, st: &mut State, index: usize) {
+        let limit = self.stream_limit(&st.h2[index]);
+        while st.h2[index].in_flight < limit && !st.h2[index].draining {
+            let Some(waiter) = st.waiters.pop_front() else {
+                break;
+            };
+            let stream = Self::grant_stream(&mut st.h2[index]);
+            if waiter.tx.send(Ok(Grant::H2(stream))).is_err() {
+                // The waiter left; its grant was dropped with the channel.
+                st.h2[index].in_flight -= 1;
+                st.h2[index].served -= 1;
+            }
+        }
+        let conn = &mut st.h2[index];
+        if conn.in_flight == 0 {
+            conn.idle_since = Instant::now();
+            let deadline = self.h2_deadline(conn);
+            self.schedule_reaper(st, deadline);
+        }
+    }
+
+    /// When an HTTP/2 connection with no streams must close.
+    fn h2_deadline(&self, conn: &H2Conn) -> Instant {
+        let by_idle = conn.idle_since + self.config.idle_timeout;
+        match self.config.max_lifetime {
+            Some(life) => by_idle.min(conn.created + life),
+            None => by_idle,
+        }
+    }
+
+    /// A stream on HTTP/2 connection `conn_id` ended (response body done, or dropped).
+    fn stream_done(self: &Arc<Self>, conn_id: u64) {
+        let mut st = self.lock();
+        let Some(index) = st.h2.iter().position(|c| c.id == conn_id) else {
+            return; // already closed and forgotten
+        };
+        st.h2[index].in_flight -= 1;
+        if st.h2[index].draining && st.h2[index].in_flight == 0 {
+            st.h2.remove(index);
+            return;
+        }
+        self.serve_stream_waiters(&mut st, index);
+    }
+
+    /// GOAWAY seen on HTTP/2 connection `conn_id`: no new streams on it.
+    fn drain_h2(&self, conn_id: u64) {
+        let mut st = self.lock();
+        if let Some(index) = st.h2.iter().position(|c| c.id == conn_id) {
+            st.h2[index].draining = true;
+            if st.h2[index].in_flight == 0 {
+                st.h2.remove(index);
+            }
         }
     }
 
@@ -411,7 +633,7 @@ impl Pool {
             }
         }
         let surplus = st.idle.len().saturating_sub(max_idle);
-        let next = st
+        let h1_next = st
             .idle
             .iter()
             .enumerate()
@@ -424,6 +646,11 @@ impl Pool {
                 }
             })
             .min();
+        let h2_next = self.reap_h2(&mut st, now);
+        let next = match (h1_next, h2_next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         st.reaper_deadline = next;
         if next.is_none() {
             st.reaper_running = false;
@@ -431,6 +658,32 @@ impl Pool {
         drop(st);
         drop(expired);
         next
+    }
+}
+
+impl Pool {
+    /// Closes HTTP/2 connections idle past `idle_timeout` or past `max_lifetime` with no
+    /// streams, marks busy ones past `max_lifetime` draining; returns the next deadline.
+    fn reap_h2(&self, st: &mut State, now: Instant) -> Option<Instant> {
+        let past_life = |c: &H2Conn| {
+            self.config
+                .max_lifetime
+                .is_some_and(|life| now.saturating_duration_since(c.created) >= life)
+        };
+        st.h2.retain(|c| {
+            !(c.sender.is_closed() || (c.in_flight == 0 && (self.h2_deadline(c) <= now || c.draining)))
+        });
+        for conn in st.h2.iter_mut().filter(|c| past_life(c)) {
+            conn.draining = true;
+        }
+        st.h2
+            .iter()
+            .filter_map(|c| match (c.in_flight, c.draining) {
+                (0, _) => Some(self.h2_deadline(c)),
+                (_, false) => self.config.max_lifetime.map(|life| c.created + life),
+                (_, true) => None, // closes when its last stream ends
+            })
+            .min()
     }
 }
 
@@ -453,11 +706,11 @@ async fn reap(pool: Arc<Pool>) {
 struct Waiting {
     pool: Arc<Pool>,
     id: u64,
-    rx: Option<oneshot::Receiver<Result<Conn, ProxyError>>>,
+    rx: Option<oneshot::Receiver<Result<Grant, ProxyError>>>,
 }
 
 impl Waiting {
-    async fn wait(mut self, deadline: Instant) -> Result<Conn, ProxyError> {
+    async fn wait(mut self, deadline: Instant) -> Result<Grant, ProxyError> {
         let rx = self.rx.as_mut().expect("present until drop");
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(result)) => {
@@ -467,8 +720,8 @@ impl Waiting {
             Ok(Err(_)) => Err(self.pool.error(ErrorKind::PendingTimeout, "pool closed")),
             Err(_) => {
                 // A connection may have been handed over in the instant the timer fired.
-                if let Some(Ok(conn)) = self.leave() {
-                    return Ok(conn);
+                if let Some(Ok(grant)) = self.leave() {
+                    return Ok(grant);
                 }
                 Err(self.pool.error(
                     ErrorKind::PendingTimeout,
@@ -484,7 +737,7 @@ impl Waiting {
     }
 
     /// Leaves the queue; returns what was handed over before leaving, if anything.
-    fn leave(&mut self) -> Option<Result<Conn, ProxyError>> {
+    fn leave(&mut self) -> Option<Result<Grant, ProxyError>> {
         let mut rx = self.rx.take()?;
         let mut st = self.pool.lock();
         if let Some(pos) = st.waiters.iter().position(|w| w.id == self.id) {
@@ -497,9 +750,11 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        if let Some(Ok(conn)) = self.leave() {
-            // Handed over to a request that went away: keep it for the next one.
-            self.pool.check_in(conn);
+        // Handed over to a request that went away: keep it for the next one.
+        match self.leave() {
+            Some(Ok(Grant::H1(conn))) => self.pool.check_in(conn),
+            Some(Ok(Grant::H2(stream))) => self.pool.stream_done(stream.conn_id),
+            _ => {}
         }
     }
 }
@@ -527,49 +782,81 @@ impl Drop for Slot {
 
 // === impl Lease ===
 
-/// A checked-out connection. Dropped without [`Lease::release`], its connection is closed.
+/// A checked-out HTTP/1.1 connection or HTTP/2 stream slot. Dropped without
+/// [`Lease::release`], an HTTP/1.1 connection is closed (its exchange did not finish cleanly);
+/// an HTTP/2 stream slot is simply given back (the stream is reset, the connection lives on).
 #[derive(Debug)]
 pub struct Lease {
     pool: Arc<Pool>,
-    conn: Option<Conn>,
+    kind: LeaseKind,
+}
+
+#[derive(Debug)]
+enum LeaseKind {
+    H1(Option<Conn>),
+    H2(Option<H2Stream>),
 }
 
 impl Lease {
-    /// The connection's request handle.
-    pub fn sender(&mut self) -> &mut Sender {
-        &mut self.conn_mut().sender
+    fn new(pool: Arc<Pool>, kind: LeaseKind) -> Self {
+        Lease { pool, kind }
+    }
+
+    /// Whether requests on this lease go out as HTTP/2.
+    pub fn is_http2(&self) -> bool {
+        matches!(self.kind, LeaseKind::H2(_))
     }
 
     /// Whether the connection served a request before this one.
     pub fn is_reused(&self) -> bool {
-        self.conn().requests > 0
+        match &self.kind {
+            LeaseKind::H1(conn) => conn.as_ref().is_some_and(|c| c.requests > 0),
+            LeaseKind::H2(stream) => stream.as_ref().is_some_and(|s| s.reused),
+        }
     }
 
     /// The connection's id within its pool (1 = first opened).
     pub fn connection_id(&self) -> u64 {
-        self.conn().id
-    }
-
-    fn conn(&self) -> &Conn {
-        self.conn.as_ref().expect("present until release")
-    }
-
-    fn conn_mut(&mut self) -> &mut Conn {
-        self.conn.as_mut().expect("present until release")
-    }
-
-    /// Counts a request sent on the connection.
-    pub fn count_request(&mut self) {
-        let conn = self.conn_mut();
-        conn.requests += 1;
-        if let Some(left) = conn.remaining_hint.as_mut() {
-            *left = left.saturating_sub(1);
+        match &self.kind {
+            LeaseKind::H1(conn) => conn.as_ref().map_or(0, |c| c.id),
+            LeaseKind::H2(stream) => stream.as_ref().map_or(0, |s| s.conn_id),
         }
     }
 
-    /// Reads the upstream's intent for the connection from a response head.
+    /// Sends a request; hyper hands it back in the error when it was never sent.
+    pub async fn send(
+        &mut self,
+        req: http::Request<RequestBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper::client::conn::TrySendError<http::Request<RequestBody>>>
+    {
+        match &mut self.kind {
+            LeaseKind::H1(conn) => {
+                let conn = conn.as_mut().expect("present until release");
+                conn.requests += 1;
+                if let Some(left) = conn.remaining_hint.as_mut() {
+                    *left = left.saturating_sub(1);
+                }
+                conn.sender.try_send_request(req).await
+            }
+            LeaseKind::H2(stream) => {
+                let stream = stream.as_mut().expect("present until release");
+                stream.sender.try_send_request(req).await
+            }
+        }
+    }
+
+    /// The upstream said GOAWAY on this HTTP/2 connection: no new streams on it.
+    pub fn mark_draining(&self) {
+        if let LeaseKind::H2(Some(stream)) = &self.kind {
+            self.pool.drain_h2(stream.conn_id);
+        }
+    }
+
+    /// Reads the upstream's intent for an HTTP/1.1 connection from a response head.
     pub fn observe_response(&mut self, version: http::Version, headers: &http::HeaderMap) {
-        let conn = self.conn_mut();
+        let LeaseKind::H1(Some(conn)) = &mut self.kind else {
+            return;
+        };
         let mut close = version < http::Version::HTTP_11;
         for value in headers.get_all(http::header::CONNECTION) {
             for token in value.to_str().unwrap_or("").split(',') {
@@ -595,11 +882,30 @@ impl Lease {
         }
     }
 
-    /// Gives the connection back after its exchange completed (response body fully read).
+    /// Gives the connection (or stream slot) back after its exchange completed (response body
+    /// fully read).
     pub fn release(mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.pool.check_in(conn);
+        match &mut self.kind {
+            LeaseKind::H1(conn) => {
+                if let Some(conn) = conn.take() {
+                    self.pool.check_in(conn);
+                }
+            }
+            LeaseKind::H2(stream) => {
+                if let Some(stream) = stream.take() {
+                    self.pool.stream_done(stream.conn_id);
+                }
+            }
         }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let LeaseKind::H2(Some(stream)) = &self.kind {
+            self.pool.stream_done(stream.conn_id);
+        }
+        // An HTTP/1.1 connection is dropped here, which closes it.
     }
 }
 

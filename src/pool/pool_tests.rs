@@ -30,7 +30,7 @@ impl GatedConnector {
         }
     }
 
-    async fn dial(&self, slot: Slot) -> Result<Sender, ProxyError> {
+    async fn dial(&self, slot: Slot) -> Result<Dialed, ProxyError> {
         self.dials.fetch_add(1, Ordering::SeqCst);
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak_in_flight.fetch_max(now, Ordering::SeqCst);
@@ -55,12 +55,12 @@ impl GatedConnector {
             let _slot = slot;
             let _ = conn.await;
         });
-        Ok(sender)
+        Ok(Dialed::Http1(sender))
     }
 }
 
 impl Connect for Arc<GatedConnector> {
-    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Sender, ProxyError>> + Send + '_>> {
+    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
         Box::pin(self.dial(slot))
     }
 }
@@ -78,6 +78,18 @@ fn config(max_connections: usize, max_connecting: usize) -> PoolConfig {
     }
 }
 
+fn pool(config: PoolConfig, connector: &Arc<GatedConnector>) -> Arc<Pool> {
+    Pool::new("test".into(), config, Protocol::Http1, 100, Box::new(connector.clone()))
+}
+
+/// Sends one real request on the lease and reads the response to its end.
+async fn use_once(lease: &mut Lease) {
+    use http_body_util::BodyExt;
+    let req = http::Request::builder().uri("/").body(RequestBody::Empty).unwrap();
+    let resp = lease.send(req).await.expect("response");
+    let _ = resp.into_body().collect().await;
+}
+
 async fn settle() {
     for _ in 0..20 {
         tokio::task::yield_now().await;
@@ -88,7 +100,7 @@ async fn settle() {
 #[tokio::test]
 async fn a_burst_dials_at_most_max_connecting_at_once_and_never_past_the_cap() {
     let connector = Arc::new(GatedConnector::new());
-    let pool = Pool::new("test".into(), config(6, 2), Box::new(connector.clone()));
+    let pool = pool(config(6, 2), &connector);
     let mut waiting = Vec::new();
     for _ in 0..10 {
         let pool = pool.clone();
@@ -120,7 +132,7 @@ async fn a_burst_dials_at_most_max_connecting_at_once_and_never_past_the_cap() {
     }
     assert_eq!(leases.len(), 6);
     for mut lease in leases {
-        lease.count_request();
+        use_once(&mut lease).await;
         lease.release();
     }
     settle().await;
@@ -132,7 +144,7 @@ async fn a_burst_dials_at_most_max_connecting_at_once_and_never_past_the_cap() {
 async fn waiters_are_served_oldest_first() {
     let connector = Arc::new(GatedConnector::new());
     connector.gate.add_permits(1);
-    let pool = Pool::new("test".into(), config(1, 1), Box::new(connector.clone()));
+    let pool = pool(config(1, 1), &connector);
     let mut first = pool.checkout().await.unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -141,12 +153,12 @@ async fn waiters_are_served_oldest_first() {
         tasks.push(tokio::spawn(async move {
             let mut lease = pool.checkout().await.unwrap();
             order.lock().unwrap().push(i);
-            lease.count_request();
+            use_once(&mut lease).await;
             lease.release();
         }));
         settle().await; // fixes the arrival order
     }
-    first.count_request();
+    use_once(&mut first).await;
     first.release();
     for task in tasks {
         task.await.unwrap();
@@ -158,7 +170,7 @@ async fn waiters_are_served_oldest_first() {
 #[tokio::test]
 async fn a_cancelled_waiter_leaves_the_queue() {
     let connector = Arc::new(GatedConnector::new());
-    let pool = Pool::new("test".into(), config(1, 1), Box::new(connector.clone()));
+    let pool = pool(config(1, 1), &connector);
     let pool2 = pool.clone();
     let waiter = tokio::spawn(async move { pool2.checkout().await });
     settle().await;
@@ -177,7 +189,7 @@ async fn a_cancelled_waiter_leaves_the_queue() {
 async fn a_dropped_lease_frees_its_place_under_the_cap() {
     let connector = Arc::new(GatedConnector::new());
     connector.gate.add_permits(2);
-    let pool = Pool::new("test".into(), config(1, 1), Box::new(connector.clone()));
+    let pool = pool(config(1, 1), &connector);
     let lease = pool.checkout().await.unwrap();
     let pool2 = pool.clone();
     let next = tokio::spawn(async move { pool2.checkout().await.map(|l| l.connection_id()) });
@@ -199,13 +211,13 @@ async fn idle_connections_beyond_max_idle_close_after_a_grace() {
     connector.gate.add_permits(4);
     let mut cfg = config(4, 4);
     cfg.max_idle = 1;
-    let pool = Pool::new("test".into(), cfg, Box::new(connector.clone()));
+    let pool = pool(cfg, &connector);
     let mut leases = Vec::new();
     for _ in 0..4 {
         leases.push(pool.checkout().await.unwrap());
     }
     for mut lease in leases {
-        lease.count_request();
+        use_once(&mut lease).await;
         lease.release();
     }
     // All four are kept for now: closing them at once would churn under steady load.

@@ -1,5 +1,9 @@
 //! Dialing an upstream: resolve, TCP connect and TLS handshake within `connect_timeout`, socket
-//! options, the HTTP/1.1 handshake, and the connection's driver task.
+//! options, the HTTP/1.1 or HTTP/2 handshake, and the connection's driver task.
+//!
+//! Which HTTP: `protocol: http1` always HTTP/1.1; `http2` always HTTP/2 (h2c with prior
+//! knowledge on plain TCP, ALPN `h2` on TLS); `auto` follows ALPN on TLS and is HTTP/1.1 on
+//! plain TCP.
 //!
 //! Resolution uses the upstream's static `addresses` when configured, else the system resolver
 //! (getaddrinfo); addresses are tried in order until one connects or the deadline passes. A
@@ -11,17 +15,18 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::config::Authority;
+use crate::config::{Authority, Http2Config, Protocol};
 use crate::error::{ErrorKind, ProxyError};
-use crate::pool::{Connect, Sender, Slot};
+use crate::pool::{Connect, Dialed, Slot};
 use crate::routing::is_same_listener;
 use crate::upstream::tls::TlsConnector;
 
@@ -34,9 +39,9 @@ const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// holding that much; 64 KiB keeps bulk throughput and bounds the pool's memory.
 const UPSTREAM_MAX_BUF: usize = 64 * 1024;
 
-/// Dials HTTP/1.1 connections, over TCP or TLS, to one upstream.
+/// Dials connections, over TCP or TLS, to one upstream.
 #[derive(Debug)]
-pub struct Http1Connector {
+pub struct Connector {
     label: Arc<str>,
     authority: Authority,
     addresses: Vec<SocketAddr>,
@@ -45,25 +50,51 @@ pub struct Http1Connector {
     /// `None`: plain TCP. `Some(Err)`: TLS was asked for but cannot be set up (every dial
     /// fails with `tls_failed` saying why).
     tls: Option<Result<TlsConnector, String>>,
+    protocol: Protocol,
+    http2: Http2Config,
 }
 
-impl Http1Connector {
-    /// A connector for `authority`, using `addresses` instead of DNS when non-empty.
+/// Where to dial and how.
+#[derive(Debug)]
+pub struct Target {
+    /// Label in errors and logs.
+    pub label: Arc<str>,
+    /// Host and port (DNS name or IP).
+    pub authority: Authority,
+    /// Static endpoints instead of DNS, when non-empty.
+    pub addresses: Vec<SocketAddr>,
+    /// TCP plus TLS deadline.
+    pub connect_timeout: Duration,
+    /// The sidecar's own listeners, never to be dialed.
+    pub local: Vec<SocketAddr>,
+}
+
+impl Connector {
+    /// A connector for `target`; `tls` is `None` for plain TCP.
     pub fn new(
-        label: Arc<str>,
-        authority: Authority,
-        addresses: Vec<SocketAddr>,
-        connect_timeout: Duration,
-        local: Vec<SocketAddr>,
+        target: Target,
         tls: Option<Result<TlsConnector, String>>,
+        protocol: Protocol,
+        http2: Http2Config,
     ) -> Self {
-        Http1Connector {
-            label,
-            authority,
-            addresses,
-            connect_timeout,
-            local,
+        Connector {
+            label: target.label,
+            authority: target.authority,
+            addresses: target.addresses,
+            connect_timeout: target.connect_timeout,
+            local: target.local,
             tls,
+            protocol,
+            http2,
+        }
+    }
+
+    /// The ALPN list for `protocol`.
+    pub fn alpn(protocol: Protocol) -> &'static [&'static [u8]] {
+        match protocol {
+            Protocol::Auto => &[b"h2", b"http/1.1"],
+            Protocol::Http1 => &[b"http/1.1"],
+            Protocol::Http2 => &[b"h2"],
         }
     }
 
@@ -162,10 +193,11 @@ impl Http1Connector {
         )
     }
 
-    async fn connect_http1(&self, slot: Slot) -> Result<Sender, ProxyError> {
+    async fn connect(&self, slot: Slot) -> Result<Dialed, ProxyError> {
         let deadline = Instant::now() + self.connect_timeout;
         let tcp = self.connect_tcp(deadline).await?;
         match &self.tls {
+            None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, slot).await,
             None => self.handshake_http1(tcp, slot).await,
             Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
             Some(Ok(tls)) => {
@@ -174,21 +206,23 @@ impl Http1Connector {
                     Ok(Err(e)) => {
                         return Err(self.error(
                             ErrorKind::TlsFailed,
-                            format!(
-                                "TLS handshake with {} (as {}): {e}",
-                                self.authority,
-                                tls.server_name()
-                            ),
+                            format!("TLS handshake with {} (as {}): {e}", self.authority, tls.server_name()),
                         ))
                     }
                     Err(_) => return Err(self.timeout_error()),
                 };
-                self.handshake_http1(stream, slot).await
+                if TlsConnector::negotiated_h2(&stream) {
+                    self.handshake_h2(stream, slot).await
+                } else if self.protocol == Protocol::Http2 {
+                    Err(self.error(ErrorKind::ProtocolError, "the upstream did not agree to h2 in ALPN"))
+                } else {
+                    self.handshake_http1(stream, slot).await
+                }
             }
         }
     }
 
-    async fn handshake_http1<T>(&self, io: T, slot: Slot) -> Result<Sender, ProxyError>
+    async fn handshake_http1<T>(&self, io: T, slot: Slot) -> Result<Dialed, ProxyError>
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
@@ -197,21 +231,56 @@ impl Http1Connector {
             .handshake(TokioIo::new(io))
             .await
             .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/1.1 handshake: {e}")))?;
+        self.drive(slot, conn);
+        Ok(Dialed::Http1(sender))
+    }
+
+    async fn handshake_h2<T>(&self, io: T, slot: Slot) -> Result<Dialed, ProxyError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .initial_max_send_streams(self.http2.max_streams_per_connection as usize)
+            .keep_alive_interval(self.http2.keepalive_interval)
+            .keep_alive_timeout(self.http2.keepalive_timeout)
+            .keep_alive_while_idle(false);
+        let (sender, mut conn) = builder
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/2 handshake: {e}")))?;
+        // Only the connection knows the server's current stream limit; every poll of it (which
+        // is when a SETTINGS frame can arrive) republishes the value for the pool.
+        let max_streams = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
+        let published = max_streams.clone();
+        let driven = std::future::poll_fn(move |cx| {
+            let poll = Pin::new(&mut conn).poll(cx);
+            published.store(conn.current_max_send_streams(), Ordering::Relaxed);
+            poll
+        });
+        self.drive(slot, driven);
+        Ok(Dialed::Http2(sender, max_streams))
+    }
+
+    /// Runs a connection's driver task, which holds `slot` until the socket is closed.
+    fn drive<F>(&self, slot: Slot, conn: F)
+    where
+        F: Future<Output = Result<(), hyper::Error>> + Send + 'static,
+    {
         let label = self.label.clone();
         tokio::spawn(async move {
-            // The slot counts this connection against max_connections until the socket closes.
             let _slot = slot;
             if let Err(e) = conn.await {
                 tracing::debug!(upstream = %label, error = %e, "upstream connection ended with an error");
             }
         });
-        Ok(sender)
     }
 }
 
-impl Connect for Http1Connector {
-    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Sender, ProxyError>> + Send + '_>> {
-        Box::pin(self.connect_http1(slot))
+impl Connect for Connector {
+    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
+        Box::pin(Connector::connect(self, slot))
     }
 }
 

@@ -20,10 +20,10 @@ use std::time::Duration;
 use http::{HeaderValue, Method, Request, Response};
 use hyper::body::Incoming;
 
-use crate::config::{Authority, Config, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
+use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
-use crate::pool::{Lease, Pool, PooledBody};
+use crate::pool::{self, Lease, Pool, PooledBody};
 
 /// How often a request handed back unsent may be tried on yet another connection.
 const MAX_UNSENT_ATTEMPTS: usize = 3;
@@ -44,6 +44,8 @@ pub struct Upstream {
 enum Failure {
     /// hyper handed the request back: nothing reached the upstream.
     Unsent(Box<Request<RequestBody>>, ProxyError),
+    /// An HTTP/2 upstream refused the stream without processing it.
+    Refused(ProxyError),
     /// The request (or part of it) was written.
     Sent(ProxyError),
 }
@@ -89,20 +91,33 @@ impl Upstream {
         local: &[SocketAddr],
     ) -> Self {
         let host_header = host_header(scheme, &authority);
+        let protocol = settings.protocol;
         let tls = (scheme == Scheme::Https).then(|| {
-            tls::TlsConnector::new(tls, &authority.host).inspect_err(|why| {
+            tls::TlsConnector::new(tls, &authority.host, dial::Connector::alpn(protocol)).inspect_err(|why| {
                 tracing::error!(upstream = %label, "TLS origination unavailable: {why}");
             })
         });
-        let connector = dial::Http1Connector::new(
+        // What the pool can know before the first dial: only TLS with `auto` leaves it to ALPN.
+        let known = match (protocol, scheme) {
+            (Protocol::Http2, _) => pool::Protocol::Http2,
+            (Protocol::Http1, _) | (Protocol::Auto, Scheme::Http) => pool::Protocol::Http1,
+            (Protocol::Auto, Scheme::Https) => pool::Protocol::Unknown,
+        };
+        let target = dial::Target {
+            label: label.clone(),
+            authority: authority.clone(),
+            addresses: addresses.clone(),
+            connect_timeout: settings.connect_timeout,
+            local: local.to_vec(),
+        };
+        let connector = dial::Connector::new(target, tls, protocol, settings.http2.clone());
+        let pool = Pool::new(
             label.clone(),
-            authority.clone(),
-            addresses.clone(),
-            settings.connect_timeout,
-            local.to_vec(),
-            tls,
+            settings.pool.clone(),
+            known,
+            settings.http2.max_streams_per_connection as usize,
+            Box::new(connector),
         );
-        let pool = Pool::new(label.clone(), settings.pool.clone(), Box::new(connector));
         Upstream {
             label,
             scheme,
@@ -163,17 +178,20 @@ impl Upstream {
     /// pooled connection and gives it back when it ends.
     pub async fn send(&self, req: Request<RequestBody>) -> Result<Response<PooledBody>, ProxyError> {
         let mut req = req;
+        let idempotent = is_idempotent(&req);
         let mut retried = false;
         let mut unsent_attempts = 0;
         loop {
             let mut lease = self.pool.checkout().await?;
-            // Only a reused connection can be stale, so only then is a copy worth its cost.
-            let replay = if lease.is_reused() && !retried {
-                replayable_copy(&req)
+            self.fit_request(&mut req, lease.is_http2());
+            // Only a reused connection can be stale and only HTTP/2 refuses streams, so only
+            // then is a copy worth its cost.
+            let reused = lease.is_reused();
+            let replay = if !retried && (reused || lease.is_http2()) {
+                bodyless_copy(&req)
             } else {
                 None
             };
-            lease.count_request();
             match self.exchange(&mut lease, req).await {
                 Ok(resp) => {
                     lease.observe_response(resp.version(), resp.headers());
@@ -186,8 +204,20 @@ impl Upstream {
                     }
                     req = *back;
                 }
+                Err(Failure::Refused(err)) => {
+                    // The upstream did not process the stream, so any method may go again.
+                    lease.mark_draining();
+                    match replay {
+                        Some(copy) => {
+                            tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
+                            retried = true;
+                            req = copy;
+                        }
+                        None => return Err(err),
+                    }
+                }
                 Err(Failure::Sent(err)) => match replay {
-                    Some(copy) if err.kind() == ErrorKind::UpstreamReset => {
+                    Some(copy) if reused && idempotent && err.kind() == ErrorKind::UpstreamReset => {
                         tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
                         retried = true;
                         req = copy;
@@ -198,12 +228,28 @@ impl Upstream {
         }
     }
 
-    async fn exchange(
-        &self,
-        lease: &mut Lease,
-        req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, Failure> {
-        let sending = lease.sender().try_send_request(req);
+    /// HTTP/2 names the target in `:scheme`/`:authority` (absolute URI, no `Host`); HTTP/1.1 in
+    /// the origin-form target and `Host`. A request retried on the other kind is converted back.
+    fn fit_request(&self, req: &mut Request<RequestBody>, http2: bool) {
+        let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+        if http2 {
+            let absolute = format!("{}://{}{path}", self.scheme.as_str(), self.host_header.to_str().unwrap_or(""));
+            if let Ok(uri) = absolute.parse() {
+                *req.uri_mut() = uri;
+            }
+            req.headers_mut().remove(http::header::HOST);
+            *req.version_mut() = http::Version::HTTP_2;
+        } else if req.uri().scheme().is_some() {
+            if let Ok(uri) = path.parse() {
+                *req.uri_mut() = uri;
+            }
+            req.headers_mut().insert(http::header::HOST, self.host_header.clone());
+            *req.version_mut() = http::Version::HTTP_11;
+        }
+    }
+
+    async fn exchange(&self, lease: &mut Lease, req: Request<RequestBody>) -> Result<Response<Incoming>, Failure> {
+        let sending = lease.send(req);
         let result = match self.settings.response_header_timeout {
             Some(limit) => match tokio::time::timeout(limit, sending).await {
                 Ok(result) => result,
@@ -221,33 +267,60 @@ impl Upstream {
         };
         result.map_err(|mut e| {
             let unsent = e.take_message();
-            let err = self.classify(e.error());
-            match unsent {
-                Some(req) => Failure::Unsent(Box::new(req), err),
-                None => Failure::Sent(err),
+            let (err, refused) = self.classify(e.error());
+            match (unsent, refused) {
+                (Some(req), _) => Failure::Unsent(Box::new(req), err),
+                (None, true) => Failure::Refused(err),
+                (None, false) => Failure::Sent(err),
             }
         })
     }
 
-    /// Maps a hyper client error to the contract's kinds.
-    fn classify(&self, e: &hyper::Error) -> ProxyError {
+    /// Maps a hyper client error to the contract's kinds; `true` when an HTTP/2 upstream
+    /// refused the stream unprocessed (REFUSED_STREAM, or GOAWAY with a lower last stream id).
+    fn classify(&self, e: &hyper::Error) -> (ProxyError, bool) {
         if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-            return self.error(ErrorKind::ProtocolError, format!("invalid response: {e}"));
+            return (self.error(ErrorKind::ProtocolError, format!("invalid response: {e}")), false);
         }
         if e.is_user() || e.is_body_write_aborted() {
             // Our request body failed: the application went away or sent a malformed body.
             let cause = std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string());
-            return self.error(ErrorKind::BadRequest, format!("request body: {cause}"));
+            return (self.error(ErrorKind::BadRequest, format!("request body: {cause}")), false);
         }
         let cause = match std::error::Error::source(e) {
             Some(source) => format!("{e}: {source}"),
             None => e.to_string(),
         };
-        self.error(
-            ErrorKind::UpstreamReset,
-            format!("connection closed before a response: {cause}"),
+        if let Some(h2) = find_h2_error(e) {
+            let refused = h2.reason() == Some(h2::Reason::REFUSED_STREAM) || (h2.is_go_away() && h2.is_remote());
+            if h2.reason() == Some(h2::Reason::PROTOCOL_ERROR) {
+                return (self.error(ErrorKind::ProtocolError, format!("HTTP/2: {cause}")), false);
+            }
+            return (
+                self.error(ErrorKind::UpstreamReset, format!("HTTP/2 stream failed: {cause}")),
+                refused,
+            );
+        }
+        (
+            self.error(
+                ErrorKind::UpstreamReset,
+                format!("connection closed before a response: {cause}"),
+            ),
+            false,
         )
     }
+}
+
+/// The `h2::Error` under a hyper error, if any.
+fn find_h2_error(e: &hyper::Error) -> Option<&h2::Error> {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return Some(h2);
+        }
+        source = err.source();
+    }
+    None
 }
 
 /// `host[:port]`, leaving out the scheme's default port.
@@ -263,13 +336,17 @@ fn host_header(scheme: Scheme, authority: &Authority) -> HeaderValue {
     HeaderValue::from_str(&text).expect("validated authority is a valid header value")
 }
 
-/// A copy to send again after a stale connection, for idempotent requests without a body.
-fn replayable_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
-    let idempotent = matches!(
+/// GET, HEAD, OPTIONS, TRACE, PUT, DELETE, or anything carrying `Idempotency-Key`.
+fn is_idempotent(req: &Request<RequestBody>) -> bool {
+    matches!(
         *req.method(),
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    ) || req.headers().contains_key("idempotency-key");
-    if !idempotent || !req.body().is_empty() {
+    ) || req.headers().contains_key("idempotency-key")
+}
+
+/// A copy to send again, for requests without a body (a streamed body cannot be replayed).
+fn bodyless_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
+    if !req.body().is_empty() {
         return None;
     }
     let mut copy = Request::new(RequestBody::Empty);

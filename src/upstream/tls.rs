@@ -8,7 +8,7 @@
 //! handshake signatures. Keeping the config per upstream keeps its session cache, so later dials
 //! resume TLS sessions instead of doing full handshakes.
 //!
-//! ALPN offers `http/1.1` only: this build pools HTTP/1.1 connections.
+//! ALPN offers what `protocol` allows (`auto`: h2 then http/1.1); the dialer reads the choice.
 //!
 //! Not handled here: TCP (`dial`), which protocol a pool speaks.
 
@@ -42,8 +42,8 @@ impl fmt::Debug for TlsConnector {
 }
 
 impl TlsConnector {
-    /// A connector for `host` (the url host) with `tls` settings.
-    pub fn new(tls: &TlsConfig, host: &str) -> Result<Self, String> {
+    /// A connector for `host` (the url host) with `tls` settings, offering `alpn`.
+    pub fn new(tls: &TlsConfig, host: &str, alpn: &[&[u8]]) -> Result<Self, String> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -70,7 +70,7 @@ impl TlsConnector {
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let name = tls.server_name.as_deref().unwrap_or(host);
         let server_name = ServerName::try_from(name.to_owned())
             .map_err(|e| format!("{name:?} is not a valid TLS server name: {e}"))?;
@@ -83,6 +83,11 @@ impl TlsConnector {
     /// Runs the handshake over `tcp`.
     pub async fn handshake(&self, tcp: TcpStream) -> io::Result<TlsStream<TcpStream>> {
         self.connector.connect(self.server_name.clone(), tcp).await
+    }
+
+    /// Whether the server chose HTTP/2 in ALPN.
+    pub fn negotiated_h2(stream: &TlsStream<TcpStream>) -> bool {
+        stream.get_ref().1.alpn_protocol() == Some(b"h2")
     }
 
     /// The name the certificate must be valid for.

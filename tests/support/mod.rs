@@ -25,6 +25,7 @@ pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 /// What the fake upstream saw.
 #[derive(Debug, Clone)]
 pub struct Seen {
+    pub version: http::Version,
     pub method: String,
     pub uri: String,
     pub headers: HeaderMap,
@@ -64,15 +65,22 @@ pub struct FakeUpstream {
 
 impl FakeUpstream {
     pub async fn start() -> Self {
-        Self::start_with(None).await
+        Self::start_with(None, None).await
     }
 
-    /// Serves over TLS with `acceptor` (see [`TestCa`]).
+    /// Serves over TLS with `acceptor` (see [`TestCa`]): HTTP/2 when ALPN picks h2 (100
+    /// streams), else HTTP/1.1.
     pub async fn start_tls(acceptor: tokio_rustls::TlsAcceptor) -> Self {
-        Self::start_with(Some(acceptor)).await
+        Self::start_with(Some(acceptor), None).await
     }
 
-    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
+    /// Serves HTTP/2 only, allowing `max_streams` concurrent streams per connection: over TLS
+    /// when `acceptor` is given, else h2c with prior knowledge.
+    pub async fn start_h2(acceptor: Option<tokio_rustls::TlsAcceptor>, max_streams: u32) -> Self {
+        Self::start_with(acceptor, Some(max_streams)).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>, h2_streams: Option<u32>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let counters = Arc::new(Counters::default());
@@ -94,18 +102,17 @@ impl FakeUpstream {
                 let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| handle(req, c2.clone(), s2.clone(), n2.clone()));
-                    let http = hyper::server::conn::http1::Builder::new();
                     match tls {
-                        None => {
-                            let _ = http.serve_connection(TokioIo::new(stream), svc).await;
-                        }
+                        None => serve_io(TokioIo::new(stream), svc, h2_streams).await,
                         Some(acceptor) => {
                             if let Ok(stream) = acceptor.accept(stream).await {
-                                if stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
-                                {
+                                let session = stream.get_ref().1;
+                                if session.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
                                     counters.tls_resumed.fetch_add(1, Ordering::SeqCst);
                                 }
-                                let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                                let h2 = session.alpn_protocol() == Some(b"h2");
+                                let streams = h2_streams.or(h2.then_some(100));
+                                serve_io(TokioIo::new(stream), svc, streams).await;
                             }
                         }
                     }
@@ -147,6 +154,27 @@ impl Drop for FakeUpstream {
     }
 }
 
+/// Serves one connection: HTTP/2 with `h2_streams` concurrent streams when given, else HTTP/1.1.
+async fn serve_io<I, S>(io: I, svc: S, h2_streams: Option<u32>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = BoxBody> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match h2_streams {
+        Some(streams) => {
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .max_concurrent_streams(streams)
+                .serve_connection(io, svc)
+                .await;
+        }
+        None => {
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+        }
+    }
+}
+
 fn full(body: impl Into<Bytes>) -> BoxBody {
     Full::new(body.into())
         .map_err(|never: Infallible| match never {})
@@ -162,6 +190,7 @@ async fn handle(
     counters.requests.fetch_add(1, Ordering::SeqCst);
     let path = req.uri().path().to_owned();
     let mut record = Seen {
+        version: req.version(),
         method: req.method().to_string(),
         uri: req.uri().to_string(),
         headers: req.headers().clone(),
@@ -738,5 +767,20 @@ impl TestCa {
         let path = dir.path.join("ca.pem");
         std::fs::write(&path, &self.pem).unwrap();
         path
+    }
+}
+
+impl Seen {
+    /// The authority the request named: `:authority` for HTTP/2, `Host` for HTTP/1.1.
+    pub fn authority(&self) -> String {
+        match self.uri.parse::<http::Uri>().ok().and_then(|u| u.authority().cloned()) {
+            Some(authority) => authority.to_string(),
+            None => self.headers.get("host").map(|h| h.to_str().unwrap().to_owned()).unwrap_or_default(),
+        }
+    }
+
+    /// The path and query the request named.
+    pub fn path(&self) -> String {
+        self.uri.parse::<http::Uri>().unwrap().path_and_query().unwrap().to_string()
     }
 }
