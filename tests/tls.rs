@@ -36,7 +36,10 @@ async fn plain_http_from_the_app_reaches_an_https_upstream() {
     let seen = upstream.seen();
     assert_eq!(seen[0].version, http::Version::HTTP_2, "ALPN chose h2");
     assert_eq!(seen[0].path(), "/hello");
-    assert_eq!(seen[0].authority(), format!("upstream.test:{}", upstream.addr.port()));
+    assert_eq!(
+        seen[0].authority(),
+        format!("upstream.test:{}", upstream.addr.port())
+    );
 }
 
 #[tokio::test]
@@ -51,7 +54,10 @@ async fn an_http11_only_tls_upstream_gets_http11() {
     let seen = upstream.seen();
     assert_eq!(seen[0].version, http::Version::HTTP_11);
     assert_eq!(seen[0].uri, "/hello");
-    assert_eq!(seen[0].headers["host"], format!("upstream.test:{}", upstream.addr.port()).as_str());
+    assert_eq!(
+        seen[0].headers["host"],
+        format!("upstream.test:{}", upstream.addr.port()).as_str()
+    );
 }
 
 #[tokio::test]

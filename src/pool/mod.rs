@@ -355,17 +355,15 @@ impl Pool {
 
     /// Streams one HTTP/2 connection may carry now.
     fn stream_limit(&self, conn: &H2Conn) -> usize {
-        self.max_streams.min(conn.server_max_streams.load(Ordering::Relaxed))
+        self.max_streams
+            .min(conn.server_max_streams.load(Ordering::Relaxed))
     }
 
     /// A stream slot on the first HTTP/2 connection with room.
     fn take_stream(&self, st: &mut State) -> Option<H2Stream> {
         st.h2.retain(|c| !c.sender.is_closed());
         let limit = |c: &H2Conn| self.stream_limit(c);
-        let conn = st
-            .h2
-            .iter_mut()
-            .find(|c| !c.draining && c.in_flight < limit(c))?;
+        let conn = st.h2.iter_mut().find(|c| !c.draining && c.in_flight < limit(c))?;
         Some(Self::grant_stream(conn))
     }
 
@@ -827,8 +825,10 @@ impl Lease {
     pub async fn send(
         &mut self,
         req: http::Request<RequestBody>,
-    ) -> Result<http::Response<hyper::body::Incoming>, hyper::client::conn::TrySendError<http::Request<RequestBody>>>
-    {
+    ) -> Result<
+        http::Response<hyper::body::Incoming>,
+        hyper::client::conn::TrySendError<http::Request<RequestBody>>,
+    > {
         match &mut self.kind {
             LeaseKind::H1(conn) => {
                 let conn = conn.as_mut().expect("present until release");

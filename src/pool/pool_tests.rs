@@ -79,13 +79,22 @@ fn config(max_connections: usize, max_connecting: usize) -> PoolConfig {
 }
 
 fn pool(config: PoolConfig, connector: &Arc<GatedConnector>) -> Arc<Pool> {
-    Pool::new("test".into(), config, Protocol::Http1, 100, Box::new(connector.clone()))
+    Pool::new(
+        "test".into(),
+        config,
+        Protocol::Http1,
+        100,
+        Box::new(connector.clone()),
+    )
 }
 
 /// Sends one real request on the lease and reads the response to its end.
 async fn use_once(lease: &mut Lease) {
     use http_body_util::BodyExt;
-    let req = http::Request::builder().uri("/").body(RequestBody::Empty).unwrap();
+    let req = http::Request::builder()
+        .uri("/")
+        .body(RequestBody::Empty)
+        .unwrap();
     let resp = lease.send(req).await.expect("response");
     let _ = resp.into_body().collect().await;
 }

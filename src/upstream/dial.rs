@@ -206,7 +206,11 @@ impl Connector {
                     Ok(Err(e)) => {
                         return Err(self.error(
                             ErrorKind::TlsFailed,
-                            format!("TLS handshake with {} (as {}): {e}", self.authority, tls.server_name()),
+                            format!(
+                                "TLS handshake with {} (as {}): {e}",
+                                self.authority,
+                                tls.server_name()
+                            ),
                         ))
                     }
                     Err(_) => return Err(self.timeout_error()),
@@ -214,7 +218,10 @@ impl Connector {
                 if TlsConnector::negotiated_h2(&stream) {
                     self.handshake_h2(stream, slot).await
                 } else if self.protocol == Protocol::Http2 {
-                    Err(self.error(ErrorKind::ProtocolError, "the upstream did not agree to h2 in ALPN"))
+                    Err(self.error(
+                        ErrorKind::ProtocolError,
+                        "the upstream did not agree to h2 in ALPN",
+                    ))
                 } else {
                     self.handshake_http1(stream, slot).await
                 }

@@ -233,7 +233,11 @@ impl Upstream {
     fn fit_request(&self, req: &mut Request<RequestBody>, http2: bool) {
         let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
         if http2 {
-            let absolute = format!("{}://{}{path}", self.scheme.as_str(), self.host_header.to_str().unwrap_or(""));
+            let absolute = format!(
+                "{}://{}{path}",
+                self.scheme.as_str(),
+                self.host_header.to_str().unwrap_or("")
+            );
             if let Ok(uri) = absolute.parse() {
                 *req.uri_mut() = uri;
             }
@@ -243,12 +247,17 @@ impl Upstream {
             if let Ok(uri) = path.parse() {
                 *req.uri_mut() = uri;
             }
-            req.headers_mut().insert(http::header::HOST, self.host_header.clone());
+            req.headers_mut()
+                .insert(http::header::HOST, self.host_header.clone());
             *req.version_mut() = http::Version::HTTP_11;
         }
     }
 
-    async fn exchange(&self, lease: &mut Lease, req: Request<RequestBody>) -> Result<Response<Incoming>, Failure> {
+    async fn exchange(
+        &self,
+        lease: &mut Lease,
+        req: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, Failure> {
         let sending = lease.send(req);
         let result = match self.settings.response_header_timeout {
             Some(limit) => match tokio::time::timeout(limit, sending).await {
@@ -280,21 +289,31 @@ impl Upstream {
     /// refused the stream unprocessed (REFUSED_STREAM, or GOAWAY with a lower last stream id).
     fn classify(&self, e: &hyper::Error) -> (ProxyError, bool) {
         if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-            return (self.error(ErrorKind::ProtocolError, format!("invalid response: {e}")), false);
+            return (
+                self.error(ErrorKind::ProtocolError, format!("invalid response: {e}")),
+                false,
+            );
         }
         if e.is_user() || e.is_body_write_aborted() {
             // Our request body failed: the application went away or sent a malformed body.
             let cause = std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string());
-            return (self.error(ErrorKind::BadRequest, format!("request body: {cause}")), false);
+            return (
+                self.error(ErrorKind::BadRequest, format!("request body: {cause}")),
+                false,
+            );
         }
         let cause = match std::error::Error::source(e) {
             Some(source) => format!("{e}: {source}"),
             None => e.to_string(),
         };
         if let Some(h2) = find_h2_error(e) {
-            let refused = h2.reason() == Some(h2::Reason::REFUSED_STREAM) || (h2.is_go_away() && h2.is_remote());
+            let refused =
+                h2.reason() == Some(h2::Reason::REFUSED_STREAM) || (h2.is_go_away() && h2.is_remote());
             if h2.reason() == Some(h2::Reason::PROTOCOL_ERROR) {
-                return (self.error(ErrorKind::ProtocolError, format!("HTTP/2: {cause}")), false);
+                return (
+                    self.error(ErrorKind::ProtocolError, format!("HTTP/2: {cause}")),
+                    false,
+                );
             }
             return (
                 self.error(ErrorKind::UpstreamReset, format!("HTTP/2 stream failed: {cause}")),

@@ -170,7 +170,9 @@ where
                 .await;
         }
         None => {
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
         }
     }
 }
@@ -773,14 +775,28 @@ impl TestCa {
 impl Seen {
     /// The authority the request named: `:authority` for HTTP/2, `Host` for HTTP/1.1.
     pub fn authority(&self) -> String {
-        match self.uri.parse::<http::Uri>().ok().and_then(|u| u.authority().cloned()) {
+        match self
+            .uri
+            .parse::<http::Uri>()
+            .ok()
+            .and_then(|u| u.authority().cloned())
+        {
             Some(authority) => authority.to_string(),
-            None => self.headers.get("host").map(|h| h.to_str().unwrap().to_owned()).unwrap_or_default(),
+            None => self
+                .headers
+                .get("host")
+                .map(|h| h.to_str().unwrap().to_owned())
+                .unwrap_or_default(),
         }
     }
 
     /// The path and query the request named.
     pub fn path(&self) -> String {
-        self.uri.parse::<http::Uri>().unwrap().path_and_query().unwrap().to_string()
+        self.uri
+            .parse::<http::Uri>()
+            .unwrap()
+            .path_and_query()
+            .unwrap()
+            .to_string()
     }
 }
