@@ -533,6 +533,8 @@ impl Pool {
     /// Gives free stream slots of `st.h2[index]` to the oldest waiters.
     fn serve_stream_waiters(self: &Arc<Self>, st: &mut State, index: usize) {
         let limit = self.stream_limit(&st.h2[index]);
+        // The server may have changed its limit: dials for the queue follow the latest.
+        st.h2_streams_hint = limit;
         while st.h2[index].in_flight < limit && !st.h2[index].draining {
             let Some(waiter) = st.waiters.pop_front() else {
                 break;
@@ -570,9 +572,10 @@ impl Pool {
         st.h2[index].in_flight -= 1;
         if st.h2[index].draining && st.h2[index].in_flight == 0 {
             st.h2.remove(index);
-            return;
+        } else {
+            self.serve_stream_waiters(&mut st, index);
         }
-        self.serve_stream_waiters(&mut st, index);
+        self.start_dials(&mut st);
     }
 
     /// GOAWAY seen on HTTP/2 connection `conn_id`: no new streams on it.

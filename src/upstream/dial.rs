@@ -34,6 +34,10 @@ use crate::upstream::tls::TlsConnector;
 const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Shortest wait for an HTTP/2 server's SETTINGS after the handshake (loopback round trips are
+/// microseconds; scheduling is not).
+const MIN_SETTINGS_WAIT: Duration = Duration::from_millis(5);
+
 /// Cap on hyper's per-connection read buffer. It grows to fit large bodies and never shrinks, so
 /// hyper's default (~400 KiB) would leave every pooled connection that once carried a download
 /// holding that much; 64 KiB keeps bulk throughput and bounds the pool's memory.
@@ -194,10 +198,13 @@ impl Connector {
     }
 
     async fn connect(&self, slot: Slot) -> Result<Dialed, ProxyError> {
-        let deadline = Instant::now() + self.connect_timeout;
+        let started = Instant::now();
+        let deadline = started + self.connect_timeout;
         let tcp = self.connect_tcp(deadline).await?;
+        // A TCP handshake is one round trip: the measure of how soon a server's SETTINGS come.
+        let rtt = started.elapsed();
         match &self.tls {
-            None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, slot).await,
+            None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, slot, rtt, deadline).await,
             None => self.handshake_http1(tcp, slot).await,
             Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
             Some(Ok(tls)) => {
@@ -216,7 +223,7 @@ impl Connector {
                     Err(_) => return Err(self.timeout_error()),
                 };
                 if TlsConnector::negotiated_h2(&stream) {
-                    self.handshake_h2(stream, slot).await
+                    self.handshake_h2(stream, slot, rtt, deadline).await
                 } else if self.protocol == Protocol::Http2 {
                     Err(self.error(
                         ErrorKind::ProtocolError,
@@ -242,14 +249,24 @@ impl Connector {
         Ok(Dialed::Http1(sender))
     }
 
-    async fn handshake_h2<T>(&self, io: T, slot: Slot) -> Result<Dialed, ProxyError>
+    async fn handshake_h2<T>(
+        &self,
+        io: T,
+        slot: Slot,
+        rtt: Duration,
+        deadline: Instant,
+    ) -> Result<Dialed, ProxyError>
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
+        // Until the server's SETTINGS arrive, h2 assumes this many streams. One more than we
+        // would ever use marks "not heard yet": the pool must not hand out a connection's worth
+        // of streams to a server that allows fewer.
+        let unheard = self.http2.max_streams_per_connection as usize + 1;
         let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
         builder
             .timer(TokioTimer::new())
-            .initial_max_send_streams(self.http2.max_streams_per_connection as usize)
+            .initial_max_send_streams(unheard)
             .keep_alive_interval(self.http2.keepalive_interval)
             .keep_alive_timeout(self.http2.keepalive_timeout)
             .keep_alive_while_idle(false);
@@ -257,8 +274,16 @@ impl Connector {
             .handshake(TokioIo::new(io))
             .await
             .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/2 handshake: {e}")))?;
-        // Only the connection knows the server's current stream limit; every poll of it (which
-        // is when a SETTINGS frame can arrive) republishes the value for the pool.
+        // hyper runs the h2 connection on a task of its own, which applies the server's
+        // SETTINGS; `conn` (the request dispatcher) can read the limit but is not woken by
+        // SETTINGS. So wait here about one round trip for the first value, checking every
+        // millisecond; a server that announces none (no limit) costs this wait once.
+        let wait_until = deadline.min(Instant::now() + (rtt * 2).max(MIN_SETTINGS_WAIT));
+        while conn.current_max_send_streams() == unheard && Instant::now() < wait_until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Afterwards the dispatcher is polled for every request it sends, and each poll
+        // republishes the limit, so the pool follows a server that changes it.
         let max_streams = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
         let published = max_streams.clone();
         let driven = std::future::poll_fn(move |cx| {

@@ -1,0 +1,124 @@
+//! HTTP/2 upstreams: many downstream HTTP/1.1 requests multiplexed over few upstream
+//! connections, as many as the server's stream limit requires and no more.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{FakeUpstream, RawClient, Sidecar, TempDir, TestCa};
+
+/// Sends `n` concurrent requests for `path`, each on its own downstream connection; returns
+/// the statuses.
+async fn burst(sidecar: &Sidecar, upstream: std::net::SocketAddr, path: &str, n: usize) -> Vec<u16> {
+    let url = format!("http://{upstream}{path}");
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (addr, url) = (sidecar.addr, url.clone());
+        tasks.push(tokio::spawn(async move {
+            let resp = RawClient::connect(addr).await.get(&url).await;
+            assert_eq!(resp.status, 200, "{}", resp.text());
+            resp.status
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    statuses
+}
+
+fn h2c_upstream_config(upstream: &FakeUpstream, pool: &str) -> String {
+    format!(
+        "upstreams:\n  - name: h2\n    url: http://{}\n    protocol: http2\n    pool: {{ pending_timeout: 30s, {pool} }}\n",
+        upstream.addr
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_hundred_requests_use_four_connections_of_a_hundred_streams() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "max_connections: 64")).await;
+    let statuses = burst(&sidecar, upstream.addr, "/sleep/2000", 400).await;
+    assert_eq!(statuses.len(), 400);
+    println!(
+        "400 concurrent requests, server limit 100 streams: {} upstream connections (peak open {})",
+        upstream.accepted(),
+        upstream.peak()
+    );
+    assert_eq!(upstream.accepted(), 4);
+    assert!(upstream.seen().iter().all(|s| s.version == http::Version::HTTP_2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_allowed_means_the_rest_queue() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "max_connections: 1, max_idle: 1")).await;
+    let statuses = burst(&sidecar, upstream.addr, "/sleep/200", 400).await;
+    assert_eq!(statuses.len(), 400);
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "StrictMaxConcurrentStreams: one connection"
+    );
+    assert_eq!(upstream.requests(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_follows_a_server_that_allows_fewer_streams() {
+    let upstream = FakeUpstream::start_h2(None, 10).await;
+    let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "max_connections: 64")).await;
+    burst(&sidecar, upstream.addr, "/sleep/2000", 100).await;
+    println!(
+        "100 concurrent requests, server limit 10 streams: {} connections",
+        upstream.accepted()
+    );
+    assert_eq!(upstream.accepted(), 10);
+}
+
+#[tokio::test]
+async fn an_h2_tls_upstream_carries_sequential_requests_on_one_connection_and_closes_when_idle() {
+    let ca = TestCa::new();
+    let dir = TempDir::new();
+    let ca_file = ca.write_pem(&dir);
+    let upstream = FakeUpstream::start_h2(Some(ca.server(&["upstream.test"], false, &[b"h2"])), 100).await;
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: h2tls\n    url: https://upstream.test:{port}\n    aliases: [upstream.test:80]\n    \
+         addresses: [{addr}]\n    tls: {{ ca_file: {ca} }}\n    pool: {{ idle_timeout: 300ms }}\n",
+        port = upstream.addr.port(),
+        addr = upstream.addr,
+        ca = ca_file.display()
+    ))
+    .await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    for _ in 0..5 {
+        let resp = client.get("http://upstream.test/bytes/100000").await;
+        assert_eq!(resp.status, 200);
+        assert_eq!(resp.body.len(), 100_000);
+    }
+    assert_eq!(upstream.accepted(), 1);
+    assert!(
+        support::eventually(Duration::from_secs(3), || upstream.open() == 0).await,
+        "idle HTTP/2 connection kept past idle_timeout"
+    );
+}
+
+#[tokio::test]
+async fn streamed_h2_responses_reach_the_client_event_by_event() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "")).await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    let host = upstream.addr;
+    client
+        .send_raw(format!("GET http://{host}/sse/3 HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await;
+    let (status, _) = client.read_head().await;
+    assert_eq!(status, 200);
+    for i in 0..3 {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), client.read_chunk())
+            .await
+            .expect("event held back")
+            .unwrap();
+        assert_eq!(String::from_utf8(chunk).unwrap(), format!("data: event {i}\n\n"));
+        upstream.sse_next.notify_one();
+    }
+}
