@@ -15,6 +15,10 @@
 //!  application ◀──stream── PooledBody ◀──────────────────── hyper HTTP/1.1 client connection ──▶ upstream
 //! ```
 //!
+//! CONNECT tunnels (`proxy::connect`) and protocol upgrades such as WebSocket (`proxy::upgrade`)
+//! leave this flow: each gets a connection of its own outside the pool, and the downstream task
+//! splices raw bytes between the two sockets until both close or the tunnel idles out.
+//!
 //! # Cancel safety
 //! When an application disconnects, its connection task is dropped at whatever await it was
 //! in. Everything it holds gives resources back on drop: a queued request leaves the wait

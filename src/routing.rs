@@ -4,10 +4,12 @@
 //! authority (a configured one by `url` or `aliases`, else one made on the fly with `defaults`),
 //! origin-form requests on a route-mode listener go to that listener's upstream, and origin-form
 //! requests on the main listener are matched by `Host` against configured upstreams only.
-//! Requests aimed at the sidecar's own listeners are refused as `loop`.
+//! Requests aimed at the sidecar's own listeners are refused as `loop`. CONNECT targets are
+//! checked here too (`policy.connect`, `connect_ports`, host lists, loop), though they never pick
+//! an upstream.
 //!
-//! Not handled here: header rewriting (`proxy::headers`), connections (`pool`), CONNECT
-//! tunnels.
+//! Not handled here: header rewriting (`proxy::headers`), connections (`pool`), moving tunnel
+//! bytes (`proxy::connect`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -175,6 +177,48 @@ impl Router {
         &self.local
     }
 
+    /// The configuration the router was built from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Checks a CONNECT request's authority-form target, in order: `policy.connect`,
+    /// `policy.connect_ports`, the host lists, then the sidecar's own listeners.
+    pub fn check_connect_target(&self, target: &str) -> Result<Authority, ProxyError> {
+        let bad = |why: String| ProxyError::new(ErrorKind::BadRequest, why);
+        let parsed: http::uri::Authority = target
+            .parse()
+            .map_err(|e| bad(format!("CONNECT target {target:?} is not host:port: {e}")))?;
+        if parsed.port().is_none() {
+            return Err(bad(format!("CONNECT target {target:?} needs a port (host:port)")));
+        }
+        let authority = Authority::parse(target, 0).map_err(|e| bad(format!("CONNECT target: {e}")))?;
+        let policy = &self.config.policy;
+        // The hint matters: a tunnel hides the requests from the sidecar, so apps that use
+        // HTTPS_PROXY get no pooling; the fix is on their side.
+        const HINT: &str = "send plain http:// requests through the sidecar to get pooled, \
+                            TLS-originating connections";
+        if !policy.connect {
+            return Err(ProxyError::new(
+                ErrorKind::Denied,
+                format!("CONNECT to {authority} is not allowed (policy.connect: false); {HINT}"),
+            ));
+        }
+        if !policy.connect_ports.contains(&authority.port) {
+            let ports: Vec<String> = policy.connect_ports.iter().map(u16::to_string).collect();
+            return Err(ProxyError::new(
+                ErrorKind::Denied,
+                format!(
+                    "CONNECT to {authority} is not allowed (policy.connect_ports: [{}]); {HINT}",
+                    ports.join(", ")
+                ),
+            ));
+        }
+        self.check_policy(&authority)?;
+        self.check_loop(&authority)?;
+        Ok(authority)
+    }
+
     /// Routes a request by its target URI and `Host` header.
     pub fn route(&self, entry: &Entry, uri: &Uri, host: Option<&str>) -> Result<Target, ProxyError> {
         if let (Entry::Route(up), None) = (entry, uri.scheme()) {
@@ -338,6 +382,32 @@ mod tests {
         assert!(HostPattern::parse("10.0.0.0/40").is_err());
         assert!(HostPattern::parse("bad host").is_err());
         assert_eq!(HostPattern::parse("::1").unwrap().to_string(), "::1/128");
+    }
+
+    #[test]
+    fn connect_targets_are_checked_in_order() {
+        let router = |yaml: &str| {
+            let config = crate::config::parse(yaml, &Default::default()).unwrap();
+            Router::new(Arc::new(config), &[], vec!["127.0.0.1:15080".parse().unwrap()])
+        };
+        let kind = |r: &Router, target: &str| r.check_connect_target(target).map_err(|e| e.kind());
+        let open = router("policy: { connect_ports: [443, 15080], deny_hosts: [bad.example] }\n");
+        assert_eq!(
+            kind(&open, "API.example.com:443"),
+            Ok(Authority::parse("api.example.com:443", 0).unwrap())
+        );
+        assert_eq!(kind(&open, "api.example.com"), Err(ErrorKind::BadRequest));
+        assert_eq!(kind(&open, "api.example.com:0"), Err(ErrorKind::BadRequest));
+        assert_eq!(kind(&open, "api.example.com:8443"), Err(ErrorKind::Denied));
+        assert_eq!(kind(&open, "bad.example:443"), Err(ErrorKind::Denied));
+        assert_eq!(kind(&open, "localhost:15080"), Err(ErrorKind::Loop));
+        // The port rule comes before the loop check.
+        let default_ports = router("");
+        assert_eq!(kind(&default_ports, "127.0.0.1:15080"), Err(ErrorKind::Denied));
+        let off = router("policy: { connect: false }\n");
+        let err = off.check_connect_target("api.example.com:443").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Denied);
+        assert!(err.to_string().contains("policy.connect: false"), "{err}");
     }
 
     #[test]

@@ -48,7 +48,7 @@ async fn malformed_requests_get_documented_errors_and_reach_nobody() {
         ("request to the sidecar via localhost", format!("GET http://localhost:{}/x HTTP/1.1\r\nHost: x\r\n\r\n", me.port()), 508, "loop"),
         ("origin-form Host naming the sidecar", format!("GET / HTTP/1.1\r\nHost: {me}\r\n\r\n"), 508, "loop"),
         ("origin-form unknown Host", "GET / HTTP/1.1\r\nHost: unknown.example\r\n\r\n".into(), 400, "unknown_upstream"),
-        ("CONNECT (not in this build)", format!("CONNECT {up} HTTP/1.1\r\nHost: {up}\r\n\r\n"), 400, "bad_request"),
+        ("CONNECT to a port outside policy.connect_ports", format!("CONNECT {up} HTTP/1.1\r\nHost: {up}\r\n\r\n"), 403, "denied"),
     ];
     for (what, raw, status, kind) in cases {
         let (resp, mut client) = send(&sidecar, raw.as_bytes()).await;

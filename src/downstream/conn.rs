@@ -1,5 +1,7 @@
 //! One downstream connection: read a request head, hand the request to the proxy, stream the
-//! request body up and the response down, repeat while keep-alive holds.
+//! request body up and the response down, repeat while keep-alive holds. A CONNECT, or a
+//! response that switches protocols, hands the socket over for good (`proxy::connect`,
+//! `proxy::upgrade`).
 //!
 //! # Memory while idle
 //! Between requests the task waits on socket readiness alone: the read buffer is released and
@@ -35,7 +37,8 @@ use super::body::{BodySender, RequestBody};
 use super::codec::{self, BodyError, Decoder, HeadError, RequestHead, ResponseFraming};
 use super::Context;
 use crate::error::{ErrorKind, ProxyError};
-use crate::proxy::ResponseBody;
+use crate::proxy::connect::TunnelEnd;
+use crate::proxy::{upgrade, ResponseBody};
 use crate::routing::Entry;
 
 /// First read buffer for a request head; grows up to `max_header_bytes`.
@@ -170,6 +173,15 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
         keep_alive,
         expect_continue,
     } = *head;
+    if method == Method::CONNECT {
+        // A tunnel ends HTTP on this connection whatever happens.
+        let Connection { stream, buf, .. } = conn;
+        let end = crate::proxy::connect::serve(stream, buf, &uri, framing, ctx).await;
+        if end == TunnelEnd::Refused {
+            linger(stream).await;
+        }
+        return false;
+    }
     let span = tracing::debug_span!("request", %method, %uri);
 
     let (body, pump) = match framing {
@@ -197,10 +209,16 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
 
     let Connection { stream, buf, .. } = conn;
     let mut pump = pump;
-    let respond = ctx.proxy.handle(req, entry).instrument(span);
-    let Some(resp) = await_response(stream, buf, &mut pump, respond, ctx).await else {
+    let respond = ctx.proxy.handle(req, entry).instrument(span.clone());
+    let Some(mut resp) = await_response(stream, buf, &mut pump, respond, ctx).await else {
         return false;
     };
+    if let Some(pending) = resp.extensions_mut().remove::<upgrade::Switch>() {
+        upgrade::switch(stream, buf, resp, pending, ctx)
+            .instrument(span)
+            .await;
+        return false;
+    }
     let abandoned = pump.abandon_unstarted();
     let keep_alive = keep_alive && !abandoned && !ctx.draining();
     let head_only = method == Method::HEAD;

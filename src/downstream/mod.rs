@@ -11,7 +11,10 @@
 //! `max_connections` is a semaphore taken *before* `accept`, so excess connections wait in the
 //! kernel's backlog instead of costing memory here.
 //!
-//! Not handled here: what a request means (`proxy`), HTTP/2 downstream (h2c) and upgrades.
+//! A CONNECT request or a switched protocol (`101`) ends HTTP on the connection: the task hands
+//! the socket to `proxy::connect` or `proxy::upgrade` and closes it when they are done.
+//!
+//! Not handled here: what a request means (`proxy`), HTTP/2 downstream (h2c).
 
 mod body;
 pub mod codec;
@@ -59,6 +62,14 @@ pub struct DownstreamStats {
     pub idle_closed: AtomicU64,
     /// Requests served.
     pub requests: AtomicU64,
+    /// CONNECT tunnels established (target connected, `200` answered).
+    pub tunnels_opened: AtomicU64,
+    /// CONNECT tunnels open now.
+    pub tunnels_active: AtomicU64,
+    /// Connections switched to another protocol (`101`, e.g. WebSocket).
+    pub upgrades_opened: AtomicU64,
+    /// Switched connections open now.
+    pub upgrades_active: AtomicU64,
 }
 
 impl Context {

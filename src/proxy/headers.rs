@@ -8,6 +8,10 @@
 //!
 //! Towards the application: the same hop-by-hop set plus `Proxy-Authenticate`.
 //!
+//! Upgrades passed through (`proxy::upgrade`) are the exception: the request keeps `Upgrade`
+//! and goes with `Connection: upgrade`, and a `101` keeps the upstream's `Upgrade` and goes
+//! with `Connection: upgrade`; every other hop-by-hop field is still removed.
+//!
 //! No `Via` or `X-Forwarded-*` is added: egress requests leave the cluster, where they would
 //! leak internal addresses, and a `Via` header turns off compression on many servers (nginx's
 //! `gzip_proxied off` default).
@@ -46,6 +50,29 @@ pub fn to_upstream<B>(req: &mut Request<B>, host: &HeaderValue) {
     }
     headers.insert(HOST, host.clone());
     *req.version_mut() = Version::HTTP_11;
+}
+
+/// Like [`to_upstream`] for an upgrade passed through: `Upgrade` stays and `Connection` is
+/// `upgrade` alone (fields it named are hop-by-hop and go).
+pub fn to_upstream_upgrade<B>(req: &mut Request<B>, host: &HeaderValue) {
+    let protocols: Vec<HeaderValue> = req.headers().get_all(UPGRADE).iter().cloned().collect();
+    to_upstream(req, host);
+    keep_upgrade(req.headers_mut(), protocols);
+}
+
+/// Like [`to_downstream`] for a `101 Switching Protocols`: `Upgrade` stays and `Connection` is
+/// `upgrade`.
+pub fn to_downstream_switch<B>(resp: &mut Response<B>) {
+    let protocols: Vec<HeaderValue> = resp.headers().get_all(UPGRADE).iter().cloned().collect();
+    to_downstream(resp);
+    keep_upgrade(resp.headers_mut(), protocols);
+}
+
+fn keep_upgrade(headers: &mut HeaderMap, protocols: Vec<HeaderValue>) {
+    for value in protocols {
+        headers.append(UPGRADE, value);
+    }
+    headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
 }
 
 /// Rewrites an upstream response for the application.
@@ -115,6 +142,42 @@ mod tests {
         ] {
             assert!(!h.contains_key(gone), "{gone} kept");
         }
+    }
+
+    #[test]
+    fn upgrade_keeps_upgrade_and_connection_upgrade_only() {
+        let mut req = Request::builder()
+            .uri("http://ws.example:8080/chat")
+            .header("host", "ws.example:8080")
+            .header("connection", "keep-alive, Upgrade, x-hop")
+            .header("x-hop", "1")
+            .header("upgrade", "websocket")
+            .header("proxy-connection", "keep-alive")
+            .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+            .body(())
+            .unwrap();
+        to_upstream_upgrade(&mut req, &HeaderValue::from_static("ws.example:8080"));
+        assert_eq!(req.uri(), "/chat");
+        let h = req.headers();
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["sec-websocket-key"], "dGhlIHNhbXBsZSBub25jZQ==");
+        assert!(!h.contains_key("x-hop") && !h.contains_key("proxy-connection"));
+
+        let mut resp = Response::builder()
+            .status(101)
+            .header("connection", "Upgrade, keep-alive")
+            .header("keep-alive", "timeout=5")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+            .body(())
+            .unwrap();
+        to_downstream_switch(&mut resp);
+        let h = resp.headers();
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["sec-websocket-accept"], "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert!(!h.contains_key("keep-alive"));
     }
 
     #[test]

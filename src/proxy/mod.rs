@@ -7,17 +7,26 @@
 //! 4. `upstream`: pooled connection, response-head deadline, stale-connection retry;
 //! 5. `headers` again on the way back.
 //!
-//! Not handled here: the wire format (`downstream`), CONNECT tunnels (not in this build).
+//! Requests that end HTTP on their connection leave this path: CONNECT goes to [`connect`]
+//! (the downstream task calls it directly), and an upgrade request is sent by [`upgrade`] on a
+//! dedicated connection instead of the pool (step 4). [`splice`] moves the bytes for both.
+//!
+//! Not handled here: the wire format (`downstream`).
 
+pub mod connect;
 pub mod headers;
+mod splice;
+pub mod upgrade;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
 
+use crate::downstream::codec::{self, ResponseFraming};
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
 use crate::pool::PooledBody;
@@ -48,11 +57,7 @@ impl Proxy {
         match self.forward(req, entry).await {
             Ok(resp) => resp,
             Err(err) => {
-                if err.kind().status().is_server_error() {
-                    tracing::warn!(error = %err, "request failed");
-                } else {
-                    tracing::info!(error = %err, "request refused");
-                }
+                log_error(&err);
                 err.to_response()
             }
         }
@@ -64,16 +69,31 @@ impl Proxy {
         entry: &Entry,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         if req.method() == Method::CONNECT {
+            // The downstream task hands CONNECT to `connect::serve`; a CONNECT here cannot
+            // become a tunnel.
             return Err(ProxyError::new(
                 ErrorKind::BadRequest,
-                "CONNECT tunnels are not supported by this build; send plain http:// requests",
+                "CONNECT cannot be forwarded as a request",
             ));
         }
+        let upgrade = upgrade::requested(&req);
         let host = req
             .headers()
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok());
         let target = self.router.route(entry, req.uri(), host)?;
+        if upgrade {
+            headers::to_upstream_upgrade(&mut req, target.upstream.host_header());
+            // Boxed: plain requests should not carry the dial's state in their futures.
+            let resp = Box::pin(upgrade::send(&target.upstream, &self.router, req)).await?;
+            let mut resp = resp.map(ResponseBody::Direct);
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                headers::to_downstream_switch(&mut resp);
+            } else {
+                headers::to_downstream(&mut resp);
+            }
+            return Ok(resp);
+        }
         headers::to_upstream(&mut req, target.upstream.host_header());
         let resp = target.upstream.send(req).await?;
         let mut resp = resp.map(ResponseBody::Upstream);
@@ -82,11 +102,40 @@ impl Proxy {
     }
 }
 
+/// Logs a sidecar-made error once: server errors as warnings, refusals as information.
+pub(crate) fn log_error(err: &ProxyError) {
+    if err.kind().status().is_server_error() {
+        tracing::warn!(error = %err, "request failed");
+    } else {
+        tracing::info!(error = %err, "request refused");
+    }
+}
+
+/// A sidecar-made error response on the wire, with `Connection: close`, for paths that write
+/// to the socket themselves (tunnels, upgrades).
+pub(crate) fn error_bytes(err: &ProxyError) -> Vec<u8> {
+    let resp: Response<Bytes> = err.to_response();
+    let mut out = Vec::with_capacity(256 + resp.body().len());
+    codec::encode_head(
+        resp.status(),
+        None,
+        resp.headers(),
+        ResponseFraming::Length,
+        false,
+        Version::HTTP_11,
+        &mut out,
+    );
+    out.extend_from_slice(resp.body());
+    out
+}
+
 /// A response body: from an upstream, or made by the sidecar.
 #[derive(Debug)]
 pub enum ResponseBody {
     /// Streams from a pooled upstream connection.
     Upstream(PooledBody),
+    /// Streams from a dedicated (never pooled) connection: a non-101 answer to an upgrade.
+    Direct(Incoming),
     /// A complete body (error responses).
     Full(Option<Bytes>),
 }
@@ -107,6 +156,7 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            ResponseBody::Direct(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
         }
     }
@@ -114,6 +164,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Upstream(body) => body.is_end_stream(),
+            ResponseBody::Direct(body) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
         }
     }
@@ -121,7 +172,43 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Upstream(body) => body.size_hint(),
+            ResponseBody::Direct(body) => body.size_hint(),
             ResponseBody::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }
+}
+
+/// A forward-proxy listener served with `yaml`, for tests that read the downstream counters.
+#[cfg(test)]
+pub(crate) async fn serve_for_test(
+    yaml: &str,
+) -> (std::net::SocketAddr, std::sync::Arc<crate::downstream::Context>) {
+    use std::sync::Arc;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let me = listener.local_addr().unwrap();
+    let config = Arc::new(crate::config::parse(yaml, &Default::default()).unwrap());
+    // The sender is leaked so that the listener never sees draining start.
+    let (drain_tx, drain) = tokio::sync::watch::channel(false);
+    std::mem::forget(drain_tx);
+    let ctx = Arc::new(crate::downstream::Context {
+        config: config.downstream.clone(),
+        proxy: Proxy::new(Router::new(config.clone(), &[], vec![me])),
+        drain,
+        limit: Arc::new(tokio::sync::Semaphore::new(16)),
+        stats: Default::default(),
+    });
+    tokio::spawn(crate::downstream::serve(listener, Entry::Forward, ctx.clone()));
+    (me, ctx)
+}
+
+/// Polls `cond` every 20 ms for up to 3 s.
+#[cfg(test)]
+pub(crate) async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..150 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    false
 }

@@ -9,6 +9,9 @@
 //! (getaddrinfo); addresses are tried in order until one connects or the deadline passes. A
 //! connection that turns out to reach one of the sidecar's own listeners is refused as `loop`.
 //!
+//! [`tcp`] is also how CONNECT tunnels and upgraded (WebSocket) connections, which live outside
+//! the pool, reach their targets.
+//!
 //! Not handled here: which connection a request uses (`pool`), TLS settings (`tls`).
 
 use std::future::Future;
@@ -106,101 +109,21 @@ impl Connector {
         ProxyError::new(kind, cause).with_upstream(&*self.label)
     }
 
-    async fn resolve(&self) -> Result<Vec<SocketAddr>, ProxyError> {
-        if !self.addresses.is_empty() {
-            return Ok(self.addresses.clone());
+    /// The TCP part of this connector's dials.
+    fn dial_target(&self) -> DialTarget<'_> {
+        DialTarget {
+            label: &self.label,
+            authority: &self.authority,
+            addresses: &self.addresses,
+            connect_timeout: self.connect_timeout,
+            local: &self.local,
         }
-        if let Ok(ip) = self.authority.host.parse() {
-            return Ok(vec![SocketAddr::new(ip, self.authority.port)]);
-        }
-        let found: Vec<SocketAddr> =
-            tokio::net::lookup_host((self.authority.host.as_str(), self.authority.port))
-                .await
-                .map_err(|e| {
-                    self.error(
-                        ErrorKind::ConnectFailed,
-                        format!("resolving {}: {e}", self.authority.host),
-                    )
-                })?
-                .collect();
-        if found.is_empty() {
-            return Err(self.error(
-                ErrorKind::ConnectFailed,
-                format!("resolving {}: no addresses", self.authority.host),
-            ));
-        }
-        Ok(found)
-    }
-
-    async fn connect_tcp(&self, deadline: Instant) -> Result<TcpStream, ProxyError> {
-        let addrs = tokio::time::timeout_at(deadline, self.resolve())
-            .await
-            .map_err(|_| self.timeout_error())??;
-        let mut last_err: Option<io::Error> = None;
-        for addr in &addrs {
-            if self.local.iter().any(|l| is_same_listener(*l, *addr)) {
-                return Err(self.loop_error(*addr));
-            }
-            match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
-                Err(_) => return Err(self.timeout_error()),
-                Ok(Ok(stream)) => {
-                    self.refuse_self_connection(&stream)?;
-                    set_socket_options(&stream);
-                    return Ok(stream);
-                }
-                Ok(Err(e)) => last_err = Some(e),
-            }
-        }
-        let cause = last_err.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-        Err(self.error(
-            ErrorKind::ConnectFailed,
-            format!(
-                "connecting to {} ({}): {cause}",
-                self.authority,
-                join_addrs(&addrs)
-            ),
-        ))
-    }
-
-    /// A listener on 0.0.0.0 is reachable through every local address, which only the connected
-    /// socket can reveal: the peer is this host when it has our own local IP.
-    fn refuse_self_connection(&self, stream: &TcpStream) -> Result<(), ProxyError> {
-        let (Ok(peer), Ok(me)) = (stream.peer_addr(), stream.local_addr()) else {
-            return Ok(());
-        };
-        let to_self = peer.ip() == me.ip()
-            && self
-                .local
-                .iter()
-                .any(|l| l.port() == peer.port() && (l.ip().is_unspecified() || l.ip() == peer.ip()));
-        if to_self {
-            return Err(self.loop_error(peer));
-        }
-        Ok(())
-    }
-
-    fn loop_error(&self, addr: SocketAddr) -> ProxyError {
-        self.error(
-            ErrorKind::Loop,
-            format!("{} resolves to {addr}, which is this sidecar", self.authority),
-        )
-    }
-
-    fn timeout_error(&self) -> ProxyError {
-        self.error(
-            ErrorKind::ConnectTimeout,
-            format!(
-                "connecting to {} (TCP and TLS) took longer than connect_timeout ({})",
-                self.authority,
-                humantime::format_duration(self.connect_timeout)
-            ),
-        )
     }
 
     async fn connect(&self, slot: Slot) -> Result<Dialed, ProxyError> {
         let started = Instant::now();
         let deadline = started + self.connect_timeout;
-        let tcp = self.connect_tcp(deadline).await?;
+        let tcp = tcp(self.dial_target()).await?;
         // A TCP handshake is one round trip: the measure of how soon a server's SETTINGS come.
         let rtt = started.elapsed();
         match &self.tls {
@@ -220,7 +143,7 @@ impl Connector {
                             ),
                         ))
                     }
-                    Err(_) => return Err(self.timeout_error()),
+                    Err(_) => return Err(self.dial_target().timeout_error()),
                 };
                 if TlsConnector::negotiated_h2(&stream) {
                     self.handshake_h2(stream, slot, rtt, deadline).await
@@ -325,6 +248,113 @@ fn set_socket_options(stream: &TcpStream) {
     let _ = SockRef::from(stream).set_tcp_keepalive(&keepalive);
 }
 
-fn join_addrs(addrs: &[SocketAddr]) -> String {
-    addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+// === TCP dials, shared with tunnels and upgrades ===
+
+/// What to dial.
+#[derive(Debug, Clone, Copy)]
+pub struct DialTarget<'a> {
+    /// Names the target in errors: an upstream label, or host:port for tunnels.
+    pub label: &'a str,
+    /// Host and port (DNS name or IP).
+    pub authority: &'a Authority,
+    /// Static endpoints; empty means resolve `authority`.
+    pub addresses: &'a [SocketAddr],
+    /// Deadline for resolving and connecting.
+    pub connect_timeout: Duration,
+    /// The sidecar's own listeners.
+    pub local: &'a [SocketAddr],
+}
+
+impl DialTarget<'_> {
+    fn error(&self, kind: ErrorKind, cause: impl Into<String>) -> ProxyError {
+        ProxyError::new(kind, cause).with_upstream(self.label)
+    }
+
+    fn loop_error(&self, addr: SocketAddr) -> ProxyError {
+        self.error(
+            ErrorKind::Loop,
+            format!("{} resolves to {addr}, which is this sidecar", self.authority),
+        )
+    }
+
+    fn timeout_error(&self) -> ProxyError {
+        self.error(
+            ErrorKind::ConnectTimeout,
+            format!(
+                "connecting to {} took longer than connect_timeout ({})",
+                self.authority,
+                humantime::format_duration(self.connect_timeout)
+            ),
+        )
+    }
+
+    async fn resolve(&self) -> Result<Vec<SocketAddr>, ProxyError> {
+        if !self.addresses.is_empty() {
+            return Ok(self.addresses.to_vec());
+        }
+        if let Ok(ip) = self.authority.host.parse() {
+            return Ok(vec![SocketAddr::new(ip, self.authority.port)]);
+        }
+        let host = self.authority.host.as_str();
+        let found: Vec<SocketAddr> = tokio::net::lookup_host((host, self.authority.port))
+            .await
+            .map_err(|e| self.error(ErrorKind::ConnectFailed, format!("resolving {host}: {e}")))?
+            .collect();
+        if found.is_empty() {
+            return Err(self.error(
+                ErrorKind::ConnectFailed,
+                format!("resolving {host}: no addresses"),
+            ));
+        }
+        Ok(found)
+    }
+
+    /// A listener on 0.0.0.0 is reachable through every local address, which only the
+    /// connected socket reveals: the peer is this host when it has our own local IP.
+    fn is_self_connection(&self, stream: &TcpStream) -> Option<SocketAddr> {
+        let (Ok(peer), Ok(me)) = (stream.peer_addr(), stream.local_addr()) else {
+            return None;
+        };
+        let to_self = peer.ip() == me.ip()
+            && self
+                .local
+                .iter()
+                .any(|l| l.port() == peer.port() && (l.ip().is_unspecified() || l.ip() == peer.ip()));
+        to_self.then_some(peer)
+    }
+}
+
+/// Resolves and connects within `connect_timeout`.
+pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
+    let deadline = Instant::now() + target.connect_timeout;
+    let addrs = tokio::time::timeout_at(deadline, target.resolve())
+        .await
+        .map_err(|_| target.timeout_error())??;
+    let mut last_err: Option<io::Error> = None;
+    for addr in &addrs {
+        if target.local.iter().any(|l| is_same_listener(*l, *addr)) {
+            return Err(target.loop_error(*addr));
+        }
+        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            Err(_) => return Err(target.timeout_error()),
+            Ok(Ok(stream)) => {
+                if let Some(peer) = target.is_self_connection(&stream) {
+                    return Err(target.loop_error(peer));
+                }
+                set_socket_options(&stream);
+                return Ok(stream);
+            }
+            Ok(Err(e)) => last_err = Some(e),
+        }
+    }
+    let cause = last_err.map_or_else(|| "no address".to_owned(), |e| e.to_string());
+    let tried: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+    Err(target.error(
+        ErrorKind::ConnectFailed,
+        format!(
+            "connecting to {} ({}): {cause}",
+            target.authority,
+            tried.join(", ")
+        ),
+    ))
 }

@@ -165,6 +165,11 @@ impl Upstream {
         self.settings.connect_timeout
     }
 
+    /// The settings this upstream was built with (its overrides over `defaults`).
+    pub fn settings(&self) -> &UpstreamSettings {
+        &self.settings
+    }
+
     /// The pool.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool

@@ -1,0 +1,137 @@
+//! CONNECT tunnels, what `HTTPS_PROXY` clients ask for: check the target against policy, dial
+//! it, answer `200 Connection Established`, then splice bytes both ways until both sides close
+//! or nothing moves for `downstream.idle_timeout`.
+//!
+//! The sidecar sees nothing inside a tunnel (usually TLS end to end), so nothing in it can be
+//! pooled; the refusal texts say so, pointing applications at plain `http://` requests. After a
+//! tunnel, or a refused CONNECT, the downstream connection is closed, never reused for HTTP.
+//!
+//! Checks, in order: a CONNECT with a body or a malformed target is `400 bad_request`;
+//! `policy.connect: false` or a port outside `policy.connect_ports` is `403 denied`; a host
+//! refused by `allow_hosts`/`deny_hosts` is `403 denied`; the sidecar's own listener is
+//! `508 loop` (also after resolving). Dialing uses `defaults.connect_timeout`.
+//!
+//! Not handled here: parsing the CONNECT head (`downstream::codec`), moving bytes
+//! (`proxy::splice`).
+
+use bytes::BytesMut;
+use http::Uri;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tracing::Instrument;
+
+use super::splice::{self, ActiveGuard};
+use crate::downstream::codec::BodyFraming;
+use crate::downstream::Context;
+use crate::error::{ErrorKind, ProxyError};
+use crate::upstream::dial::{self, DialTarget};
+
+const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
+
+/// How a CONNECT ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelEnd {
+    /// An error response was sent; the client may still be sending (the caller lingers).
+    Refused,
+    /// The tunnel ran and is over.
+    Closed,
+}
+
+/// Serves a CONNECT whose head has been read from `client`; `buf` holds whatever the client
+/// sent after the head, which goes through the tunnel first.
+pub async fn serve(
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    target: &Uri,
+    framing: BodyFraming,
+    ctx: &Context,
+) -> TunnelEnd {
+    let span = tracing::debug_span!("tunnel", target = %target);
+    async move {
+        let mut upstream = match open(target, framing, ctx).await {
+            Ok(upstream) => upstream,
+            Err(err) => {
+                super::log_error(&err);
+                let _ = client.write_all(&super::error_bytes(&err)).await;
+                return TunnelEnd::Refused;
+            }
+        };
+        // Counted before the 200 goes out, so that whoever has read it sees the tunnel counted.
+        let _active = ActiveGuard::new(&ctx.stats.tunnels_opened, &ctx.stats.tunnels_active);
+        if let Err(e) = client.write_all(ESTABLISHED).await {
+            tracing::debug!(error = %e, "client left before the tunnel was established");
+            return TunnelEnd::Closed;
+        }
+        tracing::debug!(peer = ?upstream.peer_addr().ok(), "tunnel established");
+        let early = buf.split();
+        let spliced = splice::splice(client, &early, &mut upstream, ctx.config.idle_timeout).await;
+        tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "tunnel closed");
+        TunnelEnd::Closed
+    }
+    .instrument(span)
+    .await
+}
+
+/// Checks and dials the target.
+async fn open(target: &Uri, framing: BodyFraming, ctx: &Context) -> Result<TcpStream, ProxyError> {
+    if framing != BodyFraming::Empty {
+        // RFC 9110 §9.3.6: CONNECT has no content; bytes after the head belong to the tunnel,
+        // so a framed body would make client and sidecar disagree about where it starts.
+        return Err(ProxyError::new(
+            ErrorKind::BadRequest,
+            "a CONNECT request must not have a body (Content-Length or Transfer-Encoding)",
+        ));
+    }
+    let router = ctx.proxy.router();
+    // The codec accepts CONNECT only in authority-form, so the authority is there.
+    let text = target.authority().map_or("", |a| a.as_str());
+    let authority = router.check_connect_target(text)?;
+    let label = authority.to_string();
+    dial::tcp(DialTarget {
+        label: &label,
+        authority: &authority,
+        addresses: &[],
+        connect_timeout: router.config().defaults.connect_timeout,
+        local: router.local_addrs(),
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use crate::proxy::{eventually, serve_for_test};
+
+    #[tokio::test]
+    async fn tunnels_are_counted_while_open() {
+        let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target_addr = target.local_addr().unwrap();
+        let (me, ctx) =
+            serve_for_test(&format!("policy:\n  connect_ports: [{}]\n", target_addr.port())).await;
+
+        let mut client = TcpStream::connect(me).await.unwrap();
+        client
+            .write_all(format!("CONNECT {target_addr} HTTP/1.1\r\nHost: {target_addr}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let (mut server, _) = target.accept().await.unwrap();
+        let mut head = vec![0u8; super::ESTABLISHED.len()];
+        client.read_exact(&mut head).await.unwrap();
+        assert_eq!(head, super::ESTABLISHED);
+        let stats = &ctx.stats;
+        assert_eq!(stats.tunnels_opened.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.tunnels_active.load(Ordering::Relaxed), 1);
+
+        drop(client);
+        let mut rest = Vec::new();
+        server.read_to_end(&mut rest).await.unwrap();
+        drop(server);
+        assert!(eventually(|| stats.tunnels_active.load(Ordering::Relaxed) == 0).await);
+        assert_eq!(stats.tunnels_opened.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.upgrades_opened.load(Ordering::Relaxed), 0);
+    }
+}
