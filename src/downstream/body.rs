@@ -26,6 +26,8 @@ pub enum RequestBody {
     Empty,
     /// A body streamed from the downstream connection.
     Streaming(StreamingBody),
+    /// A body from an HTTP/2 (h2c) downstream stream, trailers included.
+    Http2(hyper::body::Incoming),
 }
 
 /// The receiving end of a streamed request body.
@@ -74,6 +76,9 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Http2(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|e| BodyError(format!("reading the HTTP/2 request body: {e}"))),
             RequestBody::Streaming(body) => {
                 if let Some(started) = body.started.take() {
                     let _ = started.send(());
@@ -84,7 +89,11 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self, RequestBody::Empty)
+        match self {
+            RequestBody::Empty => true,
+            RequestBody::Http2(body) => body.is_end_stream(),
+            RequestBody::Streaming(_) => false,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -92,6 +101,7 @@ impl Body for RequestBody {
             RequestBody::Empty => SizeHint::with_exact(0),
             RequestBody::Streaming(StreamingBody { length: Some(n), .. }) => SizeHint::with_exact(*n),
             RequestBody::Streaming(_) => SizeHint::default(),
+            RequestBody::Http2(body) => body.size_hint(),
         }
     }
 }

@@ -20,6 +20,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ struct Connection {
 }
 
 /// Serves one connection until it closes, idles out or the sidecar drains.
-pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ctx: &Context) {
+pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ctx: &Arc<Context>) {
     let mut conn = Connection {
         stream,
         buf: BytesMut::new(),
@@ -88,6 +89,13 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ct
                     }
                 },
                 _ = drain.wait_for(|d| *d) => return,
+            }
+            if conn.requests == 0 {
+                let deadline = Instant::now() + ctx.config.header_read_timeout;
+                if super::h2::starts_with_preface(&conn.stream, deadline).await {
+                    Box::pin(super::h2::serve(conn.stream, entry.clone(), ctx.clone())).await;
+                    return;
+                }
             }
         }
         // Boxed so that its (large) state exists only while a request is in flight.
@@ -600,13 +608,13 @@ mod tests {
             .unwrap();
         let config = Arc::new(crate::Config::default());
         let (_drain_tx, drain) = tokio::sync::watch::channel(false);
-        let ctx = super::Context {
+        let ctx = Arc::new(super::Context {
             config: config.downstream.clone(),
             proxy: crate::proxy::Proxy::new(crate::routing::Router::new(config.clone(), &[], vec![])),
             drain,
             limit: Arc::new(tokio::sync::Semaphore::new(1)),
             stats: Default::default(),
-        };
+        });
         let entry = crate::routing::Entry::Forward;
         let serve = super::serve(stream, "127.0.0.1:1".parse().unwrap(), &entry, &ctx);
         let size = std::mem::size_of_val(&serve);

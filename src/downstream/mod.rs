@@ -19,6 +19,7 @@
 mod body;
 pub mod codec;
 mod conn;
+mod h2;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

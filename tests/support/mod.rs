@@ -204,6 +204,30 @@ async fn handle(
             tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
             Response::new(full("ok"))
         }
+        ["grpc"] => {
+            // gRPC-shaped: echo the message, answer with trailers, report the request's.
+            let collected = req.into_body().collect().await.unwrap_or_default();
+            let request_trailer = collected
+                .trailers()
+                .and_then(|t| t.get("x-request-checksum"))
+                .map(|v| v.to_str().unwrap_or("").to_owned())
+                .unwrap_or_default();
+            let data = collected.to_bytes();
+            record.body_len = data.len() as u64;
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            trailers.insert("x-seen-request-checksum", request_trailer.parse().unwrap());
+            let frames: Vec<Result<Frame<Bytes>, std::io::Error>> =
+                vec![Ok(Frame::data(data)), Ok(Frame::trailers(trailers))];
+            let (tx, rx) = mpsc::channel(2);
+            for frame in frames {
+                tx.try_send(frame).unwrap();
+            }
+            let mut resp = Response::new(StreamBody::new(tokio_stream(rx)).boxed());
+            resp.headers_mut()
+                .insert("content-type", "application/grpc".parse().unwrap());
+            resp
+        }
         ["echo"] => {
             seen.lock().unwrap().push(record);
             let body = req.into_body().map_err(std::io::Error::other).boxed();
