@@ -7,9 +7,14 @@ use std::time::Duration;
 
 use support::{FakeUpstream, RawClient, Sidecar, TempDir, TestCa};
 
+/// The burst tests count connections, which scheduling delays on a 2-core machine can skew when
+/// several hundred-connection bursts run at once: they take turns.
+static BURSTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Sends `n` concurrent requests for `path`, each on its own downstream connection; returns
 /// the statuses.
 async fn burst(sidecar: &Sidecar, upstream: std::net::SocketAddr, path: &str, n: usize) -> Vec<u16> {
+    let _turn = BURSTS.lock().await;
     let url = format!("http://{upstream}{path}");
     let mut tasks = Vec::new();
     for _ in 0..n {
@@ -121,4 +126,83 @@ async fn streamed_h2_responses_reach_the_client_event_by_event() {
         assert_eq!(String::from_utf8(chunk).unwrap(), format!("data: event {i}\n\n"));
         upstream.sse_next.notify_one();
     }
+}
+
+/// Starts `n` requests on their own downstream connections; returns their join handles.
+fn spawn_requests(
+    sidecar: std::net::SocketAddr,
+    upstream: std::net::SocketAddr,
+    raw: impl Fn(usize) -> String,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<support::RawResponse>> {
+    (0..n)
+        .map(|i| {
+            let request = raw(i).replace("UPSTREAM", &upstream.to_string());
+            tokio::spawn(async move {
+                let mut client = RawClient::connect(sidecar).await;
+                client.send_raw(request.as_bytes()).await;
+                client.read_response(false).await.expect("a response")
+            })
+        })
+        .collect()
+}
+
+fn get(path: &str) -> impl Fn(usize) -> String + '_ {
+    move |_| format!("GET http://UPSTREAM{path} HTTP/1.1\r\nHost: UPSTREAM\r\n\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goaway_under_load_loses_no_request() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "idle_timeout: 300ms")).await;
+    let first = spawn_requests(sidecar.addr, upstream.addr, get("/sleep/400"), 150);
+    assert!(support::eventually(Duration::from_secs(5), || upstream.requests() >= 50).await);
+    upstream.counters.goaway.notify_waiters();
+    let second = spawn_requests(sidecar.addr, upstream.addr, get("/sleep/100"), 150);
+    for task in first.into_iter().chain(second) {
+        let resp = task.await.unwrap();
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    assert!(
+        upstream.accepted() >= 3,
+        "requests after GOAWAY went to new connections"
+    );
+    assert!(
+        support::eventually(Duration::from_secs(5), || upstream.open() == 0).await,
+        "connections left open after the load ({} open)",
+        upstream.open()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_dies_mid_stream_costs_only_requests_that_cannot_be_replayed() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "idle_timeout: 300ms")).await;
+    let gets = spawn_requests(sidecar.addr, upstream.addr, get("/sleep/600"), 40);
+    let posts = spawn_requests(
+        sidecar.addr,
+        upstream.addr,
+        |_| {
+            "POST http://UPSTREAM/sleep/600 HTTP/1.1\r\nHost: UPSTREAM\r\nContent-Length: 4\r\n\r\ndata"
+                .into()
+        },
+        10,
+    );
+    assert!(support::eventually(Duration::from_secs(5), || upstream.requests() >= 50).await);
+    upstream.counters.kill.notify_waiters();
+    for task in gets {
+        let resp = task.await.unwrap();
+        assert_eq!(resp.status, 200, "a GET was lost: {}", resp.text());
+    }
+    for task in posts {
+        let resp = task.await.unwrap();
+        assert_eq!(resp.status, 502, "{}", resp.text());
+        assert_eq!(resp.header("x-egress-error"), Some("upstream_reset"));
+        assert!(resp.text().contains("upstream h2"), "{}", resp.text());
+    }
+    assert!(
+        support::eventually(Duration::from_secs(5), || upstream.open() == 0).await,
+        "connections left open ({} open)",
+        upstream.open()
+    );
 }

@@ -37,9 +37,9 @@ use crate::upstream::tls::TlsConnector;
 const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Shortest wait for an HTTP/2 server's SETTINGS after the handshake (loopback round trips are
-/// microseconds; scheduling is not).
-const MIN_SETTINGS_WAIT: Duration = Duration::from_millis(5);
+/// Shortest wait for an HTTP/2 server's SETTINGS after the handshake: loopback round trips are
+/// microseconds, but hyper's connection task must also get scheduled on a busy runtime.
+const MIN_SETTINGS_WAIT: Duration = Duration::from_millis(20);
 
 /// Cap on hyper's per-connection read buffer. It grows to fit large bodies and never shrinks, so
 /// hyper's default (~400 KiB) would leave every pooled connection that once carried a download

@@ -192,7 +192,8 @@ impl Upstream {
             // Only a reused connection can be stale and only HTTP/2 refuses streams, so only
             // then is a copy worth its cost.
             let reused = lease.is_reused();
-            let replay = if !retried && (reused || lease.is_http2()) {
+            let http2 = lease.is_http2();
+            let replay = if !retried && (reused || http2) {
                 bodyless_copy(&req)
             } else {
                 None
@@ -221,8 +222,13 @@ impl Upstream {
                         None => return Err(err),
                     }
                 }
+                // A reused HTTP/1.1 connection may have been closed by the upstream as the
+                // request went out; an HTTP/2 connection that dies takes streams with it. Either
+                // way an idempotent request without a response may go again.
                 Err(Failure::Sent(err)) => match replay {
-                    Some(copy) if reused && idempotent && err.kind() == ErrorKind::UpstreamReset => {
+                    Some(copy)
+                        if (reused || http2) && idempotent && err.kind() == ErrorKind::UpstreamReset =>
+                    {
                         tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
                         retried = true;
                         req = copy;

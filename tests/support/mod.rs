@@ -44,6 +44,10 @@ pub struct Counters {
     pub requests: AtomicUsize,
     /// TLS handshakes that resumed an earlier session.
     pub tls_resumed: AtomicUsize,
+    /// `notify_waiters()`: every open HTTP/2 connection sends GOAWAY and finishes its streams.
+    pub goaway: Notify,
+    /// `notify_waiters()`: every open connection is dropped at once (the upstream dies).
+    pub kill: Notify,
 }
 
 /// An HTTP/1.1 upstream that counts connections. Paths:
@@ -103,7 +107,7 @@ impl FakeUpstream {
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| handle(req, c2.clone(), s2.clone(), n2.clone()));
                     match tls {
-                        None => serve_io(TokioIo::new(stream), svc, h2_streams).await,
+                        None => serve_io(TokioIo::new(stream), svc, h2_streams, &counters).await,
                         Some(acceptor) => {
                             if let Ok(stream) = acceptor.accept(stream).await {
                                 let session = stream.get_ref().1;
@@ -112,7 +116,7 @@ impl FakeUpstream {
                                 }
                                 let h2 = session.alpn_protocol() == Some(b"h2");
                                 let streams = h2_streams.or(h2.then_some(100));
-                                serve_io(TokioIo::new(stream), svc, streams).await;
+                                serve_io(TokioIo::new(stream), svc, streams, &counters).await;
                             }
                         }
                     }
@@ -155,7 +159,7 @@ impl Drop for FakeUpstream {
 }
 
 /// Serves one connection: HTTP/2 with `h2_streams` concurrent streams when given, else HTTP/1.1.
-async fn serve_io<I, S>(io: I, svc: S, h2_streams: Option<u32>)
+async fn serve_io<I, S>(io: I, svc: S, h2_streams: Option<u32>, counters: &Counters)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: hyper::service::HttpService<Incoming, ResBody = BoxBody> + Send + 'static,
@@ -164,15 +168,28 @@ where
 {
     match h2_streams {
         Some(streams) => {
-            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                 .max_concurrent_streams(streams)
-                .serve_connection(io, svc)
-                .await;
+                .serve_connection(io, svc);
+            tokio::pin!(conn);
+            let mut going_away = false;
+            loop {
+                tokio::select! {
+                    _ = conn.as_mut() => return,
+                    _ = counters.goaway.notified(), if !going_away => {
+                        going_away = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    _ = counters.kill.notified() => return,
+                }
+            }
         }
         None => {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, svc)
-                .await;
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
+            tokio::select! {
+                _ = conn => {}
+                _ = counters.kill.notified() => {}
+            }
         }
     }
 }
