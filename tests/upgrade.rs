@@ -45,6 +45,15 @@ const GREETING: &[u8] = b"welcome|";
 
 impl RawUpstream {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Serves over TLS with `acceptor`.
+    async fn start_tls(acceptor: tokio_rustls::TlsAcceptor) -> Self {
+        Self::start_with(Some(acceptor)).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let open = Arc::new(AtomicUsize::new(0));
@@ -55,9 +64,16 @@ impl RawUpstream {
             while let Ok((stream, _)) = listener.accept().await {
                 a.fetch_add(1, Ordering::SeqCst);
                 o.fetch_add(1, Ordering::SeqCst);
-                let (o, h) = (o.clone(), h.clone());
+                let (o, h, tls) = (o.clone(), h.clone(), tls.clone());
                 tokio::spawn(async move {
-                    serve_raw(stream, h).await;
+                    match tls {
+                        None => serve_raw(stream, h).await,
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                serve_raw(stream, h).await;
+                            }
+                        }
+                    }
                     o.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -90,7 +106,10 @@ impl Drop for RawUpstream {
     }
 }
 
-async fn serve_raw(mut stream: TcpStream, heads: Arc<Mutex<Vec<Head>>>) {
+async fn serve_raw<S>(mut stream: S, heads: Arc<Mutex<Vec<Head>>>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut buf = Vec::new();
     loop {
         let head_end = loop {
@@ -137,7 +156,7 @@ async fn serve_raw(mut stream: TcpStream, heads: Arc<Mutex<Vec<Head>>>) {
             out.extend_from_slice(GREETING);
             out.extend_from_slice(&buf);
             stream.write_all(&out).await.unwrap();
-            let (mut rd, mut wr) = stream.split();
+            let (mut rd, mut wr) = tokio::io::split(stream);
             if tokio::io::copy(&mut rd, &mut wr).await.is_ok() {
                 let _ = wr.shutdown().await;
                 let mut rest = [0u8; 64];
@@ -419,10 +438,7 @@ async fn idle_switched_connections_close_after_idle_timeout() {
 async fn upgrades_that_are_not_passed_through() {
     let upstream = RawUpstream::start().await;
     let up = upstream.addr;
-    let sidecar = Sidecar::start(
-        "upstreams:\n  - name: secure\n    url: https://wss.example\n    aliases: [wss.example:80]\n",
-    )
-    .await;
+    let sidecar = Sidecar::start("").await;
 
     // h2c asks for a connection-specific switch: the request goes through the pool as a plain
     // GET instead (a server may ignore Upgrade).
@@ -461,19 +477,30 @@ async fn upgrades_that_are_not_passed_through() {
     assert_eq!((resp.status, resp.text().as_str()), (200, "ok"));
     assert!(!upstream.heads()[1].headers.contains_key("upgrade"));
     assert_eq!(upstream.accepted(), 1, "both went over the pooled connection");
+}
 
-    // TLS upstreams cannot be upgraded yet: a clear 502 rather than a plain GET.
-    let resp = {
-        let mut c = RawClient::connect(sidecar.addr).await;
-        c.send_raw(handshake("http://wss.example/ws", "wss.example").as_bytes())
-            .await;
-        c.read_response(false).await.unwrap()
-    };
-    assert_eq!(resp.status, 502, "{}", resp.text());
-    assert_eq!(resp.header("x-egress-error"), Some("protocol_error"));
-    assert!(
-        resp.text().contains("upstream secure") && resp.text().contains("TLS upstreams"),
-        "{}",
-        resp.text()
-    );
+#[tokio::test]
+async fn an_upgrade_to_a_tls_upstream_goes_over_tls() {
+    let ca = support::TestCa::new();
+    let dir = support::TempDir::new();
+    let ca_file = ca.write_pem(&dir);
+    // The upstream also offers h2: the dedicated connection must still ask for HTTP/1.1.
+    let upstream = RawUpstream::start_tls(ca.server(&["wss.test"], false, &[b"h2", b"http/1.1"])).await;
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: secure\n    url: https://wss.test:{port}\n    aliases: [wss.test:80]\n    \
+         addresses: [{addr}]\n    tls: {{ ca_file: {ca} }}\n",
+        port = upstream.addr.port(),
+        addr = upstream.addr,
+        ca = ca_file.display()
+    ))
+    .await;
+    let (mut ws, mut early, headers) =
+        switch(sidecar.addr, &handshake("http://wss.test/ws", "wss.test")).await;
+    assert_eq!(headers["upgrade"], "websocket");
+    assert_eq!(read_n(&mut ws, &mut early, GREETING.len()).await, GREETING);
+    ws.write_all(b"over tls").await.unwrap();
+    assert_eq!(read_n(&mut ws, &mut early, 8).await, b"over tls");
+    let head = &upstream.heads()[0];
+    assert_eq!(head.target, "/ws");
+    assert_eq!(head.headers["host"], format!("wss.test:{}", upstream.addr.port()));
 }

@@ -41,12 +41,11 @@ use tokio::net::TcpStream;
 
 use super::splice::{self, ActiveGuard};
 use super::ResponseBody;
-use crate::config::{Protocol, Scheme};
+use crate::config::Protocol;
 use crate::downstream::codec::{self, ResponseFraming};
 use crate::downstream::{Context, RequestBody};
 use crate::error::{ErrorKind, ProxyError};
 use crate::routing::Router;
-use crate::upstream::dial::{self, DialTarget};
 use crate::upstream::Upstream;
 
 /// Marks a `101` response from [`send`]: the connection task switches the client to the
@@ -91,12 +90,6 @@ pub async fn send(
     req: Request<RequestBody>,
 ) -> Result<Response<Incoming>, ProxyError> {
     let error = |kind: ErrorKind, cause: String| ProxyError::new(kind, cause).with_upstream(upstream.label());
-    if upstream.scheme() == Scheme::Https {
-        return Err(error(
-            ErrorKind::ProtocolError,
-            "upgrades over TLS upstreams are not supported yet".into(),
-        ));
-    }
     let settings = upstream.settings();
     if settings.protocol == Protocol::Http2 {
         // Plain-TCP `http2` is h2c with prior knowledge: the server may not speak HTTP/1.1 at
@@ -106,16 +99,9 @@ pub async fn send(
             "upgrades need HTTP/1.1 and this upstream is configured with protocol: http2".into(),
         ));
     }
-    let tcp = dial::tcp(DialTarget {
-        label: upstream.label(),
-        authority: upstream.authority(),
-        addresses: upstream.addresses(),
-        connect_timeout: upstream.connect_timeout(),
-        local: router.local_addrs(),
-    })
-    .await?;
+    let io = upstream.dial_dedicated(router.local_addrs()).await?;
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake::<_, RequestBody>(TokioIo::new(tcp))
+        .handshake::<_, RequestBody>(TokioIo::new(io))
         .await
         .map_err(|e| error(ErrorKind::ProtocolError, format!("HTTP/1.1 handshake: {e}")))?;
     let label = upstream.label().to_owned();
@@ -139,17 +125,7 @@ pub async fn send(
         })?,
         None => sending.await,
     };
-    let mut resp = result.map_err(|e| {
-        if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-            error(ErrorKind::ProtocolError, format!("invalid response: {e}"))
-        } else {
-            let cause = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
-            error(
-                ErrorKind::UpstreamReset,
-                format!("connection closed before a response: {cause}"),
-            )
-        }
-    })?;
+    let mut resp = result.map_err(|e| upstream.classify_error(&e))?;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let on_upgrade = hyper::upgrade::on(&mut resp);
         resp.extensions_mut().insert(Switch(on_upgrade));

@@ -131,20 +131,7 @@ impl Connector {
             None => self.handshake_http1(tcp, slot).await,
             Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
             Some(Ok(tls)) => {
-                let stream = match tokio::time::timeout_at(deadline, tls.handshake(tcp)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => {
-                        return Err(self.error(
-                            ErrorKind::TlsFailed,
-                            format!(
-                                "TLS handshake with {} (as {}): {e}",
-                                self.authority,
-                                tls.server_name()
-                            ),
-                        ))
-                    }
-                    Err(_) => return Err(self.dial_target().timeout_error()),
-                };
+                let stream = handshake_tls(&self.dial_target(), tls, tcp, deadline).await?;
                 if TlsConnector::negotiated_h2(&stream) {
                     self.handshake_h2(stream, slot, rtt, deadline).await
                 } else if self.protocol == Protocol::Http2 {
@@ -357,4 +344,25 @@ pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
             tried.join(", ")
         ),
     ))
+}
+
+/// The TLS half of a dial, within the deadline its TCP half started.
+pub async fn handshake_tls(
+    target: &DialTarget<'_>,
+    tls: &TlsConnector,
+    tcp: TcpStream,
+    deadline: Instant,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ProxyError> {
+    match tokio::time::timeout_at(deadline, tls.handshake(tcp)).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(e)) => Err(target.error(
+            ErrorKind::TlsFailed,
+            format!(
+                "TLS handshake with {} (as {}): {e}",
+                target.authority,
+                tls.server_name()
+            ),
+        )),
+        Err(_) => Err(target.timeout_error()),
+    }
 }

@@ -14,7 +14,7 @@ pub mod dial;
 pub mod tls;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response};
@@ -39,7 +39,16 @@ pub struct Upstream {
     settings: UpstreamSettings,
     host_header: HeaderValue,
     pool: Arc<Pool>,
+    /// TLS settings, for dedicated (upgrade) connections; `None` for plain TCP.
+    tls: Option<TlsConfig>,
+    /// The HTTP/1.1-only TLS config for dedicated connections, built on first use.
+    upgrade_tls: OnceLock<Result<tls::TlsConnector, String>>,
 }
+
+/// A byte stream to an upstream: TCP, or TLS over TCP.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 enum Failure {
     /// hyper handed the request back: nothing reached the upstream.
@@ -92,6 +101,7 @@ impl Upstream {
     ) -> Self {
         let host_header = host_header(scheme, &authority);
         let protocol = settings.protocol;
+        let tls_config = (scheme == Scheme::Https).then(|| tls.clone());
         let tls = (scheme == Scheme::Https).then(|| {
             tls::TlsConnector::new(tls, &authority.host, dial::Connector::alpn(protocol)).inspect_err(|why| {
                 tracing::error!(upstream = %label, "TLS origination unavailable: {why}");
@@ -127,6 +137,8 @@ impl Upstream {
             settings,
             host_header,
             pool,
+            tls: tls_config,
+            upgrade_tls: OnceLock::new(),
         }
     }
 
@@ -168,6 +180,36 @@ impl Upstream {
     /// The settings this upstream was built with (its overrides over `defaults`).
     pub fn settings(&self) -> &UpstreamSettings {
         &self.settings
+    }
+
+    /// Opens a connection outside the pool that speaks HTTP/1.1 (TLS with ALPN `http/1.1` for
+    /// https upstreams), for exchanges that take the connection over (upgrades).
+    pub async fn dial_dedicated(&self, local: &[SocketAddr]) -> Result<Box<dyn Io>, ProxyError> {
+        let deadline = tokio::time::Instant::now() + self.settings.connect_timeout;
+        let target = dial::DialTarget {
+            label: &self.label,
+            authority: &self.authority,
+            addresses: &self.addresses,
+            connect_timeout: self.settings.connect_timeout,
+            local,
+        };
+        let tcp = dial::tcp(target).await?;
+        let Some(tls_config) = &self.tls else {
+            return Ok(Box::new(tcp));
+        };
+        let connector = self
+            .upgrade_tls
+            .get_or_init(|| tls::TlsConnector::new(tls_config, &self.authority.host, &[b"http/1.1"]))
+            .as_ref()
+            .map_err(|why| self.error(ErrorKind::TlsFailed, why.clone()))?;
+        Ok(Box::new(
+            dial::handshake_tls(&target, connector, tcp, deadline).await?,
+        ))
+    }
+
+    /// Maps an error of a request sent on this upstream to the contract's kinds.
+    pub fn classify_error(&self, e: &hyper::Error) -> ProxyError {
+        self.classify(e).0
     }
 
     /// The pool.
