@@ -206,3 +206,130 @@ async fn an_upstream_that_dies_mid_stream_costs_only_requests_that_cannot_be_rep
         upstream.open()
     );
 }
+
+// === a server that lowers its stream limit mid-run ===
+
+/// Relays one h2c connection at a time to `server`; on `lower`, injects a SETTINGS frame with
+/// `MAX_CONCURRENT_STREAMS = 10` into the first connection's server-to-client bytes (at a frame
+/// boundary) and swallows the client's ACK of it, which the real server never asked for.
+struct LoweringRelay {
+    addr: std::net::SocketAddr,
+    lower: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl LoweringRelay {
+    async fn start(server: std::net::SocketAddr) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let lower = std::sync::Arc::new(tokio::sync::Notify::new());
+        let lower_first = lower.clone();
+        tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut ur, mut uw) = upstream.into_split();
+                let injecting = std::mem::take(&mut first);
+                let swallow_ack = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (swallow, lower) = (swallow_ack.clone(), lower_first.clone());
+                tokio::spawn(async move {
+                    // Server to client, frame by frame, with the injection.
+                    let mut injected = !injecting;
+                    loop {
+                        let frame = tokio::select! {
+                            frame = read_frame(&mut ur) => frame,
+                            _ = lower.notified(), if !injected => {
+                                injected = true;
+                                swallow.store(true, std::sync::atomic::Ordering::SeqCst);
+                                let settings = [0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 10];
+                                if cw.write_all(&settings).await.is_err() { return; }
+                                continue;
+                            }
+                        };
+                        let Some(frame) = frame else { return };
+                        if cw.write_all(&frame).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    // Client to server: the preface, then frames minus our SETTINGS' ACK.
+                    let mut preface = [0u8; 24];
+                    if cr.read_exact(&mut preface).await.is_err() || uw.write_all(&preface).await.is_err() {
+                        return;
+                    }
+                    while let Some(frame) = read_frame(&mut cr).await {
+                        let is_settings_ack = frame[3] == 4 && frame[4] & 1 == 1;
+                        if is_settings_ack && swallow_ack.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                            continue;
+                        }
+                        if uw.write_all(&frame).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+
+        async fn read_frame(r: &mut tokio::net::tcp::OwnedReadHalf) -> Option<Vec<u8>> {
+            let mut frame = vec![0u8; 9];
+            r.read_exact(&mut frame).await.ok()?;
+            let len = (usize::from(frame[0]) << 16) | (usize::from(frame[1]) << 8) | usize::from(frame[2]);
+            frame.resize(9 + len, 0);
+            r.read_exact(&mut frame[9..]).await.ok()?;
+            Some(frame)
+        }
+        LoweringRelay { addr, lower }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_follows_a_server_that_lowers_its_limit_mid_run() {
+    let server = FakeUpstream::start_h2(None, 100).await;
+    let relay = LoweringRelay::start(server.addr).await;
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: h2\n    url: http://h2.test\n    addresses: [{}]\n    protocol: http2\n    \
+         pool: {{ pending_timeout: 30s }}\n",
+        relay.addr
+    ))
+    .await;
+    let burst_via = |n: usize| {
+        let addr = sidecar.addr;
+        (0..n)
+            .map(move |_| {
+                tokio::spawn(async move {
+                    let resp = RawClient::connect(addr)
+                        .await
+                        .get("http://h2.test/sleep/800")
+                        .await;
+                    assert_eq!(resp.status, 200, "{}", resp.text());
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let _turn = BURSTS.lock().await;
+    // 50 concurrent requests fit the first connection's 100 streams.
+    for task in burst_via(50) {
+        task.await.unwrap();
+    }
+    assert_eq!(server.accepted(), 1);
+    // The server now allows 10 streams on that connection: the next 50 need a second one.
+    relay.lower.notify_one();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.open(), 1, "the first connection survived the new SETTINGS");
+    let started = std::time::Instant::now();
+    for task in burst_via(50) {
+        task.await.unwrap();
+    }
+    println!("phase 2 took {:?}", started.elapsed());
+    println!(
+        "after the server lowered its limit to 10: {} connections",
+        server.accepted()
+    );
+    assert_eq!(
+        server.accepted(),
+        2,
+        "the pool kept filling a connection past its new limit"
+    );
+}
