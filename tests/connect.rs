@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
-use support::{eventually, FakeUpstream, RawClient, RawResponse, Sidecar, TempDir, TestCa};
+use support::{
+    closes_within, eventually, read_n, FakeUpstream, RawClient, RawResponse, Sidecar, TempDir, TestCa,
+};
 
 // === helpers ===
 
@@ -124,31 +126,6 @@ async fn connect(
     }
     let full = RawResponse { body, ..resp };
     (client, Err(full))
-}
-
-/// Reads exactly `n` bytes, prepending `early`.
-async fn read_n(stream: &mut TcpStream, early: &mut Vec<u8>, n: usize) -> Vec<u8> {
-    let mut out: Vec<u8> = early.drain(..early.len().min(n)).collect();
-    let mut rest = vec![0u8; n - out.len()];
-    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut rest))
-        .await
-        .expect("bytes within 5s")
-        .unwrap();
-    out.extend_from_slice(&rest);
-    out
-}
-
-/// Whether `stream` reaches end-of-file (or a reset) within `wait`, discarding data.
-async fn closes_within(stream: &mut TcpStream, wait: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut tmp = [0u8; 1024];
-    loop {
-        match tokio::time::timeout_at(deadline, stream.read(&mut tmp)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => {}
-            Err(_) => return false,
-        }
-    }
 }
 
 fn curl_available() -> bool {
@@ -445,21 +422,8 @@ async fn refused_connects_get_documented_errors_and_close() {
 
 #[tokio::test]
 async fn a_connect_that_hangs_answers_504_connect_timeout() {
-    // A listener whose accept queue is full drops further SYNs, so a connect to it hangs.
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket
-        .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
-        .unwrap();
-    socket.listen(0).unwrap();
-    let addr = socket.local_addr().unwrap().as_socket().unwrap();
-    let mut fillers = Vec::new();
-    for _ in 0..4 {
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        s.set_nonblocking(true).unwrap();
-        let _ = s.connect(&addr.into());
-        fillers.push(s);
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let blackhole = support::Blackhole::start().await;
+    let addr = blackhole.addr;
     let sidecar = Sidecar::start(&format!(
         "defaults:\n  connect_timeout: 300ms\npolicy:\n  connect_ports: [{}]\n",
         addr.port()
@@ -472,7 +436,7 @@ async fn a_connect_that_hangs_answers_504_connect_timeout() {
     assert_eq!(resp.header("x-egress-error"), Some("connect_timeout"));
     assert!(resp.text().contains("connect_timeout (300ms)"), "{}", resp.text());
     assert!(started.elapsed() < Duration::from_secs(3));
-    drop(fillers);
+    drop(blackhole);
 }
 
 #[tokio::test]

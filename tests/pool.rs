@@ -425,22 +425,8 @@ async fn a_closed_idle_connection_is_never_handed_out() {
 
 #[tokio::test]
 async fn a_dial_that_hangs_answers_504_connect_timeout() {
-    // A listener whose accept queue is full drops further SYNs, so a connect to it hangs:
-    // a blackholed upstream that stays on loopback.
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket
-        .bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into())
-        .unwrap();
-    socket.listen(0).unwrap();
-    let addr = socket.local_addr().unwrap().as_socket().unwrap();
-    let mut fillers = Vec::new();
-    for _ in 0..4 {
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        s.set_nonblocking(true).unwrap();
-        let _ = s.connect(&addr.into());
-        fillers.push(s);
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let blackhole = support::Blackhole::start().await;
+    let addr = blackhole.addr;
     let sidecar = Sidecar::start(&format!(
         "upstreams:\n  - name: blackhole\n    url: http://{addr}\n    connect_timeout: 300ms\n"
     ))
@@ -454,5 +440,5 @@ async fn a_dial_that_hangs_answers_504_connect_timeout() {
     assert_eq!(resp.header("x-egress-error"), Some("connect_timeout"));
     assert!(resp.text().contains("connect_timeout (300ms)"), "{}", resp.text());
     assert!(started.elapsed() < Duration::from_secs(3));
-    drop(fillers);
+    drop(blackhole);
 }

@@ -13,7 +13,7 @@ use http::HeaderMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use support::{eventually, RawClient, Sidecar};
+use support::{closes_within, eventually, read_n, RawClient, Sidecar};
 
 // === a raw upstream that speaks just enough HTTP/1.1 ===
 
@@ -217,29 +217,6 @@ async fn switch(sidecar: SocketAddr, request: &str) -> (TcpStream, Vec<u8>, Head
     assert_eq!(resp.status, 101, "{:?} {}", resp.headers, resp.text());
     let early = client.take_buffered();
     (client.stream, early, resp.headers)
-}
-
-async fn read_n(stream: &mut TcpStream, early: &mut Vec<u8>, n: usize) -> Vec<u8> {
-    let mut out: Vec<u8> = early.drain(..early.len().min(n)).collect();
-    let mut rest = vec![0u8; n - out.len()];
-    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut rest))
-        .await
-        .expect("bytes within 5s")
-        .unwrap();
-    out.extend_from_slice(&rest);
-    out
-}
-
-async fn closes_within(stream: &mut TcpStream, wait: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut tmp = [0u8; 1024];
-    loop {
-        match tokio::time::timeout_at(deadline, stream.read(&mut tmp)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => {}
-            Err(_) => return false,
-        }
-    }
 }
 
 // === tests ===

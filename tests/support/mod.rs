@@ -841,3 +841,62 @@ impl Seen {
             .to_string()
     }
 }
+
+// === raw byte helpers for tunnels and upgrades ===
+
+/// Reads exactly `n` bytes, taking `early` (bytes already read) first.
+pub async fn read_n(stream: &mut TcpStream, early: &mut Vec<u8>, n: usize) -> Vec<u8> {
+    let mut out: Vec<u8> = early.drain(..early.len().min(n)).collect();
+    let mut rest = vec![0u8; n - out.len()];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut rest))
+        .await
+        .expect("bytes within 5s")
+        .unwrap();
+    out.extend_from_slice(&rest);
+    out
+}
+
+/// Whether `stream` reaches end-of-file (or a reset) within `wait`, discarding data.
+pub async fn closes_within(stream: &mut TcpStream, wait: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut tmp = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut tmp)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A loopback address whose connects hang: a listener with a full accept queue drops further
+/// SYNs. Kept alive by this value.
+pub struct Blackhole {
+    pub addr: SocketAddr,
+    _listener: socket2::Socket,
+    _fillers: Vec<socket2::Socket>,
+}
+
+impl Blackhole {
+    pub async fn start() -> Self {
+        let listener = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        listener
+            .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        listener.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap().as_socket().unwrap();
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.set_nonblocking(true).unwrap();
+            let _ = s.connect(&addr.into());
+            fillers.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Blackhole {
+            addr,
+            _listener: listener,
+            _fillers: fillers,
+        }
+    }
+}
