@@ -333,3 +333,34 @@ async fn the_pool_follows_a_server_that_lowers_its_limit_mid_run() {
         "the pool kept filling a connection past its new limit"
     );
 }
+
+#[tokio::test]
+async fn max_lifetime_retires_an_h2_connection_gracefully() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&h2c_upstream_config(
+        &upstream,
+        "max_lifetime: 400ms, idle_timeout: 30s",
+    ))
+    .await;
+    let url = format!("http://{}/sleep/600", upstream.addr);
+    // A stream still running when the lifetime passes finishes on the old connection...
+    let addr = sidecar.addr;
+    let long = {
+        let url = url.clone();
+        tokio::spawn(async move { RawClient::connect(addr).await.get(&url).await })
+    };
+    assert!(support::eventually(Duration::from_secs(3), || upstream.requests() == 1).await);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    // ...while new requests go to a new connection.
+    let resp = RawClient::connect(sidecar.addr)
+        .await
+        .get(&format!("http://{}/", upstream.addr))
+        .await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(long.await.unwrap().status, 200);
+    assert_eq!(upstream.accepted(), 2);
+    assert!(
+        support::eventually(Duration::from_secs(3), || upstream.open() == 1).await,
+        "the retired connection stayed open after its last stream"
+    );
+}

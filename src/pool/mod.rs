@@ -362,9 +362,23 @@ impl Pool {
     /// A stream slot on the first HTTP/2 connection with room.
     fn take_stream(&self, st: &mut State) -> Option<H2Stream> {
         st.h2.retain(|c| !c.sender.is_closed());
-        let limit = |c: &H2Conn| self.stream_limit(c);
-        let conn = st.h2.iter_mut().find(|c| !c.draining && c.in_flight < limit(c))?;
+        let now = Instant::now();
+        let conn = st
+            .h2
+            .iter_mut()
+            .find_map(|c| self.takes_streams(c, now).then_some(c))?;
         Some(Self::grant_stream(conn))
+    }
+
+    /// Whether an HTTP/2 connection may take another stream; one past `max_lifetime` starts
+    /// draining here, as a busy connection has no reaper deadline of its own.
+    fn takes_streams(&self, conn: &mut H2Conn, now: Instant) -> bool {
+        let past_life = self
+            .config
+            .max_lifetime
+            .is_some_and(|life| now.saturating_duration_since(conn.created) >= life);
+        conn.draining |= past_life;
+        !conn.draining && conn.in_flight < self.stream_limit(conn)
     }
 
     fn grant_stream(conn: &mut H2Conn) -> H2Stream {
@@ -532,10 +546,10 @@ impl Pool {
 
     /// Gives free stream slots of `st.h2[index]` to the oldest waiters.
     fn serve_stream_waiters(self: &Arc<Self>, st: &mut State, index: usize) {
-        let limit = self.stream_limit(&st.h2[index]);
         // The server may have changed its limit: dials for the queue follow the latest.
-        st.h2_streams_hint = limit;
-        while st.h2[index].in_flight < limit && !st.h2[index].draining {
+        st.h2_streams_hint = self.stream_limit(&st.h2[index]);
+        let now = Instant::now();
+        while self.takes_streams(&mut st.h2[index], now) {
             let Some(waiter) = st.waiters.pop_front() else {
                 break;
             };
