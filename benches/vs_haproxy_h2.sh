@@ -1,0 +1,420 @@
+#!/usr/bin/env bash
+# benches/vs_haproxy_h2.sh: HTTP/1.1 clients through the sidecar to an HTTP/2 upstream, next to
+# HAProxy doing the same (h1 frontend, h2 to the backend).
+#
+# Question answered:
+#   400 concurrent HTTP/1.1 clients through the sidecar to an HTTP/2 (h2c) upstream vs the same
+#   through HAProxy with h2 to the backend: requests per second and CPU per request side by
+#   side, in one run, plus how many upstream TCP connections each proxy opened.
+#
+# What it does and measures:
+#   upstream  : nghttpd (nghttp2-server), h2c with prior knowledge (--no-tls), 1 worker thread,
+#               serving a 3-byte file ("ok\n") as `/`, SETTINGS_MAX_CONCURRENT_STREAMS
+#               $MAX_STREAMS (default 100, nghttpd's own default). With 400 requests in flight
+#               a proxy that respects the limit needs 4 connections.
+#   haproxy   : `mode http`, frontend on a free port (HTTP/1.1 from wrk), backend
+#               `server s1 127.0.0.1:UPPORT proto h2` (h2c to the backend), `http-reuse always`,
+#               nbthread 1, `-db` (no master process). The per-connection stream cap is
+#               `tune.h2.be.max-concurrent-streams $MAX_STREAMS` where the installed HAProxy
+#               accepts it (checked with `haproxy -c`); older ones (Debian 12's 2.6 rejects it)
+#               get `tune.h2.max-concurrent-streams $MAX_STREAMS`, which in 2.6 also caps the
+#               server's advertised limit on backend connections. global maxconn is sized to
+#               the open-file limit the script gets (it raises `ulimit -n` as far as allowed).
+#               HAProxy's own `show stat` counters for the server (connect, reuse; cumulative,
+#               warm-ups included) are printed as a cross-check of the ss samples.
+#   sidecar   : release build, one upstream `protocol: http2` on the h2c url with a route-mode
+#               listener (origin-form, the analogue of HAProxy's frontend), pool
+#               { max_connections: 64, max_pending: 4096, pending_timeout: 30s },
+#               http2.max_streams_per_connection $MAX_STREAMS. TOKIO_WORKER_THREADS=1,
+#               EGRESS_LOG=warn.
+#   CPU placement (the machine is assumed to have 2 cores; with exactly 2 this is the best
+#   split available, and core 0 may well be the bottleneck, see "core 0 busy"):
+#               core 1: the proxy under test, alone (HAProxy, or the sidecar);
+#               core 0: wrk (1 thread), the upstream nghttpd, and the connection sampler.
+#   Reference row: wrk speaks HTTP/1.1 only, so there is no "wrk direct" row; instead h2load
+#               (nghttp2-client, h2c, -c ceil(CONNECTIONS/MAX_STREAMS) -m MAX_STREAMS, i.e. the
+#               same 400 streams in flight over 4 connections) hits the upstream directly, also
+#               from core 0. It shows what the upstream+load core can do without a proxy and
+#               without 400 HTTP/1.1 sockets; it is not comparable to the proxy rows.
+#   Per target: a $WARMUP warm-up (opens the pools), then `wrk -t1 -c$CONNECTIONS -d$DURATION
+#               --latency`. Reported: requests/s, latency p50/p99 (ms), errors (wrk socket
+#               errors + non-2xx), the CPU the proxy process used during the measured run
+#               (utime+stime from /proc/PID/stat, all threads) in seconds and microseconds per
+#               request, busy share of both cores (/proc/stat; core 1's "other load" is what
+#               was busy there besides the proxy, steal shown apart), and the proxy's ESTABLISHED TCP
+#               connections to the upstream port: once in the middle of the run (`ss -Htnp state
+#               established "( dport = :UPPORT )"`, only sockets owned by the proxy's pid), the
+#               largest count over all samples (one every $SAMPLE_EVERY s) and how many distinct
+#               connections (local ports) those samples saw during the run.
+#
+# Usage (from the repo root):   benches/vs_haproxy_h2.sh
+#   env: DURATION (default 10s), CONNECTIONS (default 400), WARMUP (default 2s),
+#        ROUNDS (default 1; the targets run in turn this many times), MAX_STREAMS (default 100),
+#        SAMPLE_EVERY (default 0.5, seconds between connection samples),
+#        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary).
+# Installs haproxy, nghttp2-server (nghttpd), nghttp2-client (h2load) and wrk with apt-get if
+# they are missing. Everything it writes at run time (configs, docroot, logs) lives in one
+# mktemp directory, removed on exit together with every process it started. Numbers are
+# reported, not asserted.
+
+set -euo pipefail
+
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-400}
+WARMUP=${WARMUP:-2s}
+ROUNDS=${ROUNDS:-1}
+MAX_STREAMS=${MAX_STREAMS:-100}
+SAMPLE_EVERY=${SAMPLE_EVERY:-0.5}
+PROXY_CPU=1   # core for the proxy under test
+LOAD_CPU=0    # core for wrk, the upstream and the sampler
+
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+secs_of() { # "10s" / "500ms" / "2m" / "10" -> seconds (may be fractional)
+    awk -v d="$1" 'BEGIN {
+        if (d ~ /ms$/) { sub(/ms$/, "", d); print d / 1000 }
+        else if (d ~ /m$/) { sub(/m$/, "", d); print d * 60 }
+        else { sub(/s$/, "", d); print d + 0 } }'
+}
+
+# --- tools ---------------------------------------------------------------------------------
+need_apt=()
+command -v haproxy >/dev/null || need_apt+=(haproxy)
+command -v nghttpd >/dev/null || need_apt+=(nghttp2-server)
+command -v h2load >/dev/null || need_apt+=(nghttp2-client)
+command -v wrk >/dev/null || need_apt+=(wrk)
+if ((${#need_apt[@]})); then
+    log "installing ${need_apt[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+for tool in haproxy nghttpd h2load wrk taskset python3 curl ss; do
+    command -v "$tool" >/dev/null || die "$tool is required"
+done
+(( $(nproc) >= 2 )) || die "needs at least 2 CPUs (proxy on core $PROXY_CPU, load on core $LOAD_CPU)"
+curl -V | grep -qi 'http2' || die "curl without HTTP/2 support (needed for the sanity check)"
+((EUID == 0)) || log "not root: ss -p cannot see the proxies' sockets, connection counts will read 0"
+
+# 400 client sockets + 400 proxy-side sockets + upstream ones, in one shell's children.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+(( $(ulimit -n) >= 2 * CONNECTIONS + 256 )) || die "open-file limit $(ulimit -n) too low for $CONNECTIONS connections"
+
+# --- build ---------------------------------------------------------------------------------
+if [[ -n ${SIDECAR_BIN:-} ]]; then
+    BIN=$SIDECAR_BIN
+else
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target/bench}
+    log "building the sidecar (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    cargo build --release --quiet --bin egress-sidecar
+    BIN=$CARGO_TARGET_DIR/release/egress-sidecar
+fi
+[[ -x $BIN ]] || die "no sidecar binary at $BIN"
+
+# --- scratch dir and cleanup ---------------------------------------------------------------
+TMP=$(mktemp -d /tmp/egress-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# N distinct free loopback ports (bound together, so distinct; released just before use).
+free_ports() {
+    python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+wait_port() { # port [tries]
+    local i
+    for ((i = 0; i < ${2:-200}; i++)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    die "nothing listens on 127.0.0.1:$1 (logs in $TMP)"
+}
+
+# Busy ticks of one CPU (all processes, IRQs and steal included), from /proc/stat.
+core_busy() { # cpu
+    awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
+}
+# Steal ticks of one CPU: time the hypervisor gave this vCPU's slot to something else.
+core_steal() { # cpu
+    awk -v c="cpu$1" '$1 == c { print $9 }' /proc/stat
+}
+
+# utime+stime of a process and its direct children, in clock ticks.
+cpu_ticks() { # pid
+    local total=0 p f
+    for p in "$1" $(pgrep -P "$1" || true); do
+        # Fields after the ")" of comm: state is field 3, utime 14, stime 15.
+        f=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null) || continue
+        set -- $f
+        total=$((total + ${12} + ${13}))
+    done
+    echo "$total"
+}
+
+# Local ports of the ESTABLISHED connections that process PID holds to the upstream port.
+upstream_conns() { # pid
+    ss -Htnp state established "( dport = :$UP_PORT )" 2>/dev/null |
+        awk -v tag="pid=$1," 'index($0, tag) { n = split($3, a, ":"); print a[n] }'
+}
+
+read -r UP_PORT HAP_PORT FWD_PORT ADMIN_PORT ROUTE_PORT < <(free_ports 5)
+
+# --- upstream: nghttpd, h2c prior knowledge, a 3-byte file as `/` ---------------------------
+mkdir -p "$TMP/www"
+printf 'ok\n' >"$TMP/www/index.html"
+taskset -c "$LOAD_CPU" nghttpd --no-tls -a 127.0.0.1 -n 1 -m "$MAX_STREAMS" -d "$TMP/www" \
+    "$UP_PORT" >"$TMP/nghttpd.log" 2>&1 &
+UP_PID=$!
+PIDS+=("$UP_PID")
+
+# --- haproxy ----------------------------------------------------------------------------------
+# Pick the stream-cap keyword this HAProxy understands.
+hap_streams_kw=tune.h2.be.max-concurrent-streams
+printf 'global\n    %s %s\n' "$hap_streams_kw" "$MAX_STREAMS" >"$TMP/probe.cfg"
+if ! haproxy -c -q -f "$TMP/probe.cfg" >/dev/null 2>&1; then
+    hap_streams_kw=tune.h2.max-concurrent-streams
+fi
+# maxconn sizes HAProxy's FD needs (about 2 per connection); keep it under our open-file limit.
+HAP_MAXCONN=$(( ($(ulimit -n) - 200) / 2 ))
+cat >"$TMP/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    maxconn $HAP_MAXCONN
+    $hap_streams_kw $MAX_STREAMS
+    stats socket $TMP/haproxy.sock mode 600 level admin
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+    http-reuse always
+
+frontend fe
+    bind 127.0.0.1:$HAP_PORT backlog 4096
+    maxconn $HAP_MAXCONN
+    default_backend be
+
+backend be
+    server s1 127.0.0.1:$UP_PORT proto h2
+EOF
+haproxy -c -q -f "$TMP/haproxy.cfg" || die "haproxy config rejected"
+taskset -c "$PROXY_CPU" haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/haproxy.log" 2>&1 &
+HAP_PID=$!
+PIDS+=("$HAP_PID")
+
+# --- sidecar ----------------------------------------------------------------------------------
+cat >"$TMP/sidecar.yaml" <<EOF
+listen: 127.0.0.1:$FWD_PORT
+admin: 127.0.0.1:$ADMIN_PORT
+shutdown: { drain_timeout: 1s }
+upstreams:
+  - name: h2up
+    url: http://127.0.0.1:$UP_PORT
+    listen: 127.0.0.1:$ROUTE_PORT
+    protocol: http2
+    pool: { max_connections: 64, max_pending: 4096, pending_timeout: 30s }
+    http2: { max_streams_per_connection: $MAX_STREAMS }
+EOF
+TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn taskset -c "$PROXY_CPU" \
+    "$BIN" run --config "$TMP/sidecar.yaml" 2>"$TMP/sidecar.log" &
+SC_PID=$!
+PIDS+=("$SC_PID")
+
+for port in "$UP_PORT" "$HAP_PORT" "$FWD_PORT" "$ROUTE_PORT"; do wait_port "$port"; done
+
+# --- wrk script: machine-readable summary -------------------------------------------------------
+cat >"$TMP/bench.lua" <<'EOF'
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d sock_errors=%d non2xx=%d\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+EOF
+
+# Sanity: each path answers "ok" before it is measured.
+check() { # name url [curl options...]
+    local name=$1 url=$2 body
+    shift 2
+    body=$(curl -sS --max-time 5 "$@" "$url") || die "$name: request failed"
+    [[ $body == ok ]] || die "$name: unexpected body ${body@Q}"
+}
+check upstream "http://127.0.0.1:$UP_PORT/" --http2-prior-knowledge
+check haproxy "http://127.0.0.1:$HAP_PORT/"
+check sidecar "http://127.0.0.1:$ROUTE_PORT/"
+
+CLK_TCK=$(getconf CLK_TCK)
+LOADAVG=$(cut -d' ' -f1-3 /proc/loadavg)
+DUR_S=$(secs_of "$DURATION")
+ROWS=()
+
+# Samples the proxy's upstream connections every SAMPLE_EVERY s until killed; one line per
+# sample: "<seconds since start> <count> <port,port,...>".
+sampler() { # pid outfile
+    local t0 ports
+    t0=$(date +%s.%N)
+    while :; do
+        ports=$(upstream_conns "$1" | paste -sd, -)
+        printf '%s %d %s\n' "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')" \
+            "$(awk -F, 'NF { print NF; exit } END { if (!NR) print 0 }' <<<"$ports")" "${ports:--}" >>"$2"
+        sleep "$SAMPLE_EVERY"
+    done
+}
+
+# Connection columns from a sampler file: mid-run count, max, distinct local ports.
+conn_cols() { # samples-file
+    awk -v mid="$(awk -v d="$DUR_S" 'BEGIN { print d / 2 }')" '
+        { d = $1 - mid; if (d < 0) d = -d
+          if (!seen || d < best) { best = d; midn = $2; seen = 1 }
+          if ($2 > max) max = $2
+          if ($3 != "-") { n = split($3, p, ","); for (i = 1; i <= n; i++) ports[p[i]] = 1 } }
+        END { k = 0; for (x in ports) k++; printf "%d | %d | %d", midn, max, k }' "$1"
+}
+
+row() { # label requests duration_us p50_us p99_us errors pid dticks dbusy0 dbusy1 dsteal1 conncols
+    awk -v l="$1" -v n="$2" -v d="$3" -v p50="$4" -v p99="$5" -v err="$6" -v pid="$7" \
+        -v dt="$8" -v b0="$9" -v b1="${10}" -v st="${11}" -v cc="${12}" \
+        -v hz="$CLK_TCK" -v round="$ROUND" 'BEGIN {
+        secs = d / 1e6; cpu = dt / hz
+        if (pid == "-") { c1 = "-"; c2 = "-" }
+        else { c1 = sprintf("%.2f", cpu); c2 = sprintf("%.1f", cpu * 1e6 / n) }
+        other = b1 / hz - cpu; if (other < 0) other = 0
+        printf "| %s | %s | %.0f | %.2f | %.2f | %d | %s | %s | %.0f%% | %.0f%% (%.0f%%) | %s |",
+            round, l, n / secs, p50 / 1000, p99 / 1000, err, c1, c2, 100 * b0 / hz / secs,
+            100 * other / secs, 100 * st / hz / secs, cc }'
+}
+
+bench() { # label slug url pid
+    local label=$1 slug=$2 url=$3 pid=$4
+    log "$label: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
+    taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"$WARMUP" -s "$TMP/bench.lua" "$url" >/dev/null
+    local samples="$TMP/conns.$slug.$ROUND" t0 t1 b00 b01 b10 b11 spid out
+    : >"$samples"
+    local st0 st1
+    t0=$(cpu_ticks "$pid"); b00=$(core_busy "$LOAD_CPU"); b10=$(core_busy "$PROXY_CPU")
+    st0=$(core_steal "$PROXY_CPU")
+    taskset -c "$LOAD_CPU" bash -c "$(declare -f sampler upstream_conns); UP_PORT=$UP_PORT SAMPLE_EVERY=$SAMPLE_EVERY sampler $pid $samples" &
+    spid=$!
+    PIDS+=("$spid")
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$TMP/bench.lua" "$url")
+    kill "$spid" 2>/dev/null || true
+    wait "$spid" 2>/dev/null || true
+    b01=$(core_busy "$LOAD_CPU"); b11=$(core_busy "$PROXY_CPU"); t1=$(cpu_ticks "$pid")
+    st1=$(core_steal "$PROXY_CPU")
+    echo "$out" >"$TMP/wrk.$slug.$ROUND.txt"
+    local line
+    line=$(grep '^RESULT ' <<<"$out") || die "$label: no wrk summary: $out"
+    local requests duration_us p50_us p99_us sock_errors non2xx
+    eval "$(sed 's/^RESULT //; s/ /\n/g' <<<"$line" | sed 's/^/local /')"
+    ROWS+=("$(row "$label" "$requests" "$duration_us" "$p50_us" "$p99_us" \
+        $((sock_errors + non2xx)) "$pid" $((t1 - t0)) $((b01 - b00)) $((b11 - b10)) \
+        $((st1 - st0)) "$(conn_cols "$samples")")")
+}
+
+# Reference: h2load straight to the upstream, same streams in flight, from core 0.
+bench_h2load() {
+    local label="h2load direct to upstream (reference)"
+    local conns=$(( (CONNECTIONS + MAX_STREAMS - 1) / MAX_STREAMS ))
+    log "$label: -c$conns -m$MAX_STREAMS, warm-up $WARMUP, then $DURATION"
+    local b00 b01 b10 b11 st0 st1 out
+    b00=$(core_busy "$LOAD_CPU"); b10=$(core_busy "$PROXY_CPU")
+    st0=$(core_steal "$PROXY_CPU")
+    out=$(taskset -c "$LOAD_CPU" h2load -t1 -c"$conns" -m"$MAX_STREAMS" --warm-up-time="$WARMUP" \
+        -D "$DURATION" --log-file="$TMP/h2load.log" "http://127.0.0.1:$UP_PORT/")
+    b01=$(core_busy "$LOAD_CPU"); b11=$(core_busy "$PROXY_CPU")
+    st1=$(core_steal "$PROXY_CPU")
+    echo "$out" >"$TMP/h2load.$ROUND.txt"
+    # "requests: N total, N started, N done, N succeeded, ..."; "status codes: N 2xx, ..."
+    local done ok p50 p99
+    done=$(awk '/^requests:/ { print $6 }' <<<"$out")
+    ok=$(awk '/^status codes:/ { print $3 }' <<<"$out")
+    [[ -n $done && -n $ok ]] || die "h2load: no summary: $out"
+    read -r p50 p99 < <(cut -f3 "$TMP/h2load.log" | sort -n |
+        awk '{ v[NR] = $1 } END { if (!NR) { print 0, 0; exit }
+             i = int(NR * 0.5); if (i < 1) i = 1; j = int(NR * 0.99); if (j < 1) j = 1
+             print v[i], v[j] }')
+    # The busy ticks cover warm-up + run (one h2load call); scale them to the run's length.
+    local dur_us scaled
+    dur_us=$(awk -v s="$DUR_S" 'BEGIN { printf "%d", s * 1e6 }')
+    scaled() { awk -v b="$1" -v d="$DUR_S" -v w="$(secs_of "$WARMUP")" 'BEGIN { printf "%d", b * d / (d + w) }'; }
+    ROWS+=("$(row "$label" "$done" "$dur_us" "$p50" "$p99" $((done - ok)) - 0 \
+        "$(scaled $((b01 - b00)))" "$(scaled $((b11 - b10)))" "$(scaled $((st1 - st0)))" \
+        "$conns (h2load -c) | - | -")")
+}
+
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    bench_h2load
+    bench "haproxy (h1 -> h2)" haproxy "http://127.0.0.1:$HAP_PORT/" "$HAP_PID"
+    bench "sidecar route mode (h1 -> h2)" sidecar "http://127.0.0.1:$ROUTE_PORT/" "$SC_PID"
+done
+
+# HAProxy's own count of connection attempts to s1 (cumulative since start, warm-ups included).
+hap_connect=$(python3 - "$TMP/haproxy.sock" <<'EOF' || true
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"show stat\n")
+data = b""
+while True:
+    b = s.recv(65536)
+    if not b: break
+    data += b
+lines = data.decode().splitlines()
+cols = lines[0].lstrip("# ").split(",")
+for l in lines[1:]:
+    f = dict(zip(cols, l.split(",")))
+    if f.get("pxname") == "be" and f.get("svname") == "s1":
+        print(f.get("connect", "?"), f.get("reuse", "?"))
+EOF
+)
+
+# --- report ----------------------------------------------------------------------------------
+sc_threads=$(awk '/^Threads:/ {print $2}' "/proc/$SC_PID/status")
+hap_threads=$(awk '/^Threads:/ {print $2}' "/proc/$HAP_PID/status")
+sc_warns=$(grep -c . "$TMP/sidecar.log" || true)
+cat <<EOF
+
+## egress-sidecar vs HAProxy, HTTP/1.1 clients -> h2c upstream, $(date -u +%Y-%m-%dT%H:%MZ)
+
+- sidecar: $("$BIN" --version) ($BIN), route mode, protocol: http2, pool max_connections 64 / max_pending 4096 / pending_timeout 30s, http2.max_streams_per_connection $MAX_STREAMS, TOKIO_WORKER_THREADS=1, $sc_threads threads, pinned to core $PROXY_CPU; $sc_warns line(s) in its log (EGRESS_LOG=warn)
+- haproxy: $(haproxy -v | head -1 | sed 's/ - https.*//'), nbthread 1 ($hap_threads threads), \`server ... proto h2\`, \`http-reuse always\`, \`$hap_streams_kw $MAX_STREAMS\`, pinned to core $PROXY_CPU; its own stats for s1 since start (warm-ups included): connect=${hap_connect% *} reuse=${hap_connect#* }
+- upstream: $(nghttpd --version | head -1), h2c prior knowledge, 1 worker, SETTINGS_MAX_CONCURRENT_STREAMS $MAX_STREAMS, 3-byte static file, pinned to core $LOAD_CPU
+- wrk: $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), -t1 -c$CONNECTIONS -d$DURATION --latency (after a $WARMUP warm-up), pinned to core $LOAD_CPU (shared with the upstream: with 2 cores that is the best split available)
+- reference: $(h2load --version | head -1), -t1 -c$(( (CONNECTIONS + MAX_STREAMS - 1) / MAX_STREAMS )) -m$MAX_STREAMS -D $DURATION, pinned to core $LOAD_CPU
+- host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), kernel $(uname -r); load average before the runs: $LOADAVG
+
+| round | target | req/s | p50 ms | p99 ms | errors | proxy CPU s | CPU µs/req | core $LOAD_CPU busy | other load on core $PROXY_CPU (steal) | upstream conns mid-run | max | distinct seen |
+|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
+$(printf '%s\n' "${ROWS[@]}")
+
+errors = wrk socket errors (connect/read/write/timeout) + non-2xx responses (h2load: done - 2xx).
+CPU = utime+stime of the proxy process (all threads) during the measured run.
+core $LOAD_CPU busy = share of the run that core $LOAD_CPU (wrk + upstream + sampler) was busy: near 100%
+means the load side, not the proxy, set the req/s. other load on core $PROXY_CPU = busy time of that
+core (/proc/stat, IRQs and steal included) not charged to the proxy process, as a share of the
+run; in brackets the steal part (the hypervisor ran something else on this vCPU). Anything well
+above a few % means something competed with the proxy (on a shared dev machine: a build or test
+run): its req/s and latency are then not comparable (CPU µs/req still is, roughly).
+upstream conns = ESTABLISHED TCP connections owned by the proxy's pid to the upstream port
+(ss -Htnp, sampled every ${SAMPLE_EVERY}s during the measured run): the sample nearest mid-run, the
+largest sample, and distinct local ports across all samples (connections opened and closed
+between two samples are missed).
+EOF
