@@ -1,7 +1,8 @@
-//! The admin listener: `/healthz` (alive) and `/readyz` (ready; 503 while draining).
+//! The admin listener: `/healthz` (alive), `/readyz` (ready; 503 while draining) and
+//! `/metrics` (Prometheus text). Read-only: nothing on it changes state.
 //!
 //! Served with hyper: it sees a probe every few seconds, so none of the downstream server's
-//! memory concerns apply. Metrics and the debug endpoints belong to a later change.
+//! memory concerns apply.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +17,15 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::metrics::Metrics;
+
 /// Serves the admin endpoints until `stop` flips to true.
-pub async fn serve(listener: TcpListener, ready: Arc<AtomicBool>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    ready: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -27,9 +35,9 @@ pub async fn serve(listener: TcpListener, ready: Arc<AtomicBool>, mut stop: watc
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
-        let ready = ready.clone();
+        let (ready, metrics) = (ready.clone(), metrics.clone());
         tokio::spawn(async move {
-            let service = service_fn(move |req| respond(req, ready.clone()));
+            let service = service_fn(move |req| respond(req, ready.clone(), metrics.clone()));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -40,12 +48,24 @@ pub async fn serve(listener: TcpListener, ready: Arc<AtomicBool>, mut stop: watc
 async fn respond(
     req: Request<Incoming>,
     ready: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/metrics" {
+        let mut resp = Response::new(Full::new(Bytes::from(metrics.render())));
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        );
+        return Ok(resp);
+    }
     let (status, body) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, "ok\n"),
         "/readyz" if ready.load(Ordering::Relaxed) => (StatusCode::OK, "ready\n"),
         "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
-        _ => (StatusCode::NOT_FOUND, "not found; try /healthz or /readyz\n"),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found; try /healthz, /readyz or /metrics\n",
+        ),
     };
     let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *resp.status_mut() = status;

@@ -30,6 +30,7 @@ pub mod admin;
 pub mod config;
 pub mod downstream;
 pub mod error;
+pub mod metrics;
 pub mod pool;
 pub mod proxy;
 pub mod routing;
@@ -46,6 +47,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
 pub use config::Config;
+
+use metrics::Metrics;
 
 use downstream::Context;
 use proxy::Proxy;
@@ -97,25 +100,33 @@ impl Listeners {
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) {
     let config = Arc::new(config);
     let local = listeners.local_addrs();
+    let metrics = Arc::new(Metrics::new());
     let upstreams: Vec<Arc<Upstream>> = config
         .upstreams
         .iter()
-        .map(|cfg| Arc::new(Upstream::configured(cfg, &local)))
+        .map(|cfg| Arc::new(Upstream::configured(cfg, &local, &metrics)))
         .collect();
-    let router = Router::new(config.clone(), &upstreams, local.clone());
+    let router = Router::new(config.clone(), &upstreams, local.clone(), metrics.clone());
     let (drain_tx, drain_rx) = watch::channel(false);
     let max_connections = config.downstream.max_connections;
+    let limit = Arc::new(Semaphore::new(max_connections));
     let ctx = Arc::new(Context {
         config: config.downstream.clone(),
         proxy: Proxy::new(router),
         drain: drain_rx.clone(),
-        limit: Arc::new(Semaphore::new(max_connections)),
+        limit,
         stats: Default::default(),
+        metrics: metrics.clone(),
     });
 
     let ready = Arc::new(AtomicBool::new(true));
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
-    let admin_task = tokio::spawn(admin::serve(listeners.admin, ready.clone(), admin_stop_rx));
+    let admin_task = tokio::spawn(admin::serve(
+        listeners.admin,
+        ready.clone(),
+        metrics,
+        admin_stop_rx,
+    ));
     tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %local[1], "forward proxy listening");
     let mut accept_tasks = vec![tokio::spawn(downstream::serve(
         listeners.proxy,

@@ -21,6 +21,7 @@ use http::Uri;
 
 use crate::config::{Authority, Config, PolicyConfig, Scheme};
 use crate::error::{ErrorKind, ProxyError};
+use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 
 /// An on-the-fly upstream unused this long (and holding no connection) is forgotten.
@@ -153,11 +154,17 @@ pub struct Router {
     config: Arc<Config>,
     /// The sidecar's own bound listeners, for loop detection.
     local: Vec<SocketAddr>,
+    metrics: Arc<Metrics>,
 }
 
 impl Router {
     /// Builds the router over configured upstreams (by name order in `config.upstreams`).
-    pub fn new(config: Arc<Config>, upstreams: &[Arc<Upstream>], local: Vec<SocketAddr>) -> Self {
+    pub fn new(
+        config: Arc<Config>,
+        upstreams: &[Arc<Upstream>],
+        local: Vec<SocketAddr>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let mut configured = HashMap::new();
         for up in upstreams {
             for auth in up.authorities() {
@@ -169,6 +176,7 @@ impl Router {
             dynamic: Mutex::new(HashMap::new()),
             config,
             local,
+            metrics,
         }
     }
 
@@ -340,6 +348,7 @@ impl Router {
             authority.clone(),
             &self.config,
             &self.local,
+            &self.metrics,
         ));
         table.insert((scheme, authority), (up.clone(), now));
         up
@@ -388,7 +397,12 @@ mod tests {
     fn connect_targets_are_checked_in_order() {
         let router = |yaml: &str| {
             let config = crate::config::parse(yaml, &Default::default()).unwrap();
-            Router::new(Arc::new(config), &[], vec!["127.0.0.1:15080".parse().unwrap()])
+            Router::new(
+                Arc::new(config),
+                &[],
+                vec!["127.0.0.1:15080".parse().unwrap()],
+                Default::default(),
+            )
         };
         let kind = |r: &Router, target: &str| r.check_connect_target(target).map_err(|e| e.kind());
         let open = router("policy: { connect_ports: [443, 15080], deny_hosts: [bad.example] }\n");

@@ -60,8 +60,9 @@ struct Connection {
     requests: u64,
 }
 
-/// Serves one connection until it closes, idles out or the sidecar drains.
-pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ctx: &Arc<Context>) {
+/// Serves one connection until it closes, idles out or the sidecar drains; returns how many
+/// HTTP/1.1 requests it carried (0 for h2c).
+pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ctx: &Arc<Context>) -> u64 {
     let mut conn = Connection {
         stream,
         buf: BytesMut::new(),
@@ -79,29 +80,30 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ct
             tokio::select! {
                 ready = tokio::time::timeout(limit, conn.stream.readable()) => match ready {
                     Ok(Ok(())) => {}
-                    Ok(Err(_)) => return,
+                    Ok(Err(_)) => return conn.requests,
                     Err(_) => {
                         if conn.requests > 0 {
                             ctx.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
+                            ctx.metrics.families().downstream_idle_closed.inc();
                             tracing::debug!(requests = conn.requests, "closing idle downstream connection");
                         }
-                        return;
+                        return conn.requests;
                     }
                 },
-                _ = drain.wait_for(|d| *d) => return,
+                _ = drain.wait_for(|d| *d) => return conn.requests,
             }
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.header_read_timeout;
                 if super::h2::starts_with_preface(&conn.stream, deadline).await {
                     Box::pin(super::h2::serve(conn.stream, entry.clone(), ctx.clone())).await;
-                    return;
+                    return 0;
                 }
             }
         }
         // Boxed so that its (large) state exists only while a request is in flight.
         let keep_alive = Box::pin(exchange(&mut conn, entry, ctx)).await;
         if !keep_alive || ctx.draining() {
-            return;
+            return conn.requests;
         }
         if conn.buf.is_empty() {
             conn.buf = BytesMut::new();
@@ -610,10 +612,16 @@ mod tests {
         let (_drain_tx, drain) = tokio::sync::watch::channel(false);
         let ctx = Arc::new(super::Context {
             config: config.downstream.clone(),
-            proxy: crate::proxy::Proxy::new(crate::routing::Router::new(config.clone(), &[], vec![])),
+            proxy: crate::proxy::Proxy::new(crate::routing::Router::new(
+                config.clone(),
+                &[],
+                vec![],
+                Default::default(),
+            )),
             drain,
             limit: Arc::new(tokio::sync::Semaphore::new(1)),
             stats: Default::default(),
+            metrics: Default::default(),
         });
         let entry = crate::routing::Entry::Forward;
         let serve = super::serve(stream, "127.0.0.1:1".parse().unwrap(), &entry, &ctx);

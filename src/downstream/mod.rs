@@ -33,6 +33,7 @@ use tracing::Instrument;
 pub use body::{BodySender, RequestBody, StreamingBody};
 
 use crate::config::DownstreamConfig;
+use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::routing::Entry;
 
@@ -52,6 +53,8 @@ pub struct Context {
     pub limit: Arc<Semaphore>,
     /// Counters.
     pub stats: DownstreamStats,
+    /// The metrics registry.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Downstream counters.
@@ -81,7 +84,8 @@ impl Context {
 
     /// Downstream connections open now.
     pub fn open_connections(&self) -> usize {
-        self.config.max_connections - self.limit.available_permits()
+        // Not the limit's permits: each accept loop holds one while it waits for a connection.
+        usize::try_from(self.metrics.families().downstream_open.get()).unwrap_or(0)
     }
 }
 
@@ -110,16 +114,41 @@ pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
         };
         let _ = stream.set_nodelay(true);
         ctx.stats.opened.fetch_add(1, Ordering::Relaxed);
+        ctx.metrics.families().downstream_opened.inc();
+        let open = OpenGuard::new(&ctx.metrics.families().downstream_open);
         let span = tracing::debug_span!("downstream", client = %peer);
         let ctx = ctx.clone();
         let entry = entry.clone();
         tokio::spawn(
             async move {
-                conn::serve(stream, peer, &entry, &ctx).await;
+                let requests = conn::serve(stream, peer, &entry, &ctx).await;
+                drop(open);
+                if requests > 0 {
+                    let families = ctx.metrics.families();
+                    families
+                        .downstream_requests_per_connection
+                        .observe(requests as f64);
+                }
                 drop(permit);
             }
             .instrument(span),
         );
+    }
+}
+
+/// Counts one open connection in a gauge for as long as it lives.
+struct OpenGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl OpenGuard {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        OpenGuard(gauge.clone())
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -56,6 +56,7 @@ pub use body::PooledBody;
 use crate::config::PoolConfig;
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
+use crate::metrics::UpstreamMetrics;
 
 /// Idle connections beyond `max_idle` are closed once idle this long, rather than at once: under
 /// steady load the idle count swings past `max_idle` for microseconds as requests complete
@@ -94,10 +95,52 @@ pub trait Connect: Send + Sync + fmt::Debug + 'static {
     fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>>;
 }
 
+/// Why a connection closed, recorded by whoever closes it and counted when its socket is gone
+/// (`egress_upstream_connections_closed_total{reason}`). The first reason recorded wins.
+#[derive(Debug, Clone, Default)]
+pub struct CloseReason(Arc<std::sync::atomic::AtomicU8>);
+
+impl CloseReason {
+    const DIALING: u8 = 0;
+    const OPEN: u8 = 1;
+    const REASONS: [&'static str; 9] = [
+        "dialing",
+        "upstream_close",
+        "idle_timeout",
+        "max_lifetime",
+        "max_requests",
+        "max_idle",
+        "goaway",
+        "aborted",
+        "error",
+    ];
+
+    fn set(&self, reason: &'static str) {
+        if let Some(code) = Self::REASONS.iter().position(|r| *r == reason) {
+            let _ = self
+                .0
+                .compare_exchange(Self::OPEN, code as u8, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    fn opened(&self) {
+        self.0.store(Self::OPEN, Ordering::Relaxed);
+    }
+
+    /// `None` while the dial had not produced a connection.
+    fn reason(&self) -> Option<&'static str> {
+        match self.0.load(Ordering::Relaxed) {
+            Self::DIALING => None,
+            code => Self::REASONS.get(usize::from(code)).copied(),
+        }
+    }
+}
+
 /// An upstream connection with its bookkeeping.
 #[derive(Debug)]
 pub struct Conn {
     sender: Sender,
+    close: CloseReason,
     id: u64,
     created: Instant,
     requests: u64,
@@ -116,6 +159,7 @@ struct Idle {
 /// An HTTP/2 connection and its stream count.
 struct H2Conn {
     sender: H2Sender,
+    close: CloseReason,
     /// The server's current SETTINGS_MAX_CONCURRENT_STREAMS.
     server_max_streams: Arc<AtomicUsize>,
     id: u64,
@@ -177,6 +221,7 @@ pub struct Pool {
     /// `http2.max_streams_per_connection`.
     max_streams: usize,
     connector: Box<dyn Connect>,
+    metrics: UpstreamMetrics,
     state: Mutex<State>,
     reaper_wake: Notify,
     stats: Stats,
@@ -198,6 +243,8 @@ pub struct PoolSnapshot {
     pub open: usize,
     /// Idle HTTP/1.1 connections.
     pub idle: usize,
+    /// HTTP/2 connections carrying no stream.
+    pub idle_http2: usize,
     /// HTTP/2 connections (busy or not).
     pub http2: usize,
     /// Streams in flight on HTTP/2 connections.
@@ -223,6 +270,7 @@ impl Pool {
         protocol: Protocol,
         max_streams: usize,
         connector: Box<dyn Connect>,
+        metrics: UpstreamMetrics,
     ) -> Arc<Self> {
         let state = State {
             idle: Vec::new(),
@@ -241,6 +289,7 @@ impl Pool {
             config,
             max_streams,
             connector,
+            metrics,
             state: Mutex::new(state),
             reaper_wake: Notify::new(),
             stats: Stats::default(),
@@ -263,6 +312,7 @@ impl Pool {
         PoolSnapshot {
             open: st.open,
             idle: st.idle.len(),
+            idle_http2: st.h2.iter().filter(|c| c.in_flight == 0).count(),
             http2: st.h2.len(),
             streams: st.h2.iter().map(|c| c.in_flight).sum(),
             connecting: st.connecting,
@@ -285,7 +335,17 @@ impl Pool {
     /// Waits for a ready connection (or HTTP/2 stream slot): an idle one, a freed one, or a new
     /// one.
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, ProxyError> {
-        let deadline = Instant::now() + self.config.pending_timeout;
+        let started = Instant::now();
+        let lease = self.checkout_inner(started).await?;
+        self.metrics.wait.observe(started.elapsed().as_secs_f64());
+        if lease.is_reused() {
+            self.metrics.reused.inc();
+        }
+        Ok(lease)
+    }
+
+    async fn checkout_inner(self: &Arc<Self>, started: Instant) -> Result<Lease, ProxyError> {
+        let deadline = started + self.config.pending_timeout;
         loop {
             let grant = match self.take_or_enqueue()? {
                 Ok(grant) => grant,
@@ -326,11 +386,21 @@ impl Pool {
                 if self.is_usable(&idle, now) {
                     return Ok(Ok(Grant::H1(idle.conn)));
                 }
+                idle.conn.close.set(if idle.conn.sender.is_closed() {
+                    "upstream_close"
+                } else {
+                    self.expiry_reason(&idle.conn, now)
+                });
                 discard.push(idle);
             }
         }
-        if st.waiters.len() >= self.config.max_pending {
+        // `max_pending` bounds requests waiting for capacity; a request a new dial will serve
+        // is not over the limit (so `max_pending: 0` still lets the pool grow to its cap).
+        let established = st.open - st.connecting;
+        let dialable = self.config.max_connections.saturating_sub(established);
+        if st.waiters.len() >= self.config.max_pending + dialable {
             drop(st);
+            self.metrics.rejected("pool_overflow");
             return Err(self.error(
                 ErrorKind::PoolOverflow,
                 format!(
@@ -377,7 +447,10 @@ impl Pool {
             .config
             .max_lifetime
             .is_some_and(|life| now.saturating_duration_since(conn.created) >= life);
-        conn.draining |= past_life;
+        if past_life {
+            conn.close.set("max_lifetime");
+            conn.draining = true;
+        }
         !conn.draining && conn.in_flight < self.stream_limit(conn)
     }
 
@@ -417,6 +490,15 @@ impl Pool {
         !self.past_lifetime(conn, now)
     }
 
+    /// Why an idle HTTP/1.1 connection past its deadline closes.
+    fn expiry_reason(&self, conn: &Conn, now: Instant) -> &'static str {
+        if self.past_lifetime(conn, now) {
+            "max_lifetime"
+        } else {
+            "idle_timeout"
+        }
+    }
+
     fn past_lifetime(&self, conn: &Conn, now: Instant) -> bool {
         self.config
             .max_lifetime
@@ -437,14 +519,22 @@ impl Pool {
         {
             st.open += 1;
             st.connecting += 1;
-            let slot = Slot { pool: self.clone() };
+            let slot = Slot {
+                pool: self.clone(),
+                close: CloseReason::default(),
+            };
             let pool = self.clone();
             tokio::spawn(async move { pool.dial(slot).await });
         }
     }
 
     async fn dial(self: Arc<Self>, slot: Slot) {
+        let close = slot.close.clone();
         let result = self.connector.connect(slot).await;
+        if result.is_ok() {
+            close.opened();
+            self.metrics.opened.inc();
+        }
         let mut failed = Vec::new();
         let mut st = self.lock();
         st.connecting -= 1;
@@ -456,6 +546,7 @@ impl Pool {
                 }
                 let conn = Conn {
                     sender,
+                    close,
                     id,
                     created: Instant::now(),
                     requests: 0,
@@ -472,6 +563,7 @@ impl Pool {
                 let now = Instant::now();
                 let conn = H2Conn {
                     sender,
+                    close,
                     server_max_streams,
                     id,
                     created: now,
@@ -521,6 +613,7 @@ impl Pool {
             }
         }
         if self.config.max_idle == 0 {
+            conn.close.set("max_idle");
             return;
         }
         let now = Instant::now();
@@ -596,6 +689,7 @@ impl Pool {
     fn drain_h2(&self, conn_id: u64) {
         let mut st = self.lock();
         if let Some(index) = st.h2.iter().position(|c| c.id == conn_id) {
+            st.h2[index].close.set("goaway");
             st.h2[index].draining = true;
             if st.h2[index].in_flight == 0 {
                 st.h2.remove(index);
@@ -621,8 +715,19 @@ impl Pool {
             .max_requests_per_connection
             .is_some_and(|max| conn.requests >= max)
             || conn.remaining_hint == Some(0);
-        if conn.retire || spent || conn.sender.is_closed() || self.past_lifetime(&conn, Instant::now()) {
-            return; // dropping the sender closes the connection; its slot frees when it is gone
+        let reason = if conn.retire || conn.sender.is_closed() {
+            Some("upstream_close")
+        } else if spent {
+            Some("max_requests")
+        } else if self.past_lifetime(&conn, Instant::now()) {
+            Some("max_lifetime")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            // Dropping the sender closes the connection; its slot frees when it is gone.
+            conn.close.set(reason);
+            return;
         }
         let mut st = self.lock();
         self.hand_over(&mut st, conn);
@@ -638,10 +743,17 @@ impl Pool {
         while i < st.idle.len() {
             let idle = &st.idle[i];
             let surplus = i < st.idle.len().saturating_sub(max_idle);
-            let expired_now = idle.conn.sender.is_closed()
-                || self.idle_deadline(&idle.conn, idle.since) <= now
-                || (surplus && idle.since + IDLE_SURPLUS_GRACE <= now);
-            if expired_now {
+            let reason = if idle.conn.sender.is_closed() {
+                Some("upstream_close")
+            } else if self.idle_deadline(&idle.conn, idle.since) <= now {
+                Some(self.expiry_reason(&idle.conn, now))
+            } else if surplus && idle.since + IDLE_SURPLUS_GRACE <= now {
+                Some("max_idle")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                idle.conn.close.set(reason);
                 expired.push(st.idle.remove(i));
             } else {
                 i += 1;
@@ -686,9 +798,18 @@ impl Pool {
                 .is_some_and(|life| now.saturating_duration_since(c.created) >= life)
         };
         st.h2.retain(|c| {
-            !(c.sender.is_closed() || (c.in_flight == 0 && (self.h2_deadline(c) <= now || c.draining)))
+            let idle_expired = c.in_flight == 0 && (self.h2_deadline(c) <= now || c.draining);
+            if idle_expired {
+                c.close.set(if past_life(c) {
+                    "max_lifetime"
+                } else {
+                    "idle_timeout"
+                });
+            }
+            !(c.sender.is_closed() || idle_expired)
         });
         for conn in st.h2.iter_mut().filter(|c| past_life(c)) {
+            conn.close.set("max_lifetime");
             conn.draining = true;
         }
         st.h2
@@ -738,6 +859,7 @@ impl Waiting {
                 if let Some(Ok(grant)) = self.leave() {
                     return Ok(grant);
                 }
+                self.pool.metrics.rejected("pending_timeout");
                 Err(self.pool.error(
                     ErrorKind::PendingTimeout,
                     format!(
@@ -779,6 +901,14 @@ impl Drop for Waiting {
 /// One place under `max_connections`, held by a dial and then by the connection's driver task.
 pub struct Slot {
     pool: Arc<Pool>,
+    close: CloseReason,
+}
+
+impl Slot {
+    /// The connection ended with an error (unless a reason was already recorded).
+    pub fn failed(&self) {
+        self.close.set("error");
+    }
 }
 
 impl fmt::Debug for Slot {
@@ -789,6 +919,9 @@ impl fmt::Debug for Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        if let Some(reason) = self.close.reason() {
+            self.pool.metrics.closed(reason);
+        }
         let mut st = self.pool.lock();
         st.open -= 1;
         self.pool.start_dials(&mut st);
@@ -919,10 +1052,12 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let LeaseKind::H2(Some(stream)) = &self.kind {
-            self.pool.stream_done(stream.conn_id);
+        match &self.kind {
+            LeaseKind::H2(Some(stream)) => self.pool.stream_done(stream.conn_id),
+            // An HTTP/1.1 connection is dropped here, which closes it.
+            LeaseKind::H1(Some(conn)) => conn.close.set("aborted"),
+            _ => {}
         }
-        // An HTTP/1.1 connection is dropped here, which closes it.
     }
 }
 

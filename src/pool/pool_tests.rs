@@ -85,6 +85,7 @@ fn pool(config: PoolConfig, connector: &Arc<GatedConnector>) -> Arc<Pool> {
         Protocol::Http1,
         100,
         Box::new(connector.clone()),
+        crate::metrics::Metrics::new().upstream("test"),
     )
 }
 

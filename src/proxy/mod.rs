@@ -192,10 +192,11 @@ pub(crate) async fn serve_for_test(
     std::mem::forget(drain_tx);
     let ctx = Arc::new(crate::downstream::Context {
         config: config.downstream.clone(),
-        proxy: Proxy::new(Router::new(config.clone(), &[], vec![me])),
+        proxy: Proxy::new(Router::new(config.clone(), &[], vec![me], Default::default())),
         drain,
         limit: Arc::new(tokio::sync::Semaphore::new(16)),
         stats: Default::default(),
+        metrics: Default::default(),
     });
     tokio::spawn(crate::downstream::serve(listener, Entry::Forward, ctx.clone()));
     (me, ctx)

@@ -212,10 +212,11 @@ impl Connector {
     {
         let label = self.label.clone();
         tokio::spawn(async move {
-            let _slot = slot;
             if let Err(e) = conn.await {
+                slot.failed();
                 tracing::debug!(upstream = %label, error = %e, "upstream connection ended with an error");
             }
+            drop(slot);
         });
     }
 }

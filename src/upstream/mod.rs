@@ -23,6 +23,7 @@ use hyper::body::Incoming;
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
+use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::pool::{self, Lease, Pool, PooledBody};
 
 /// How often a request handed back unsent may be tried on yet another connection.
@@ -43,6 +44,7 @@ pub struct Upstream {
     tls: Option<TlsConfig>,
     /// The HTTP/1.1-only TLS config for dedicated connections, built on first use.
     upgrade_tls: OnceLock<Result<tls::TlsConnector, String>>,
+    metrics: UpstreamMetrics,
 }
 
 /// A byte stream to an upstream: TCP, or TLS over TCP.
@@ -61,7 +63,7 @@ enum Failure {
 
 impl Upstream {
     /// An upstream from the config file.
-    pub fn configured(cfg: &UpstreamConfig, local: &[SocketAddr]) -> Self {
+    pub fn configured(cfg: &UpstreamConfig, local: &[SocketAddr], metrics: &Metrics) -> Self {
         Self::build(
             cfg.name.as_str().into(),
             cfg.scheme,
@@ -71,11 +73,18 @@ impl Upstream {
             &cfg.tls,
             cfg.settings.clone(),
             local,
+            metrics,
         )
     }
 
     /// An upstream met through an absolute-form request, with `defaults`.
-    pub fn dynamic(scheme: Scheme, authority: Authority, config: &Config, local: &[SocketAddr]) -> Self {
+    pub fn dynamic(
+        scheme: Scheme,
+        authority: Authority,
+        config: &Config,
+        local: &[SocketAddr],
+        metrics: &Metrics,
+    ) -> Self {
         Self::build(
             authority.to_string().into(),
             scheme,
@@ -85,6 +94,7 @@ impl Upstream {
             &TlsConfig::default(),
             config.defaults.clone(),
             local,
+            metrics,
         )
     }
 
@@ -98,7 +108,9 @@ impl Upstream {
         tls: &TlsConfig,
         settings: UpstreamSettings,
         local: &[SocketAddr],
+        metrics: &Metrics,
     ) -> Self {
+        let upstream_metrics = metrics.upstream(&label);
         let host_header = host_header(scheme, &authority);
         let protocol = settings.protocol;
         let tls_config = (scheme == Scheme::Https).then(|| tls.clone());
@@ -127,7 +139,9 @@ impl Upstream {
             known,
             settings.http2.max_streams_per_connection as usize,
             Box::new(connector),
+            upstream_metrics.clone(),
         );
+        upstream_metrics.watch_pool(&pool);
         Upstream {
             label,
             scheme,
@@ -139,6 +153,7 @@ impl Upstream {
             pool,
             tls: tls_config,
             upgrade_tls: OnceLock::new(),
+            metrics: upstream_metrics,
         }
     }
 
@@ -224,6 +239,16 @@ impl Upstream {
     /// Sends an origin-form request and returns the response head; the body streams from the
     /// pooled connection and gives it back when it ends.
     pub async fn send(&self, req: Request<RequestBody>) -> Result<Response<PooledBody>, ProxyError> {
+        let result = self.send_with_retries(req).await;
+        let code = match &result {
+            Ok(resp) => resp.status().as_u16(),
+            Err(err) => err.kind().status().as_u16(),
+        };
+        self.metrics.request(code);
+        result
+    }
+
+    async fn send_with_retries(&self, req: Request<RequestBody>) -> Result<Response<PooledBody>, ProxyError> {
         let mut req = req;
         let idempotent = is_idempotent(&req);
         let mut retried = false;
@@ -250,6 +275,7 @@ impl Upstream {
                     if unsent_attempts >= MAX_UNSENT_ATTEMPTS {
                         return Err(err);
                     }
+                    self.metrics.retries.inc();
                     req = *back;
                 }
                 Err(Failure::Refused(err)) => {
@@ -259,6 +285,7 @@ impl Upstream {
                         Some(copy) => {
                             tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
                             retried = true;
+                            self.metrics.retries.inc();
                             req = copy;
                         }
                         None => return Err(err),
@@ -273,6 +300,7 @@ impl Upstream {
                     {
                         tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
                         retried = true;
+                        self.metrics.retries.inc();
                         req = copy;
                     }
                     _ => return Err(err),
@@ -311,6 +339,7 @@ impl Upstream {
         lease: &mut Lease,
         req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, Failure> {
+        let started = tokio::time::Instant::now();
         let sending = lease.send(req);
         let result = match self.settings.response_header_timeout {
             Some(limit) => match tokio::time::timeout(limit, sending).await {
@@ -327,6 +356,9 @@ impl Upstream {
             },
             None => sending.await,
         };
+        if result.is_ok() {
+            self.metrics.duration.observe(started.elapsed().as_secs_f64());
+        }
         result.map_err(|mut e| {
             let unsent = e.take_message();
             let (err, refused) = self.classify(e.error());

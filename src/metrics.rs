@@ -1,0 +1,351 @@
+//! Prometheus metrics on a registry owned by [`Metrics`] and passed to what it measures (no
+//! globals), rendered in the text format for the admin listener's `/metrics`.
+//!
+//! prometheus-client (the official Rust client) is used rather than tikv's `prometheus`: it is
+//! maintained, its labels are typed structs, and it carries no protobuf dependency.
+//!
+//! Counters and histograms are updated where things happen. The pool gauges (connections by
+//! state, waiting requests) are read from the pools at scrape time, and the downstream gauge is
+//! held by a guard in each connection task, so all are exact and return to 0 when connections
+//! close, whatever closed them.
+//!
+//! Label cardinality is bounded: past [`MAX_UPSTREAM_LABELS`] distinct upstream labels, new
+//! upstreams are counted under `other`.
+//!
+//! Not handled here: serving `/metrics` (`admin`).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, Weak};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::pool::Pool;
+
+/// Distinct `upstream` label values before new ones become `other`.
+pub const MAX_UPSTREAM_LABELS: usize = 256;
+/// The label for upstreams past the budget.
+pub const OTHER: &str = "other";
+
+/// `upstream`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabel {
+    /// Configured name, or host:port.
+    pub upstream: String,
+}
+
+/// `upstream`, `code`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// Configured name, or host:port.
+    pub upstream: String,
+    /// HTTP status.
+    pub code: u16,
+}
+
+/// `upstream`, `reason`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Configured name, or host:port.
+    pub upstream: String,
+    /// Why.
+    pub reason: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s: LLM calls think for minutes, pool waits are usually sub-millisecond.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+fn requests_per_connection_histogram() -> Histogram {
+    Histogram::new([1.0, 2.0, 5.0, 10.0, 100.0, 1000.0, 10000.0])
+}
+
+type LatencyFamily = Family<UpstreamLabel, Histogram, fn() -> Histogram>;
+
+/// The families every upstream and downstream connection reports into.
+#[derive(Debug)]
+pub struct Families {
+    opened: Family<UpstreamLabel, Counter>,
+    closed: Family<ReasonLabels, Counter>,
+    requests: Family<CodeLabels, Counter>,
+    duration: LatencyFamily,
+    wait: LatencyFamily,
+    reused: Family<UpstreamLabel, Counter>,
+    rejected: Family<ReasonLabels, Counter>,
+    retries: Family<UpstreamLabel, Counter>,
+    /// Downstream connections accepted.
+    pub downstream_opened: Counter,
+    /// Downstream connections open now (a guard per connection task keeps it exact).
+    pub downstream_open: Gauge,
+    /// Downstream keep-alive connections closed by `idle_timeout`.
+    pub downstream_idle_closed: Counter,
+    /// Requests each downstream connection carried, observed when it closes.
+    pub downstream_requests_per_connection: Histogram,
+}
+
+/// What gauges are read from at scrape time.
+#[derive(Debug, Default)]
+struct GaugeSources {
+    pools: Mutex<Vec<(String, Weak<Pool>)>>,
+}
+
+/// The registry and its families.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    families: Arc<Families>,
+    sources: Arc<GaugeSources>,
+    labels: Mutex<HashSet<String>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric of the contract, prefixed `egress_`.
+    pub fn new() -> Self {
+        let families = Arc::new(Families {
+            opened: Family::default(),
+            closed: Family::default(),
+            requests: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            wait: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            reused: Family::default(),
+            rejected: Family::default(),
+            retries: Family::default(),
+            downstream_opened: Counter::default(),
+            downstream_open: Gauge::default(),
+            downstream_idle_closed: Counter::default(),
+            downstream_requests_per_connection: requests_per_connection_histogram(),
+        });
+        let sources = Arc::new(GaugeSources::default());
+        let mut registry = Registry::with_prefix("egress");
+        let f = &families;
+        registry.register(
+            "upstream_connections_opened",
+            "Upstream connections opened",
+            f.opened.clone(),
+        );
+        registry.register(
+            "upstream_connections_closed",
+            "Upstream connections closed, by reason",
+            f.closed.clone(),
+        );
+        registry.register(
+            "upstream_requests",
+            "Requests sent to upstreams, by final status (sidecar-made errors included)",
+            f.requests.clone(),
+        );
+        registry.register(
+            "upstream_request_duration_seconds",
+            "Time from sending a request upstream to its response head",
+            f.duration.clone(),
+        );
+        registry.register(
+            "pool_wait_duration_seconds",
+            "Time a request waited for a pooled connection or stream",
+            f.wait.clone(),
+        );
+        registry.register(
+            "pool_reused",
+            "Requests that reused an open connection",
+            f.reused.clone(),
+        );
+        registry.register(
+            "pool_rejected",
+            "Requests refused by the pool, by reason",
+            f.rejected.clone(),
+        );
+        registry.register(
+            "upstream_retries",
+            "Requests sent again on another connection",
+            f.retries.clone(),
+        );
+        registry.register(
+            "downstream_connections_opened",
+            "Application connections accepted",
+            f.downstream_opened.clone(),
+        );
+        registry.register(
+            "downstream_connections",
+            "Open application connections",
+            f.downstream_open.clone(),
+        );
+        registry.register(
+            "downstream_idle_closed",
+            "Application keep-alive connections closed by downstream.idle_timeout",
+            f.downstream_idle_closed.clone(),
+        );
+        registry.register(
+            "downstream_requests_per_connection",
+            "Requests per application connection, observed at close (1 everywhere = a leaky client)",
+            f.downstream_requests_per_connection.clone(),
+        );
+        registry.register_collector(Box::new(GaugeCollector(sources.clone())));
+        Metrics {
+            registry,
+            families,
+            sources,
+            labels: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// The downstream counters.
+    pub fn families(&self) -> &Families {
+        &self.families
+    }
+
+    /// The label for `name`, within the cardinality budget.
+    fn label(&self, name: &str) -> String {
+        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        if labels.contains(name) || labels.len() < MAX_UPSTREAM_LABELS && labels.insert(name.to_owned()) {
+            name.to_owned()
+        } else {
+            OTHER.to_owned()
+        }
+    }
+
+    /// Handles for one upstream named `name`.
+    pub fn upstream(&self, name: &str) -> UpstreamMetrics {
+        let label = UpstreamLabel {
+            upstream: self.label(name),
+        };
+        let f = &self.families;
+        UpstreamMetrics {
+            opened: f.opened.get_or_create_owned(&label),
+            reused: f.reused.get_or_create_owned(&label),
+            retries: f.retries.get_or_create_owned(&label),
+            duration: f.duration.get_or_create_owned(&label),
+            wait: f.wait.get_or_create_owned(&label),
+            families: f.clone(),
+            sources: self.sources.clone(),
+            label: label.upstream,
+        }
+    }
+}
+
+/// One upstream's metric handles (cheap clones of the family members).
+#[derive(Debug, Clone)]
+pub struct UpstreamMetrics {
+    /// Connections opened.
+    pub opened: Counter,
+    /// Requests on a reused connection or stream.
+    pub reused: Counter,
+    /// Requests sent again.
+    pub retries: Counter,
+    /// Time to response head.
+    pub duration: Histogram,
+    /// Time waited for a connection.
+    pub wait: Histogram,
+    families: Arc<Families>,
+    sources: Arc<GaugeSources>,
+    label: String,
+}
+
+impl UpstreamMetrics {
+    /// Counts a connection closed for `reason`.
+    pub fn closed(&self, reason: &'static str) {
+        let labels = ReasonLabels {
+            upstream: self.label.clone(),
+            reason,
+        };
+        self.families.closed.get_or_create(&labels).inc();
+    }
+
+    /// Counts a request refused by the pool for `reason`.
+    pub fn rejected(&self, reason: &'static str) {
+        let labels = ReasonLabels {
+            upstream: self.label.clone(),
+            reason,
+        };
+        self.families.rejected.get_or_create(&labels).inc();
+    }
+
+    /// Counts a request's final status.
+    pub fn request(&self, code: u16) {
+        let labels = CodeLabels {
+            upstream: self.label.clone(),
+            code,
+        };
+        self.families.requests.get_or_create(&labels).inc();
+    }
+
+    /// Reports `pool`'s gauges under this upstream's label from now on.
+    pub fn watch_pool(&self, pool: &Arc<Pool>) {
+        let mut pools = self.sources.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.retain(|(_, weak)| weak.strong_count() > 0);
+        pools.push((self.label.clone(), Arc::downgrade(pool)));
+    }
+}
+
+/// Computes the gauges at scrape time.
+#[derive(Debug)]
+struct GaugeCollector(Arc<GaugeSources>);
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    upstream: String,
+    state: &'static str,
+}
+
+impl Collector for GaugeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // Sum per label: every upstream past the label budget reports as `other`.
+        let mut by_label: std::collections::BTreeMap<String, (i64, i64, i64)> = Default::default();
+        for (label, pool) in self.0.pools.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let Some(pool) = pool.upgrade() else { continue };
+            let s = pool.snapshot();
+            let idle = (s.idle + s.idle_http2) as i64;
+            let entry = by_label.entry(label.clone()).or_default();
+            entry.0 += s.open as i64 - idle;
+            entry.1 += idle;
+            entry.2 += s.pending as i64;
+        }
+        let gauge = ConstGauge::new(0i64);
+        let mut conns = encoder.encode_descriptor(
+            "upstream_connections",
+            "Open upstream connections: active (dialing or carrying requests) and idle",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (label, (active, idle, _)) in &by_label {
+            for (state, value) in [("active", *active), ("idle", *idle)] {
+                let labels = StateLabels {
+                    upstream: label.clone(),
+                    state,
+                };
+                ConstGauge::new(value).encode(conns.encode_family(&labels)?)?;
+            }
+        }
+        let mut pending = encoder.encode_descriptor(
+            "pool_pending_requests",
+            "Requests waiting for a pooled connection or stream",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (label, (_, _, waiting)) in &by_label {
+            let labels = UpstreamLabel {
+                upstream: label.clone(),
+            };
+            ConstGauge::new(*waiting).encode(pending.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}

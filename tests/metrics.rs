@@ -1,0 +1,177 @@
+//! `/metrics` on the admin listener: after a scripted load the values equal what the test
+//! counted, the gauges return to 0 once connections idle out, and the output parses as
+//! Prometheus text.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{FakeUpstream, RawClient, Sidecar};
+
+/// Scrapes `/metrics` and parses it.
+async fn scrape(admin: std::net::SocketAddr) -> prometheus_parse::Scrape {
+    let mut client = RawClient::connect(admin).await;
+    client
+        .send_raw(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+        .await;
+    let resp = client.read_response(false).await.expect("a /metrics response");
+    assert_eq!(resp.status, 200);
+    let lines = resp.text().lines().map(|l| Ok(l.to_owned())).collect::<Vec<_>>();
+    prometheus_parse::Scrape::parse(lines.into_iter()).expect("valid Prometheus text")
+}
+
+/// The value of `name` with exactly these labels (0 when absent).
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => panic!("{name} is not a number"),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_match_a_scripted_load_and_gauges_return_to_zero() {
+    let upstream = FakeUpstream::start().await;
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: up\n    url: http://{}\n    pool: {{ idle_timeout: 300ms, max_connections: 2, max_pending: 0 }}\n",
+        upstream.addr
+    ))
+    .await;
+    // 10 successes over two client connections, one of them concurrent with a slow request.
+    let mut a = RawClient::connect(sidecar.addr).await;
+    let mut b = RawClient::connect(sidecar.addr).await;
+    for _ in 0..5 {
+        assert_eq!(a.get(&format!("http://{}/", upstream.addr)).await.status, 200);
+        assert_eq!(b.get(&format!("http://{}/", upstream.addr)).await.status, 200);
+    }
+    // Two slow requests hold both connections; a third is rejected (max_pending: 0).
+    let addr = sidecar.addr;
+    let up = upstream.addr;
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                RawClient::connect(addr)
+                    .await
+                    .get(&format!("http://{up}/sleep/500"))
+                    .await
+            })
+        })
+        .collect();
+    assert!(support::eventually(Duration::from_secs(3), || upstream.requests() == 12).await);
+    let rejected = RawClient::connect(sidecar.addr)
+        .await
+        .get(&format!("http://{up}/"))
+        .await;
+    assert_eq!(rejected.status, 503);
+    for task in slow {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    // One request to a port that refuses connections.
+    let failed = RawClient::connect(sidecar.addr)
+        .await
+        .get(&format!("http://{refused}/"))
+        .await;
+    assert_eq!(failed.status, 502);
+
+    let m = scrape(sidecar.admin).await;
+    let up_label = [("upstream", "up")];
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_requests_total",
+            &[("upstream", "up"), ("code", "200")]
+        ),
+        12.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_requests_total",
+            &[("upstream", "up"), ("code", "503")]
+        ),
+        1.0
+    );
+    let refused_label = refused.to_string();
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_requests_total",
+            &[("upstream", refused_label.as_str()), ("code", "502")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "egress_pool_rejected_total",
+            &[("upstream", "up"), ("reason", "pool_overflow")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&m, "egress_upstream_connections_opened_total", &up_label),
+        upstream.accepted() as f64
+    );
+    assert_eq!(upstream.accepted(), 2);
+    assert_eq!(
+        value(&m, "egress_pool_reused_total", &up_label),
+        10.0,
+        "12 requests on 2 connections"
+    );
+    assert_eq!(value(&m, "egress_downstream_connections_opened_total", &[]), 6.0);
+    assert_eq!(
+        value(&m, "egress_pool_wait_duration_seconds_count", &up_label),
+        12.0
+    );
+    assert_eq!(
+        value(&m, "egress_upstream_request_duration_seconds_count", &up_label),
+        12.0
+    );
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_connections",
+            &[("upstream", "up"), ("state", "idle")]
+        ),
+        2.0
+    );
+
+    // Idle upstream connections close after 300ms: gauges to 0, closes counted with their reason.
+    drop((a, b));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let m = scrape(sidecar.admin).await;
+    for state in ["idle", "active"] {
+        assert_eq!(
+            value(
+                &m,
+                "egress_upstream_connections",
+                &[("upstream", "up"), ("state", state)]
+            ),
+            0.0,
+            "{state}"
+        );
+    }
+    assert_eq!(value(&m, "egress_pool_pending_requests", &up_label), 0.0);
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_connections_closed_total",
+            &[("upstream", "up"), ("reason", "idle_timeout")]
+        ),
+        2.0
+    );
+    assert_eq!(upstream.open(), 0);
+    assert_eq!(value(&m, "egress_downstream_connections", &[]), 0.0);
+    assert!(value(&m, "egress_downstream_requests_per_connection_count", &[]) >= 4.0);
+}
