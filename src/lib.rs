@@ -96,6 +96,9 @@ impl Listeners {
     }
 }
 
+/// How often draining checks whether application connections are gone.
+const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// Serves until `shutdown` completes, then drains for up to `shutdown.drain_timeout`.
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) {
     let config = Arc::new(config);
@@ -144,19 +147,26 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     }
 
     shutdown.await;
+    // Draining: readiness off, idle keep-alive connections closed, every response carries
+    // `Connection: close`, but the listeners keep accepting: applications still finishing
+    // their work need egress. Done when no application connection is left, or at the deadline.
     let drain_timeout = config.shutdown.drain_timeout;
     tracing::info!(open = ctx.open_connections(), timeout = %humantime::format_duration(drain_timeout), "draining");
     ready.store(false, Ordering::Relaxed);
     let _ = drain_tx.send(true);
-    for task in accept_tasks {
-        let _ = task.await;
-    }
-    let all_closed = ctx.limit.acquire_many(max_connections as u32);
+    let all_closed = async {
+        while ctx.open_connections() > 0 {
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    };
     if tokio::time::timeout(drain_timeout, all_closed).await.is_err() {
         tracing::warn!(
             open = ctx.open_connections(),
             "drain timeout passed with connections open"
         );
+    }
+    for task in accept_tasks {
+        task.abort();
     }
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;

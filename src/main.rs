@@ -113,7 +113,16 @@ fn serve(args: &RunArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        egress_sidecar::run(config, listeners, shutdown::signal()).await;
+        let first_signal = async {
+            shutdown::signal().await;
+            // A second signal means "now": skip the drain.
+            tokio::spawn(async {
+                shutdown::signal().await;
+                eprintln!("second signal: exiting without finishing the drain");
+                std::process::exit(130);
+            });
+        };
+        egress_sidecar::run(config, listeners, first_signal).await;
         ExitCode::SUCCESS
     })
 }

@@ -90,7 +90,9 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ct
                         return conn.requests;
                     }
                 },
-                _ = drain.wait_for(|d| *d) => return conn.requests,
+                // Draining closes idle keep-alive connections; a new connection still gets its
+                // first request served (apps finishing their work need egress).
+                _ = drain.wait_for(|d| *d), if conn.requests > 0 => return conn.requests,
             }
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.header_read_timeout;

@@ -89,21 +89,14 @@ impl Context {
     }
 }
 
-/// Accepts on `listener` until draining starts, serving each connection on its own task.
+/// Accepts on `listener`, serving each connection on its own task, until the task is aborted
+/// (at the end of the drain: applications still finishing their work need egress meanwhile).
 pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
-    let mut drain = ctx.drain.clone();
     loop {
-        let permit = tokio::select! {
-            permit = ctx.limit.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => return,
-            },
-            _ = drain.wait_for(|d| *d) => return,
+        let Ok(permit) = ctx.limit.clone().acquire_owned().await else {
+            return;
         };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = drain.wait_for(|d| *d) => return,
-        };
+        let accepted = listener.accept().await;
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(e) => {
