@@ -1,5 +1,6 @@
-//! The admin listener: `/healthz` (alive), `/readyz` (ready; 503 while draining) and
-//! `/metrics` (Prometheus text). Read-only: nothing on it changes state.
+//! The admin listener: `/healthz` (alive), `/readyz` (ready; 503 while draining), `/metrics`
+//! (Prometheus text) and `/debug/clients` (JSON, per application source). Read-only: nothing
+//! on it changes state.
 //!
 //! Served with hyper: it sees a probe every few seconds, so none of the downstream server's
 //! memory concerns apply.
@@ -17,6 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::clients::Clients;
 use crate::metrics::Metrics;
 
 /// Serves the admin endpoints until `stop` flips to true.
@@ -24,6 +26,7 @@ pub async fn serve(
     listener: TcpListener,
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
+    clients: Arc<Clients>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -35,9 +38,10 @@ pub async fn serve(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
-        let (ready, metrics) = (ready.clone(), metrics.clone());
+        let (ready, metrics, clients) = (ready.clone(), metrics.clone(), clients.clone());
         tokio::spawn(async move {
-            let service = service_fn(move |req| respond(req, ready.clone(), metrics.clone()));
+            let service =
+                service_fn(move |req| respond(req, ready.clone(), metrics.clone(), clients.clone()));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -49,7 +53,17 @@ async fn respond(
     req: Request<Incoming>,
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
+    clients: Arc<Clients>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/debug/clients" {
+        let body = serde_json::to_vec_pretty(&clients.report()).unwrap_or_default();
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        return Ok(resp);
+    }
     if req.uri().path() == "/metrics" {
         let mut resp = Response::new(Full::new(Bytes::from(metrics.render())));
         resp.headers_mut().insert(

@@ -27,6 +27,7 @@
 //! connection's socket closes (`pool::Slot`).
 
 pub mod admin;
+pub mod clients;
 pub mod config;
 pub mod downstream;
 pub mod error;
@@ -104,6 +105,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let config = Arc::new(config);
     let local = listeners.local_addrs();
     let metrics = Arc::new(Metrics::new());
+    let clients = Arc::new(clients::Clients::new());
     let upstreams: Vec<Arc<Upstream>> = config
         .upstreams
         .iter()
@@ -120,6 +122,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         limit,
         stats: Default::default(),
         metrics: metrics.clone(),
+        clients: clients.clone(),
     });
 
     let ready = Arc::new(AtomicBool::new(true));
@@ -128,6 +131,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         listeners.admin,
         ready.clone(),
         metrics,
+        clients,
         admin_stop_rx,
     ));
     tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %local[1], "forward proxy listening");

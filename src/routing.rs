@@ -180,6 +180,19 @@ impl Router {
         }
     }
 
+    /// Upstream connections open now, over every pool.
+    pub fn upstream_connections(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        let configured = self.configured.values().filter(|up| seen.insert(Arc::as_ptr(up)));
+        let configured: usize = configured.map(|up| up.pool().open_connections()).sum();
+        let table = self.dynamic.lock().unwrap_or_else(|p| p.into_inner());
+        configured
+            + table
+                .values()
+                .map(|(up, _)| up.pool().open_connections())
+                .sum::<usize>()
+    }
+
     /// The sidecar's own listener addresses.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.local

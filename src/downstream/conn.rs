@@ -60,9 +60,17 @@ struct Connection {
     requests: u64,
 }
 
-/// Serves one connection until it closes, idles out or the sidecar drains; returns how many
-/// HTTP/1.1 requests it carried (0 for h2c).
-pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ctx: &Arc<Context>) -> u64 {
+/// How a connection ended, for per-source accounting.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Served {
+    /// HTTP/1.1 requests it carried (0 for h2c).
+    pub(super) requests: u64,
+    /// Closed by `downstream.idle_timeout`.
+    pub(super) idle_closed: bool,
+}
+
+/// Serves one connection until it closes, idles out or the sidecar drains.
+pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ctx: &Arc<Context>) -> Served {
     let mut conn = Connection {
         stream,
         buf: BytesMut::new(),
@@ -80,36 +88,46 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ct
             tokio::select! {
                 ready = tokio::time::timeout(limit, conn.stream.readable()) => match ready {
                     Ok(Ok(())) => {}
-                    Ok(Err(_)) => return conn.requests,
+                    Ok(Err(_)) => return served(&conn, false),
                     Err(_) => {
                         if conn.requests > 0 {
                             ctx.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
                             ctx.metrics.families().downstream_idle_closed.inc();
                             tracing::debug!(requests = conn.requests, "closing idle downstream connection");
                         }
-                        return conn.requests;
+                        return served(&conn, conn.requests > 0);
                     }
                 },
                 // Draining closes idle keep-alive connections; a new connection still gets its
                 // first request served (apps finishing their work need egress).
-                _ = drain.wait_for(|d| *d), if conn.requests > 0 => return conn.requests,
+                _ = drain.wait_for(|d| *d), if conn.requests > 0 => return served(&conn, false),
             }
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.header_read_timeout;
                 if super::h2::starts_with_preface(&conn.stream, deadline).await {
                     Box::pin(super::h2::serve(conn.stream, entry.clone(), ctx.clone())).await;
-                    return 0;
+                    return Served {
+                        requests: 0,
+                        idle_closed: false,
+                    };
                 }
             }
         }
         // Boxed so that its (large) state exists only while a request is in flight.
         let keep_alive = Box::pin(exchange(&mut conn, entry, ctx)).await;
         if !keep_alive || ctx.draining() {
-            return conn.requests;
+            return served(&conn, false);
         }
         if conn.buf.is_empty() {
             conn.buf = BytesMut::new();
         }
+    }
+}
+
+fn served(conn: &Connection, idle_closed: bool) -> Served {
+    Served {
+        requests: conn.requests,
+        idle_closed,
     }
 }
 
@@ -624,6 +642,7 @@ mod tests {
             limit: Arc::new(tokio::sync::Semaphore::new(1)),
             stats: Default::default(),
             metrics: Default::default(),
+            clients: Default::default(),
         });
         let entry = crate::routing::Entry::Forward;
         let serve = super::serve(stream, "127.0.0.1:1".parse().unwrap(), &entry, &ctx);

@@ -32,6 +32,7 @@ use tracing::Instrument;
 
 pub use body::{BodySender, RequestBody, StreamingBody};
 
+use crate::clients::{Clients, Leak};
 use crate::config::DownstreamConfig;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
@@ -55,6 +56,8 @@ pub struct Context {
     pub stats: DownstreamStats,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
+    /// Per-source accounting and the leak detector.
+    pub clients: Arc<Clients>,
 }
 
 /// Downstream counters.
@@ -108,25 +111,48 @@ pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
         let _ = stream.set_nodelay(true);
         ctx.stats.opened.fetch_add(1, Ordering::Relaxed);
         ctx.metrics.families().downstream_opened.inc();
+        ctx.clients.opened(peer.ip());
         let open = OpenGuard::new(&ctx.metrics.families().downstream_open);
         let span = tracing::debug_span!("downstream", client = %peer);
         let ctx = ctx.clone();
         let entry = entry.clone();
         tokio::spawn(
             async move {
-                let requests = conn::serve(stream, peer, &entry, &ctx).await;
+                let served = conn::serve(stream, peer, &entry, &ctx).await;
                 drop(open);
-                if requests > 0 {
+                if served.requests > 0 {
                     let families = ctx.metrics.families();
                     families
                         .downstream_requests_per_connection
-                        .observe(requests as f64);
+                        .observe(served.requests as f64);
+                }
+                if let Some(leak) = ctx.clients.closed(peer.ip(), served.requests, served.idle_closed) {
+                    warn_leak(&leak, &ctx);
                 }
                 drop(permit);
             }
             .instrument(span),
         );
     }
+}
+
+fn warn_leak(leak: &Leak, ctx: &Context) {
+    let upstream_connections = ctx.proxy.router().upstream_connections();
+    tracing::warn!(
+        source = %leak.source,
+        connections = leak.connections,
+        requests_per_connection = leak.requests_per_connection,
+        upstream_connections,
+        "client {} opened {} connections in the last {}s with {:.2} requests each: it likely builds a new \
+         HTTP client or transport per request (in Go, a new http.Transport with no IdleConnTimeout), \
+         leaking a connection each time. The sidecar closes them after downstream.idle_timeout and \
+         serves this traffic over {} pooled upstream connections; share one client to fix it",
+        leak.source,
+        leak.connections,
+        crate::clients::LEAK_WINDOW.as_secs(),
+        leak.requests_per_connection,
+        upstream_connections,
+    );
 }
 
 /// Counts one open connection in a gauge for as long as it lives.

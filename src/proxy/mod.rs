@@ -197,6 +197,7 @@ pub(crate) async fn serve_for_test(
         limit: Arc::new(tokio::sync::Semaphore::new(16)),
         stats: Default::default(),
         metrics: Default::default(),
+        clients: Default::default(),
     });
     tokio::spawn(crate::downstream::serve(listener, Entry::Forward, ctx.clone()));
     (me, ctx)
