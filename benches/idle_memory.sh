@@ -29,8 +29,8 @@ UPSTREAM=${UPSTREAM:-1000}
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 
-log() { printf '==> %s\n' "$*" >&2; }
-die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+source "$REPO/benches/common.sh"
 
 if ! command -v nginx >/dev/null; then
     log "installing nginx"
@@ -40,15 +40,7 @@ for tool in nginx python3 ss; do
     command -v "$tool" >/dev/null || die "$tool is required"
 done
 
-if [[ -n ${SIDECAR_BIN:-} ]]; then
-    BIN=$SIDECAR_BIN
-else
-    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target/bench}
-    log "building the sidecar (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-    cargo build --release --quiet --bin egress-sidecar
-    BIN=$CARGO_TARGET_DIR/release/egress-sidecar
-fi
-[[ -x $BIN ]] || die "no sidecar binary at $BIN"
+build_sidecar
 
 TMP=$(mktemp -d /tmp/egress-idle-mem.XXXXXX)
 PY_PID=

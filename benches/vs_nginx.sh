@@ -47,8 +47,8 @@ LOAD_CPU=0    # core for wrk and the upstream
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 
-log() { printf '==> %s\n' "$*" >&2; }
-die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+source "$REPO/benches/common.sh"
 
 # --- tools ---------------------------------------------------------------------------------
 need_apt=()
@@ -64,49 +64,10 @@ done
 (( $(nproc) >= 2 )) || die "needs at least 2 CPUs (proxy on core $PROXY_CPU, load on core $LOAD_CPU)"
 
 # --- build ---------------------------------------------------------------------------------
-if [[ -n ${SIDECAR_BIN:-} ]]; then
-    BIN=$SIDECAR_BIN
-else
-    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target/bench}
-    log "building the sidecar (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-    cargo build --release --quiet --bin egress-sidecar
-    BIN=$CARGO_TARGET_DIR/release/egress-sidecar
-fi
-[[ -x $BIN ]] || die "no sidecar binary at $BIN"
+build_sidecar
 
 # --- scratch dir and cleanup ---------------------------------------------------------------
-TMP=$(mktemp -d /tmp/egress-bench.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# N distinct free loopback ports (bound together, so distinct; released just before use).
-free_ports() {
-    python3 - "$1" <<'EOF'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-}
-
-wait_port() { # port [tries]
-    local i
-    for ((i = 0; i < ${2:-200}; i++)); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    die "nothing listens on 127.0.0.1:$1 (logs in $TMP)"
-}
+make_scratch egress-bench
 
 # The nginx prefix/temp/log settings shared by both nginx instances: nothing outside $TMP.
 nginx_common() { # name
