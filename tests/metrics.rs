@@ -175,3 +175,72 @@ async fn metrics_match_a_scripted_load_and_gauges_return_to_zero() {
     assert_eq!(value(&m, "egress_downstream_connections", &[]), 0.0);
     assert!(value(&m, "egress_downstream_requests_per_connection_count", &[]) >= 4.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_pool_metrics_count_streams_on_one_connection_and_return_to_zero() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: h2\n    url: http://{}\n    protocol: http2\n    pool: {{ idle_timeout: 300ms }}\n",
+        upstream.addr
+    ))
+    .await;
+    let (addr, up) = (sidecar.addr, upstream.addr);
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            tokio::spawn(async move {
+                RawClient::connect(addr)
+                    .await
+                    .get(&format!("http://{up}/sleep/200"))
+                    .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    let m = scrape(sidecar.admin).await;
+    let label = [("upstream", "h2")];
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_requests_total",
+            &[("upstream", "h2"), ("code", "200")]
+        ),
+        20.0
+    );
+    assert_eq!(
+        value(&m, "egress_upstream_connections_opened_total", &label),
+        upstream.accepted() as f64
+    );
+    assert_eq!(upstream.accepted(), 1);
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_connections",
+            &[("upstream", "h2"), ("state", "idle")]
+        ),
+        1.0
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let m = scrape(sidecar.admin).await;
+    for state in ["idle", "active"] {
+        assert_eq!(
+            value(
+                &m,
+                "egress_upstream_connections",
+                &[("upstream", "h2"), ("state", state)]
+            ),
+            0.0,
+            "{state}"
+        );
+    }
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_connections_closed_total",
+            &[("upstream", "h2"), ("reason", "idle_timeout")]
+        ),
+        1.0
+    );
+    assert!(support::eventually(Duration::from_secs(2), || upstream.open() == 0).await);
+}
