@@ -237,6 +237,7 @@ impl Metrics {
             families: f.clone(),
             sources: self.sources.clone(),
             label: label.upstream,
+            codes: Arc::default(),
         }
     }
 }
@@ -257,6 +258,9 @@ pub struct UpstreamMetrics {
     families: Arc<Families>,
     sources: Arc<GaugeSources>,
     label: String,
+    /// Counters by status already looked up: a request must not pay the family's label
+    /// allocation, hash and lock for a status it has seen before.
+    codes: Arc<Mutex<Vec<(u16, Counter)>>>,
 }
 
 impl UpstreamMetrics {
@@ -280,11 +284,18 @@ impl UpstreamMetrics {
 
     /// Counts a request's final status.
     pub fn request(&self, code: u16) {
+        let mut codes = self.codes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, counter)) = codes.iter().find(|(c, _)| *c == code) {
+            counter.inc();
+            return;
+        }
         let labels = CodeLabels {
             upstream: self.label.clone(),
             code,
         };
-        self.families.requests.get_or_create(&labels).inc();
+        let counter = self.families.requests.get_or_create_owned(&labels);
+        counter.inc();
+        codes.push((code, counter));
     }
 
     /// Reports `pool`'s gauges under this upstream's label from now on.
