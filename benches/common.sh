@@ -54,3 +54,20 @@ wait_port() { # port [tries]
     done
     die "nothing listens on 127.0.0.1:$1 (logs in $TMP)"
 }
+
+# Busy ticks of one CPU (all processes, IRQs and steal included), from /proc/stat.
+core_busy() { # cpu
+    awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
+}
+
+# utime+stime of a process and its direct children (e.g. nginx workers), in clock ticks.
+cpu_ticks() { # pid
+    local total=0 p f
+    for p in "$1" $(pgrep -P "$1" || true); do
+        # Fields after the ")" of comm: state is field 3, utime 14, stime 15.
+        f=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null) || continue
+        set -- $f
+        total=$((total + ${12} + ${13}))
+    done
+    echo "$total"
+}

@@ -108,26 +108,11 @@ build_sidecar
 # --- scratch dir and cleanup ---------------------------------------------------------------
 make_scratch egress-bench
 
-# Busy ticks of one CPU (all processes, IRQs and steal included), from /proc/stat.
-core_busy() { # cpu
-    awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
-}
 # Steal ticks of one CPU: time the hypervisor gave this vCPU's slot to something else.
 core_steal() { # cpu
     awk -v c="cpu$1" '$1 == c { print $9 }' /proc/stat
 }
 
-# utime+stime of a process and its direct children, in clock ticks.
-cpu_ticks() { # pid
-    local total=0 p f
-    for p in "$1" $(pgrep -P "$1" || true); do
-        # Fields after the ")" of comm: state is field 3, utime 14, stime 15.
-        f=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null) || continue
-        set -- $f
-        total=$((total + ${12} + ${13}))
-    done
-    echo "$total"
-}
 
 # Local ports of the ESTABLISHED connections that process PID holds to the upstream port.
 upstream_conns() { # pid

@@ -99,22 +99,7 @@ start_nginx() { # name cpu -> sets NGINX_PID
     PIDS+=("$NGINX_PID")
 }
 
-# Busy ticks of one CPU (all processes, IRQs included), from /proc/stat.
-core_busy() { # cpu
-    awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
-}
 
-# utime+stime of a process and its direct children (nginx workers), in clock ticks.
-cpu_ticks() { # pid
-    local total=0 p f
-    for p in "$1" $(pgrep -P "$1" || true); do
-        # Fields after the ")" of comm: state is field 3, utime 14, stime 15.
-        f=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null) || continue
-        set -- $f
-        total=$((total + ${12} + ${13}))
-    done
-    echo "$total"
-}
 
 read -r UP_PORT NGX_PORT FWD_PORT ADMIN_PORT ROUTE_PORT < <(free_ports 5)
 

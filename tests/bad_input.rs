@@ -52,19 +52,7 @@ async fn malformed_requests_get_documented_errors_and_reach_nobody() {
     ];
     for (what, raw, status, kind) in cases {
         let (resp, mut client) = send(&sidecar, raw.as_bytes()).await;
-        assert_eq!(resp.status, status, "{what}: {}", resp.text());
-        assert_eq!(resp.header("x-egress-error"), Some(kind), "{what}");
-        assert_eq!(
-            resp.header("content-type"),
-            Some("text/plain; charset=utf-8"),
-            "{what}"
-        );
-        let body = resp.text();
-        assert!(
-            body.starts_with(&format!("egress-sidecar: {kind}")) && body.ends_with('\n'),
-            "{what}: {body:?}"
-        );
-        assert_eq!(body.lines().count(), 1, "{what}: one line");
+        resp.assert_sidecar_error(status, kind, what);
         // A head that cannot be parsed or framed leaves the stream unsynchronised: the sidecar
         // must close. Well-framed requests that routing refuses may keep the connection.
         let parse_error = status == 431

@@ -382,19 +382,7 @@ async fn refused_connects_get_documented_errors_and_close() {
     {
         let (mut client, answer) = connect(sidecar.addr, &target, b"").await;
         let resp = answer.expect_err(what);
-        assert_eq!(resp.status, status, "{what}: {}", resp.text());
-        assert_eq!(resp.header("x-egress-error"), Some(kind), "{what}");
-        assert_eq!(
-            resp.header("content-type"),
-            Some("text/plain; charset=utf-8"),
-            "{what}"
-        );
-        let body = resp.text();
-        assert!(
-            body.starts_with(&format!("egress-sidecar: {kind}: ")),
-            "{what}: {body:?}"
-        );
-        assert_eq!(body.lines().count(), 1, "{what}: one line: {body:?}");
+        let body = resp.assert_sidecar_error(status, kind, what);
         for needle in needles {
             assert!(body.contains(needle), "{what}: {needle:?} not in {body:?}");
         }

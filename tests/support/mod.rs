@@ -412,6 +412,25 @@ impl RawResponse {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
+
+    /// Asserts the contract's shape of a sidecar-made error: `status`, `x-egress-error: kind`,
+    /// and one `text/plain` line `egress-sidecar: <kind>: <cause>`. Returns the body.
+    pub fn assert_sidecar_error(&self, status: u16, kind: &str, what: &str) -> String {
+        assert_eq!(self.status, status, "{what}: {}", self.text());
+        assert_eq!(self.header("x-egress-error"), Some(kind), "{what}");
+        assert_eq!(
+            self.header("content-type"),
+            Some("text/plain; charset=utf-8"),
+            "{what}"
+        );
+        let body = self.text();
+        assert!(
+            body.starts_with(&format!("egress-sidecar: {kind}: ")) && body.ends_with('\n'),
+            "{what}: {body:?}"
+        );
+        assert_eq!(body.lines().count(), 1, "{what}: one line: {body:?}");
+        body
+    }
 }
 
 /// A keep-alive HTTP/1.1 client connection over a raw socket.
