@@ -1,6 +1,6 @@
 //! The admin listener: `/healthz` (alive), `/readyz` (ready; 503 while draining), `/metrics`
-//! (Prometheus text) and `/debug/clients` (JSON, per application source). Read-only: nothing
-//! on it changes state.
+//! (Prometheus text), `/debug/pools` (JSON, each pool and each of its connections) and
+//! `/debug/clients` (JSON, per application source). Read-only: nothing on it changes state.
 //!
 //! Served with hyper: it sees a probe every few seconds, so none of the downstream server's
 //! memory concerns apply.
@@ -56,13 +56,11 @@ async fn respond(
     clients: Arc<Clients>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.uri().path() == "/debug/clients" {
-        let body = serde_json::to_vec_pretty(&clients.report()).unwrap_or_default();
-        let mut resp = Response::new(Full::new(Bytes::from(body)));
-        resp.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        return Ok(resp);
+        return Ok(json(&clients.report()));
+    }
+    if req.uri().path() == "/debug/pools" {
+        let pools: Vec<_> = metrics.live_pools().iter().map(|p| p.report()).collect();
+        return Ok(json(&serde_json::json!({ "pools": pools })));
     }
     if req.uri().path() == "/metrics" {
         let mut resp = Response::new(Full::new(Bytes::from(metrics.render())));
@@ -78,7 +76,7 @@ async fn respond(
         "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         _ => (
             StatusCode::NOT_FOUND,
-            "not found; try /healthz, /readyz or /metrics\n",
+            "not found; try /healthz, /readyz, /metrics, /debug/pools or /debug/clients\n",
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
@@ -88,6 +86,16 @@ async fn respond(
         http::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     Ok(resp)
+}
+
+fn json(value: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 /// `egress-sidecar healthcheck`: GET /readyz on `addr`; true when it answers 200.

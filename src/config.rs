@@ -233,7 +233,7 @@ pub struct UpstreamSettings {
 }
 
 /// The pool knobs of one upstream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PoolConfig {
     /// Hard cap on open (connecting + active + idle) connections.
     pub max_connections: usize,

@@ -100,6 +100,24 @@ impl Listeners {
 /// How often draining checks whether application connections are gone.
 const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(25);
 
+/// How long the pools get to close their connections at exit.
+const POOL_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Closes every pool's connections so upstreams see a clean goodbye (HTTP/2: GOAWAY) rather
+/// than a reset when the process exits; a connection still busy gets [`POOL_CLOSE_GRACE`].
+async fn close_pools(metrics: &Metrics) {
+    let pools = metrics.live_pools();
+    for pool in &pools {
+        pool.retire("shutdown");
+    }
+    let all_closed = async {
+        while pools.iter().any(|p| p.open_connections() > 0) {
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    };
+    let _ = tokio::time::timeout(POOL_CLOSE_GRACE, all_closed).await;
+}
+
 /// Serves until `shutdown` completes, then drains for up to `shutdown.drain_timeout`.
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) {
     let config = Arc::new(config);
@@ -130,7 +148,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let admin_task = tokio::spawn(admin::serve(
         listeners.admin,
         ready.clone(),
-        metrics,
+        metrics.clone(),
         clients,
         admin_stop_rx,
     ));
@@ -172,6 +190,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     for task in accept_tasks {
         task.abort();
     }
+    close_pools(&metrics).await;
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;
     tracing::info!("stopped");

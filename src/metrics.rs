@@ -222,6 +222,14 @@ impl Metrics {
         }
     }
 
+    /// Every pool alive now, retired ones included until their last connection closes, in the
+    /// order they were made: the list the gauges are read from doubles as the registry that
+    /// `/debug/pools` and the shutdown walk.
+    pub fn live_pools(&self) -> Vec<Arc<Pool>> {
+        let pools = self.sources.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.iter().filter_map(|(_, weak)| weak.upgrade()).collect()
+    }
+
     /// Handles for one upstream named `name`.
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         let label = UpstreamLabel {

@@ -6,35 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{FakeUpstream, RawClient, Sidecar};
-
-/// Scrapes `/metrics` and parses it.
-async fn scrape(admin: std::net::SocketAddr) -> prometheus_parse::Scrape {
-    let mut client = RawClient::connect(admin).await;
-    client
-        .send_raw(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
-        .await;
-    let resp = client.read_response(false).await.expect("a /metrics response");
-    assert_eq!(resp.status, 200);
-    let lines = resp.text().lines().map(|l| Ok(l.to_owned())).collect::<Vec<_>>();
-    prometheus_parse::Scrape::parse(lines.into_iter()).expect("valid Prometheus text")
-}
-
-/// The value of `name` with exactly these labels (0 when absent).
-fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == name)
-        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            _ => panic!("{name} is not a number"),
-        })
-        .sum()
-}
+use support::{scrape, value, FakeUpstream, RawClient, Sidecar};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_match_a_scripted_load_and_gauges_return_to_zero() {

@@ -39,11 +39,12 @@
 
 mod body;
 
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -95,15 +96,26 @@ pub trait Connect: Send + Sync + fmt::Debug + 'static {
     fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>>;
 }
 
-/// Why a connection closed, recorded by whoever closes it and counted when its socket is gone
-/// (`egress_upstream_connections_closed_total{reason}`). The first reason recorded wins.
+/// One connection's shared record, held by its [`Slot`], its pool entry and the pool's registry
+/// of open connections: whether it is dialing, open, or closing and why, and the requests it
+/// served. The close reason is counted when the socket is gone
+/// (`egress_upstream_connections_closed_total{reason}`); the first reason recorded wins.
 #[derive(Debug, Clone, Default)]
-pub struct CloseReason(Arc<std::sync::atomic::AtomicU8>);
+pub struct Tracker(Arc<Track>);
 
-impl CloseReason {
+#[derive(Debug, Default)]
+struct Track {
+    state: AtomicU8,
+    http2: AtomicBool,
+    requests: AtomicU64,
+}
+
+impl Tracker {
     const DIALING: u8 = 0;
     const OPEN: u8 = 1;
-    const REASONS: [&'static str; 9] = [
+    /// Index [`Self::OPEN`] doubles as the reason of a connection that ended with none recorded:
+    /// the upstream closed it.
+    const REASONS: [&'static str; 11] = [
         "dialing",
         "upstream_close",
         "idle_timeout",
@@ -113,26 +125,47 @@ impl CloseReason {
         "goaway",
         "aborted",
         "error",
+        "reload",
+        "shutdown",
     ];
 
     fn set(&self, reason: &'static str) {
         if let Some(code) = Self::REASONS.iter().position(|r| *r == reason) {
-            let _ = self
-                .0
-                .compare_exchange(Self::OPEN, code as u8, Ordering::Relaxed, Ordering::Relaxed);
+            let _ =
+                self.0
+                    .state
+                    .compare_exchange(Self::OPEN, code as u8, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
 
-    fn opened(&self) {
-        self.0.store(Self::OPEN, Ordering::Relaxed);
+    fn opened(&self, http2: bool) {
+        self.0.http2.store(http2, Ordering::Relaxed);
+        self.0.state.store(Self::OPEN, Ordering::Relaxed);
     }
 
     /// `None` while the dial had not produced a connection.
     fn reason(&self) -> Option<&'static str> {
-        match self.0.load(Ordering::Relaxed) {
+        match self.0.state.load(Ordering::Relaxed) {
             Self::DIALING => None,
             code => Self::REASONS.get(usize::from(code)).copied(),
         }
+    }
+
+    /// Whether a reason to close was recorded.
+    fn is_closing(&self) -> bool {
+        self.0.state.load(Ordering::Relaxed) > Self::OPEN
+    }
+
+    fn is_http2(&self) -> bool {
+        self.0.http2.load(Ordering::Relaxed)
+    }
+
+    fn requests(&self) -> u64 {
+        self.0.requests.load(Ordering::Relaxed)
+    }
+
+    fn count_request(&self) {
+        self.0.requests.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -140,10 +173,9 @@ impl CloseReason {
 #[derive(Debug)]
 pub struct Conn {
     sender: Sender,
-    close: CloseReason,
+    track: Tracker,
     id: u64,
     created: Instant,
-    requests: u64,
     /// From the upstream's `Keep-Alive: timeout=N`, less a margin.
     idle_limit: Option<Duration>,
     /// From the upstream's `Keep-Alive: max=N`: requests this connection may still serve.
@@ -159,7 +191,7 @@ struct Idle {
 /// An HTTP/2 connection and its stream count.
 struct H2Conn {
     sender: H2Sender,
-    close: CloseReason,
+    track: Tracker,
     /// The server's current SETTINGS_MAX_CONCURRENT_STREAMS.
     server_max_streams: Arc<AtomicUsize>,
     id: u64,
@@ -205,6 +237,35 @@ struct State {
     next_waiter: u64,
     reaper_running: bool,
     reaper_deadline: Option<Instant>,
+    /// Every connection counted in `open`, by id: what `/debug/pools` lists.
+    conns: BTreeMap<u64, Tracked>,
+    next_conn_id: u64,
+    /// The settings now in force (a reload may change them).
+    config: PoolConfig,
+    /// `http2.max_streams_per_connection`.
+    max_streams: usize,
+    /// Set when the pool's upstream left the config or the sidecar is stopping: connections
+    /// close as soon as they are idle, with this reason.
+    retired: Option<&'static str>,
+}
+
+impl State {
+    /// How many open connections, not already closing, exceed `max_connections` (after a
+    /// reload lowered it).
+    fn over_cap(&self) -> usize {
+        if self.open <= self.config.max_connections {
+            return 0;
+        }
+        let closing = self.conns.values().filter(|c| c.track.is_closing()).count();
+        (self.open - closing).saturating_sub(self.config.max_connections)
+    }
+}
+
+/// A registry entry: the connection's record and when it was opened (or, while dialing, when
+/// the dial started).
+struct Tracked {
+    track: Tracker,
+    since: Instant,
 }
 
 /// Counters for the admin API and tests.
@@ -217,9 +278,6 @@ struct Stats {
 /// The pool of one upstream.
 pub struct Pool {
     label: Arc<str>,
-    config: PoolConfig,
-    /// `http2.max_streams_per_connection`.
-    max_streams: usize,
     connector: Box<dyn Connect>,
     metrics: UpstreamMetrics,
     state: Mutex<State>,
@@ -259,6 +317,57 @@ pub struct PoolSnapshot {
     pub reused_total: u64,
 }
 
+/// One pool as `/debug/pools` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PoolReport {
+    /// The upstream's label.
+    pub upstream: String,
+    /// What the upstream speaks, once known.
+    pub protocol: Option<&'static str>,
+    /// Why the pool keeps no connections (`reload`: its upstream left the config or changed
+    /// identity; `shutdown`), if it does not.
+    pub retired: Option<&'static str>,
+    /// Settings in force.
+    pub max_connections: usize,
+    /// Settings in force.
+    pub max_idle: usize,
+    /// Settings in force.
+    pub max_streams_per_connection: usize,
+    /// Connections counted against `max_connections` (the length of `connections`).
+    pub open: usize,
+    /// Requests waiting for a connection.
+    pub pending: usize,
+    /// Connections opened since start.
+    pub opened_total: u64,
+    /// Requests that reused a connection.
+    pub reused_total: u64,
+    /// Each open connection, oldest first.
+    pub connections: Vec<ConnectionReport>,
+}
+
+/// One upstream connection as `/debug/pools` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConnectionReport {
+    /// Id within the pool (1 = first dialed).
+    pub id: u64,
+    /// `http1` or `http2`; none while dialing.
+    pub protocol: Option<&'static str>,
+    /// `connecting`, `active`, `idle`, `draining` (HTTP/2: no new streams) or `closing`.
+    pub state: &'static str,
+    /// Seconds since the connection was established (or the dial started).
+    pub age_seconds: f64,
+    /// Seconds since it last carried a request, when it carries none now.
+    pub idle_seconds: Option<f64>,
+    /// Requests (HTTP/2: streams) it has carried.
+    pub requests: u64,
+    /// HTTP/2: streams open now.
+    pub streams_in_use: Option<usize>,
+    /// HTTP/2: min(`max_streams_per_connection`, the server's SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub stream_limit: Option<usize>,
+    /// Why it is closing, once that is decided.
+    pub closing_reason: Option<&'static str>,
+}
+
 // === impl Pool ===
 
 impl Pool {
@@ -283,11 +392,14 @@ impl Pool {
             next_waiter: 0,
             reaper_running: false,
             reaper_deadline: None,
+            conns: BTreeMap::new(),
+            next_conn_id: 0,
+            config,
+            max_streams,
+            retired: None,
         };
         Arc::new(Pool {
             label,
-            config,
-            max_streams,
             connector,
             metrics,
             state: Mutex::new(state),
@@ -296,9 +408,9 @@ impl Pool {
         })
     }
 
-    /// The pool's settings.
-    pub fn config(&self) -> &PoolConfig {
-        &self.config
+    /// The pool's settings now in force.
+    pub fn config(&self) -> PoolConfig {
+        self.lock().config
     }
 
     /// Connections dialing, in use or idle.
@@ -319,6 +431,130 @@ impl Pool {
             pending: st.waiters.len(),
             opened_total: self.stats.opened.load(Ordering::Relaxed),
             reused_total: self.stats.reused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The upstream's label.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Applies settings from a reloaded config. Connections stay; a lowered `max_connections`
+    /// or `max_idle` closes idle connections over it now and busy ones as they free up, a
+    /// raised one serves waiting requests at once.
+    pub fn reconfigure(self: &Arc<Self>, config: PoolConfig, max_streams: usize) {
+        let mut st = self.lock();
+        if st.config == config && st.max_streams == max_streams {
+            return;
+        }
+        st.config = config;
+        st.max_streams = max_streams;
+        let now = Instant::now();
+        self.schedule_reaper(&mut st, now);
+        let indexes: Vec<usize> = (0..st.h2.len()).collect();
+        for index in indexes {
+            self.serve_stream_waiters(&mut st, index);
+        }
+        self.start_dials(&mut st);
+    }
+
+    /// Stops keeping connections: idle ones close now (HTTP/2 ones with GOAWAY), busy ones when
+    /// their exchange ends, each counted as closed for `reason`. Requests that still reach the
+    /// pool are served.
+    pub fn retire(&self, reason: &'static str) {
+        let mut st = self.lock();
+        st.retired = Some(reason);
+        let idle = std::mem::take(&mut st.idle);
+        for conn in &idle {
+            conn.conn.track.set(reason);
+        }
+        // A dropped sender with no stream left makes h2 send GOAWAY and close.
+        let mut closing = Vec::new();
+        for mut conn in std::mem::take(&mut st.h2) {
+            conn.track.set(reason);
+            conn.draining = true;
+            if conn.in_flight > 0 {
+                st.h2.push(conn);
+            } else {
+                closing.push(conn);
+            }
+        }
+        drop(st);
+        drop(idle);
+        drop(closing);
+    }
+
+    /// Every connection counted in `open`, for `/debug/pools`.
+    pub fn report(&self) -> PoolReport {
+        let now = Instant::now();
+        let st = self.lock();
+        let secs = |since: Instant| now.saturating_duration_since(since).as_millis() as f64 / 1000.0;
+        let connections = st
+            .conns
+            .iter()
+            .map(|(&id, tracked)| {
+                let mut conn = ConnectionReport {
+                    id,
+                    protocol: None,
+                    state: "connecting",
+                    age_seconds: secs(tracked.since),
+                    idle_seconds: None,
+                    requests: tracked.track.requests(),
+                    streams_in_use: None,
+                    stream_limit: None,
+                    closing_reason: None,
+                };
+                if tracked.track.reason().is_none() {
+                    return conn;
+                }
+                conn.protocol = Some(if tracked.track.is_http2() {
+                    "http2"
+                } else {
+                    "http1"
+                });
+                if let Some(h2) = st.h2.iter().find(|c| c.id == id) {
+                    conn.requests = h2.served;
+                    conn.streams_in_use = Some(h2.in_flight);
+                    conn.stream_limit = Some(h2.stream_limit(st.max_streams));
+                    conn.state = match (h2.in_flight, h2.draining) {
+                        (_, true) => "draining",
+                        (0, false) => "idle",
+                        _ => "active",
+                    };
+                    if h2.in_flight == 0 {
+                        conn.idle_seconds = Some(secs(h2.idle_since));
+                    }
+                } else if let Some(idle) = st.idle.iter().find(|c| c.conn.id == id) {
+                    conn.state = "idle";
+                    conn.idle_seconds = Some(secs(idle.since));
+                } else {
+                    conn.state = "active";
+                }
+                if tracked.track.is_closing() && conn.state != "draining" {
+                    conn.state = "closing";
+                }
+                if tracked.track.is_closing() {
+                    conn.closing_reason = tracked.track.reason();
+                }
+                conn
+            })
+            .collect();
+        PoolReport {
+            upstream: self.label.to_string(),
+            protocol: match st.protocol {
+                Protocol::Unknown => None,
+                Protocol::Http1 => Some("http1"),
+                Protocol::Http2 => Some("http2"),
+            },
+            retired: st.retired,
+            max_connections: st.config.max_connections,
+            max_idle: st.config.max_idle,
+            max_streams_per_connection: st.max_streams,
+            open: st.open,
+            pending: st.waiters.len(),
+            opened_total: self.stats.opened.load(Ordering::Relaxed),
+            reused_total: self.stats.reused.load(Ordering::Relaxed),
+            connections,
         }
     }
 
@@ -345,7 +581,7 @@ impl Pool {
     }
 
     async fn checkout_inner(self: &Arc<Self>, started: Instant) -> Result<Lease, ProxyError> {
-        let deadline = started + self.config.pending_timeout;
+        let deadline = started + self.config().pending_timeout;
         loop {
             let grant = match self.take_or_enqueue()? {
                 Ok(grant) => grant,
@@ -360,7 +596,7 @@ impl Pool {
                 }
                 Grant::H1(conn) => {
                     if let Some(conn) = Self::ensure_ready(conn).await {
-                        if conn.requests > 0 {
+                        if conn.track.requests() > 0 {
                             self.stats.reused.fetch_add(1, Ordering::Relaxed);
                         }
                         return Ok(Lease::new(self.clone(), LeaseKind::H1(Some(conn))));
@@ -383,13 +619,13 @@ impl Pool {
                 return Ok(Ok(Grant::H2(stream)));
             }
             while let Some(idle) = st.idle.pop() {
-                if self.is_usable(&idle, now) {
+                if is_usable(&st.config, &idle, now) {
                     return Ok(Ok(Grant::H1(idle.conn)));
                 }
-                idle.conn.close.set(if idle.conn.sender.is_closed() {
+                idle.conn.track.set(if idle.conn.sender.is_closed() {
                     "upstream_close"
                 } else {
-                    self.expiry_reason(&idle.conn, now)
+                    expiry_reason(&st.config, &idle.conn, now)
                 });
                 discard.push(idle);
             }
@@ -397,16 +633,14 @@ impl Pool {
         // `max_pending` bounds requests waiting for capacity; a request a new dial will serve
         // is not over the limit (so `max_pending: 0` still lets the pool grow to its cap).
         let established = st.open - st.connecting;
-        let dialable = self.config.max_connections.saturating_sub(established);
-        if st.waiters.len() >= self.config.max_pending + dialable {
+        let dialable = st.config.max_connections.saturating_sub(established);
+        let max_pending = st.config.max_pending;
+        if st.waiters.len() >= max_pending + dialable {
             drop(st);
             self.metrics.rejected("pool_overflow");
             return Err(self.error(
                 ErrorKind::PoolOverflow,
-                format!(
-                    "{} requests already wait for a connection (max_pending)",
-                    self.config.max_pending
-                ),
+                format!("{max_pending} requests already wait for a connection (max_pending)"),
             ));
         }
         let (tx, rx) = oneshot::channel();
@@ -423,45 +657,16 @@ impl Pool {
         }))
     }
 
-    /// Streams one HTTP/2 connection may carry now.
-    fn stream_limit(&self, conn: &H2Conn) -> usize {
-        self.max_streams
-            .min(conn.server_max_streams.load(Ordering::Relaxed))
-    }
-
     /// A stream slot on the first HTTP/2 connection with room.
     fn take_stream(&self, st: &mut State) -> Option<H2Stream> {
         st.h2.retain(|c| !c.sender.is_closed());
         let now = Instant::now();
+        let (cfg, max_streams) = (st.config, st.max_streams);
         let conn = st
             .h2
             .iter_mut()
-            .find_map(|c| self.takes_streams(c, now).then_some(c))?;
-        Some(Self::grant_stream(conn))
-    }
-
-    /// Whether an HTTP/2 connection may take another stream; one past `max_lifetime` starts
-    /// draining here, as a busy connection has no reaper deadline of its own.
-    fn takes_streams(&self, conn: &mut H2Conn, now: Instant) -> bool {
-        let past_life = self
-            .config
-            .max_lifetime
-            .is_some_and(|life| now.saturating_duration_since(conn.created) >= life);
-        if past_life {
-            conn.close.set("max_lifetime");
-            conn.draining = true;
-        }
-        !conn.draining && conn.in_flight < self.stream_limit(conn)
-    }
-
-    fn grant_stream(conn: &mut H2Conn) -> H2Stream {
-        conn.in_flight += 1;
-        conn.served += 1;
-        H2Stream {
-            sender: conn.sender.clone(),
-            conn_id: conn.id,
-            reused: conn.served > 1,
-        }
+            .find_map(|c| c.takes_streams(&cfg, max_streams, now).then_some(c))?;
+        Some(conn.grant_stream())
     }
 
     async fn ensure_ready(mut conn: Conn) -> Option<Conn> {
@@ -475,36 +680,6 @@ impl Pool {
         }
     }
 
-    fn is_usable(&self, idle: &Idle, now: Instant) -> bool {
-        let conn = &idle.conn;
-        if conn.sender.is_closed() {
-            return false;
-        }
-        let idle_for = now.saturating_duration_since(idle.since);
-        let idle_limit = conn.idle_limit.map_or(self.config.idle_timeout, |hint| {
-            hint.min(self.config.idle_timeout)
-        });
-        if idle_for >= idle_limit {
-            return false;
-        }
-        !self.past_lifetime(conn, now)
-    }
-
-    /// Why an idle HTTP/1.1 connection past its deadline closes.
-    fn expiry_reason(&self, conn: &Conn, now: Instant) -> &'static str {
-        if self.past_lifetime(conn, now) {
-            "max_lifetime"
-        } else {
-            "idle_timeout"
-        }
-    }
-
-    fn past_lifetime(&self, conn: &Conn, now: Instant) -> bool {
-        self.config
-            .max_lifetime
-            .is_some_and(|life| now.saturating_duration_since(conn.created) >= life)
-    }
-
     /// Starts dials while more requests wait than the dials in flight will serve, within both
     /// caps.
     fn start_dials(self: &Arc<Self>, st: &mut State) {
@@ -514,42 +689,54 @@ impl Pool {
             Protocol::Http2 => st.h2_streams_hint.max(1),
         };
         while st.waiters.len() > st.connecting.saturating_mul(served_per_dial)
-            && st.open < self.config.max_connections
-            && st.connecting < self.config.max_connecting
+            && st.open < st.config.max_connections
+            && st.connecting < st.config.max_connecting
         {
             st.open += 1;
             st.connecting += 1;
+            st.next_conn_id += 1;
             let slot = Slot {
                 pool: self.clone(),
-                close: CloseReason::default(),
+                track: Tracker::default(),
+                id: st.next_conn_id,
             };
+            st.conns.insert(
+                slot.id,
+                Tracked {
+                    track: slot.track.clone(),
+                    since: Instant::now(),
+                },
+            );
             let pool = self.clone();
             tokio::spawn(async move { pool.dial(slot).await });
         }
     }
 
     async fn dial(self: Arc<Self>, slot: Slot) {
-        let close = slot.close.clone();
+        let (track, id) = (slot.track.clone(), slot.id);
         let result = self.connector.connect(slot).await;
-        if result.is_ok() {
-            close.opened();
+        if let Ok(dialed) = &result {
+            track.opened(matches!(dialed, Dialed::Http2(..)));
+            self.stats.opened.fetch_add(1, Ordering::Relaxed);
             self.metrics.opened.inc();
         }
         let mut failed = Vec::new();
         let mut st = self.lock();
         st.connecting -= 1;
+        let now = Instant::now();
+        if let (Ok(_), Some(tracked)) = (&result, st.conns.get_mut(&id)) {
+            tracked.since = now;
+        }
         match result {
             Ok(Dialed::Http1(sender)) => {
-                let id = self.stats.opened.fetch_add(1, Ordering::Relaxed) + 1;
                 if st.protocol == Protocol::Unknown {
                     st.protocol = Protocol::Http1;
                 }
                 let conn = Conn {
                     sender,
-                    close,
+                    track,
                     id,
-                    created: Instant::now(),
-                    requests: 0,
+                    created: now,
                     idle_limit: None,
                     remaining_hint: None,
                     retire: false,
@@ -559,11 +746,9 @@ impl Pool {
                 self.start_dials(&mut st);
             }
             Ok(Dialed::Http2(sender, server_max_streams)) => {
-                let id = self.stats.opened.fetch_add(1, Ordering::Relaxed) + 1;
-                let now = Instant::now();
                 let conn = H2Conn {
                     sender,
-                    close,
+                    track,
                     server_max_streams,
                     id,
                     created: now,
@@ -573,7 +758,7 @@ impl Pool {
                     idle_since: now,
                 };
                 st.protocol = Protocol::Http2;
-                st.h2_streams_hint = self.stream_limit(&conn);
+                st.h2_streams_hint = conn.stream_limit(st.max_streams);
                 st.h2.push(conn);
                 let index = st.h2.len() - 1;
                 self.serve_stream_waiters(&mut st, index);
@@ -612,14 +797,23 @@ impl Pool {
                 Err(_) => unreachable!("sent an HTTP/1.1 grant"),
             }
         }
-        if self.config.max_idle == 0 {
-            conn.close.set("max_idle");
+        if let Some(reason) = st.retired {
+            conn.track.set(reason);
+            return;
+        }
+        if st.config.max_idle == 0 {
+            conn.track.set("max_idle");
+            return;
+        }
+        if st.over_cap() > 0 {
+            // A reload lowered the cap below what is open: shrink as connections free up.
+            conn.track.set("reload");
             return;
         }
         let now = Instant::now();
-        let mut deadline = self.idle_deadline(&conn, now);
+        let mut deadline = idle_deadline(&st.config, &conn, now);
         st.idle.push(Idle { conn, since: now });
-        if st.idle.len() > self.config.max_idle {
+        if st.idle.len() > st.config.max_idle {
             deadline = deadline.min(st.idle[0].since + IDLE_SURPLUS_GRACE);
         }
         self.schedule_reaper(st, deadline);
@@ -640,13 +834,14 @@ impl Pool {
     /// Gives free stream slots of `st.h2[index]` to the oldest waiters.
     fn serve_stream_waiters(self: &Arc<Self>, st: &mut State, index: usize) {
         // The server may have changed its limit: dials for the queue follow the latest.
-        st.h2_streams_hint = self.stream_limit(&st.h2[index]);
+        let (cfg, max_streams) = (st.config, st.max_streams);
+        st.h2_streams_hint = st.h2[index].stream_limit(max_streams);
         let now = Instant::now();
-        while self.takes_streams(&mut st.h2[index], now) {
+        while st.h2[index].takes_streams(&cfg, max_streams, now) {
             let Some(waiter) = st.waiters.pop_front() else {
                 break;
             };
-            let stream = Self::grant_stream(&mut st.h2[index]);
+            let stream = st.h2[index].grant_stream();
             if waiter.tx.send(Ok(Grant::H2(stream))).is_err() {
                 // The waiter left; its grant was dropped with the channel.
                 st.h2[index].in_flight -= 1;
@@ -656,17 +851,8 @@ impl Pool {
         let conn = &mut st.h2[index];
         if conn.in_flight == 0 {
             conn.idle_since = Instant::now();
-            let deadline = self.h2_deadline(conn);
+            let deadline = conn.idle_deadline(&cfg);
             self.schedule_reaper(st, deadline);
-        }
-    }
-
-    /// When an HTTP/2 connection with no streams must close.
-    fn h2_deadline(&self, conn: &H2Conn) -> Instant {
-        let by_idle = conn.idle_since + self.config.idle_timeout;
-        match self.config.max_lifetime {
-            Some(life) => by_idle.min(conn.created + life),
-            None => by_idle,
         }
     }
 
@@ -689,7 +875,7 @@ impl Pool {
     fn drain_h2(&self, conn_id: u64) {
         let mut st = self.lock();
         if let Some(index) = st.h2.iter().position(|c| c.id == conn_id) {
-            st.h2[index].close.set("goaway");
+            st.h2[index].track.set("goaway");
             st.h2[index].draining = true;
             if st.h2[index].in_flight == 0 {
                 st.h2.remove(index);
@@ -697,40 +883,31 @@ impl Pool {
         }
     }
 
-    fn idle_deadline(&self, conn: &Conn, since: Instant) -> Instant {
-        let idle_limit = conn.idle_limit.map_or(self.config.idle_timeout, |hint| {
-            hint.min(self.config.idle_timeout)
-        });
-        let by_idle = since + idle_limit;
-        match self.config.max_lifetime {
-            Some(life) => by_idle.min(conn.created + life),
-            None => by_idle,
-        }
-    }
-
     /// Returns a connection whose exchange completed.
     fn check_in(self: &Arc<Self>, conn: Conn) {
-        let spent = self
-            .config
+        let mut st = self.lock();
+        let cfg = st.config;
+        let spent = cfg
             .max_requests_per_connection
-            .is_some_and(|max| conn.requests >= max)
+            .is_some_and(|max| conn.track.requests() >= max)
             || conn.remaining_hint == Some(0);
         let reason = if conn.retire || conn.sender.is_closed() {
             Some("upstream_close")
         } else if spent {
             Some("max_requests")
-        } else if self.past_lifetime(&conn, Instant::now()) {
+        } else if past_lifetime(&cfg, conn.created, Instant::now()) {
             Some("max_lifetime")
         } else {
             None
         };
-        if let Some(reason) = reason {
-            // Dropping the sender closes the connection; its slot frees when it is gone.
-            conn.close.set(reason);
-            return;
+        match reason {
+            Some(reason) => {
+                drop(st);
+                // Dropping the sender closes the connection; its slot frees when it is gone.
+                conn.track.set(reason);
+            }
+            None => self.hand_over(&mut st, conn),
         }
-        let mut st = self.lock();
-        self.hand_over(&mut st, conn);
     }
 
     /// Closes idle connections past their deadline, and the oldest idle connections beyond
@@ -738,22 +915,28 @@ impl Pool {
     fn reap_once(&self, now: Instant) -> Option<Instant> {
         let mut expired = Vec::new();
         let mut st = self.lock();
-        let max_idle = self.config.max_idle;
+        let cfg = st.config;
+        let max_idle = cfg.max_idle;
+        // Connections over a cap a reload lowered: the oldest idle ones go first.
+        let mut over_cap = st.over_cap();
         let mut i = 0;
         while i < st.idle.len() {
             let idle = &st.idle[i];
             let surplus = i < st.idle.len().saturating_sub(max_idle);
             let reason = if idle.conn.sender.is_closed() {
                 Some("upstream_close")
-            } else if self.idle_deadline(&idle.conn, idle.since) <= now {
-                Some(self.expiry_reason(&idle.conn, now))
+            } else if idle_deadline(&cfg, &idle.conn, idle.since) <= now {
+                Some(expiry_reason(&cfg, &idle.conn, now))
+            } else if over_cap > 0 {
+                over_cap -= 1;
+                Some("reload")
             } else if surplus && idle.since + IDLE_SURPLUS_GRACE <= now {
                 Some("max_idle")
             } else {
                 None
             };
             if let Some(reason) = reason {
-                idle.conn.close.set(reason);
+                idle.conn.track.set(reason);
                 expired.push(st.idle.remove(i));
             } else {
                 i += 1;
@@ -765,7 +948,7 @@ impl Pool {
             .iter()
             .enumerate()
             .map(|(i, idle)| {
-                let deadline = self.idle_deadline(&idle.conn, idle.since);
+                let deadline = idle_deadline(&cfg, &idle.conn, idle.since);
                 if i < surplus {
                     deadline.min(idle.since + IDLE_SURPLUS_GRACE)
                 } else {
@@ -792,15 +975,12 @@ impl Pool {
     /// Closes HTTP/2 connections idle past `idle_timeout` or past `max_lifetime` with no
     /// streams, marks busy ones past `max_lifetime` draining; returns the next deadline.
     fn reap_h2(&self, st: &mut State, now: Instant) -> Option<Instant> {
-        let past_life = |c: &H2Conn| {
-            self.config
-                .max_lifetime
-                .is_some_and(|life| now.saturating_duration_since(c.created) >= life)
-        };
+        let cfg = st.config;
+        let past_life = |c: &H2Conn| past_lifetime(&cfg, c.created, now);
         st.h2.retain(|c| {
-            let idle_expired = c.in_flight == 0 && (self.h2_deadline(c) <= now || c.draining);
+            let idle_expired = c.in_flight == 0 && (c.idle_deadline(&cfg) <= now || c.draining);
             if idle_expired {
-                c.close.set(if past_life(c) {
+                c.track.set(if past_life(c) {
                     "max_lifetime"
                 } else {
                     "idle_timeout"
@@ -809,14 +989,14 @@ impl Pool {
             !(c.sender.is_closed() || idle_expired)
         });
         for conn in st.h2.iter_mut().filter(|c| past_life(c)) {
-            conn.close.set("max_lifetime");
+            conn.track.set("max_lifetime");
             conn.draining = true;
         }
         st.h2
             .iter()
             .filter_map(|c| match (c.in_flight, c.draining) {
-                (0, _) => Some(self.h2_deadline(c)),
-                (_, false) => self.config.max_lifetime.map(|life| c.created + life),
+                (0, _) => Some(c.idle_deadline(&cfg)),
+                (_, false) => cfg.max_lifetime.map(|life| c.created + life),
                 (_, true) => None, // closes when its last stream ends
             })
             .min()
@@ -832,6 +1012,74 @@ async fn reap(pool: Arc<Pool>) {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
             _ = pool.reaper_wake.notified() => {}
+        }
+    }
+}
+
+// === connection deadlines ===
+
+fn past_lifetime(cfg: &PoolConfig, created: Instant, now: Instant) -> bool {
+    cfg.max_lifetime
+        .is_some_and(|life| now.saturating_duration_since(created) >= life)
+}
+
+/// When an idle HTTP/1.1 connection idle since `since` must close.
+fn idle_deadline(cfg: &PoolConfig, conn: &Conn, since: Instant) -> Instant {
+    let idle_limit = conn
+        .idle_limit
+        .map_or(cfg.idle_timeout, |hint| hint.min(cfg.idle_timeout));
+    let by_idle = since + idle_limit;
+    match cfg.max_lifetime {
+        Some(life) => by_idle.min(conn.created + life),
+        None => by_idle,
+    }
+}
+
+fn is_usable(cfg: &PoolConfig, idle: &Idle, now: Instant) -> bool {
+    !idle.conn.sender.is_closed() && now < idle_deadline(cfg, &idle.conn, idle.since)
+}
+
+/// Why an idle HTTP/1.1 connection past its deadline closes.
+fn expiry_reason(cfg: &PoolConfig, conn: &Conn, now: Instant) -> &'static str {
+    if past_lifetime(cfg, conn.created, now) {
+        "max_lifetime"
+    } else {
+        "idle_timeout"
+    }
+}
+
+impl H2Conn {
+    /// Streams this connection may carry now.
+    fn stream_limit(&self, max_streams: usize) -> usize {
+        max_streams.min(self.server_max_streams.load(Ordering::Relaxed))
+    }
+
+    /// Whether this connection may take another stream; one past `max_lifetime` starts draining
+    /// here, as a busy connection has no reaper deadline of its own.
+    fn takes_streams(&mut self, cfg: &PoolConfig, max_streams: usize, now: Instant) -> bool {
+        if past_lifetime(cfg, self.created, now) {
+            self.track.set("max_lifetime");
+            self.draining = true;
+        }
+        !self.draining && self.in_flight < self.stream_limit(max_streams)
+    }
+
+    fn grant_stream(&mut self) -> H2Stream {
+        self.in_flight += 1;
+        self.served += 1;
+        H2Stream {
+            sender: self.sender.clone(),
+            conn_id: self.id,
+            reused: self.served > 1,
+        }
+    }
+
+    /// When this connection, carrying no stream, must close.
+    fn idle_deadline(&self, cfg: &PoolConfig) -> Instant {
+        let by_idle = self.idle_since + cfg.idle_timeout;
+        match cfg.max_lifetime {
+            Some(life) => by_idle.min(self.created + life),
+            None => by_idle,
         }
     }
 }
@@ -860,13 +1108,14 @@ impl Waiting {
                     return Ok(grant);
                 }
                 self.pool.metrics.rejected("pending_timeout");
+                let cfg = self.pool.config();
                 Err(self.pool.error(
                     ErrorKind::PendingTimeout,
                     format!(
                         "no connection within pending_timeout ({}); {} of max_connections {} open",
-                        humantime::format_duration(self.pool.config.pending_timeout),
+                        humantime::format_duration(cfg.pending_timeout),
                         self.pool.open_connections(),
-                        self.pool.config.max_connections
+                        cfg.max_connections
                     ),
                 ))
             }
@@ -901,13 +1150,15 @@ impl Drop for Waiting {
 /// One place under `max_connections`, held by a dial and then by the connection's driver task.
 pub struct Slot {
     pool: Arc<Pool>,
-    close: CloseReason,
+    track: Tracker,
+    /// The connection's id within its pool, its key in the registry.
+    id: u64,
 }
 
 impl Slot {
     /// The connection ended with an error (unless a reason was already recorded).
     pub fn failed(&self) {
-        self.close.set("error");
+        self.track.set("error");
     }
 }
 
@@ -919,11 +1170,12 @@ impl fmt::Debug for Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(reason) = self.close.reason() {
+        if let Some(reason) = self.track.reason() {
             self.pool.metrics.closed(reason);
         }
         let mut st = self.pool.lock();
         st.open -= 1;
+        st.conns.remove(&self.id);
         self.pool.start_dials(&mut st);
     }
 }
@@ -958,7 +1210,7 @@ impl Lease {
     /// Whether the connection served a request before this one.
     pub fn is_reused(&self) -> bool {
         match &self.kind {
-            LeaseKind::H1(conn) => conn.as_ref().is_some_and(|c| c.requests > 0),
+            LeaseKind::H1(conn) => conn.as_ref().is_some_and(|c| c.track.requests() > 0),
             LeaseKind::H2(stream) => stream.as_ref().is_some_and(|s| s.reused),
         }
     }
@@ -982,7 +1234,7 @@ impl Lease {
         match &mut self.kind {
             LeaseKind::H1(conn) => {
                 let conn = conn.as_mut().expect("present until release");
-                conn.requests += 1;
+                conn.track.count_request();
                 if let Some(left) = conn.remaining_hint.as_mut() {
                     *left = left.saturating_sub(1);
                 }
@@ -1055,7 +1307,7 @@ impl Drop for Lease {
         match &self.kind {
             LeaseKind::H2(Some(stream)) => self.pool.stream_done(stream.conn_id),
             // An HTTP/1.1 connection is dropped here, which closes it.
-            LeaseKind::H1(Some(conn)) => conn.close.set("aborted"),
+            LeaseKind::H1(Some(conn)) => conn.track.set("aborted"),
             _ => {}
         }
     }

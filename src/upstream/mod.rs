@@ -135,7 +135,7 @@ impl Upstream {
         let connector = dial::Connector::new(target, tls, protocol, settings.http2.clone());
         let pool = Pool::new(
             label.clone(),
-            settings.pool.clone(),
+            settings.pool,
             known,
             settings.http2.max_streams_per_connection as usize,
             Box::new(connector),

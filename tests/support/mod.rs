@@ -395,6 +395,55 @@ impl Drop for Sidecar {
     }
 }
 
+// === admin listener ===
+
+/// GETs `path` on the admin listener.
+pub async fn admin_get(admin: SocketAddr, path: &str) -> RawResponse {
+    let mut client = RawClient::connect(admin).await;
+    client
+        .send_raw(format!("GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").as_bytes())
+        .await;
+    client.read_response(false).await.expect("an admin response")
+}
+
+/// Scrapes `/metrics` and parses it with a Prometheus text parser.
+pub async fn scrape(admin: SocketAddr) -> prometheus_parse::Scrape {
+    let resp = admin_get(admin, "/metrics").await;
+    assert_eq!(resp.status, 200);
+    let lines = resp.text().lines().map(|l| Ok(l.to_owned())).collect::<Vec<_>>();
+    prometheus_parse::Scrape::parse(lines.into_iter()).expect("valid Prometheus text")
+}
+
+/// The value of `name` summed over samples with these labels (0 when absent).
+pub fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => panic!("{name} is not a number"),
+        })
+        .sum()
+}
+
+/// `/debug/pools`, parsed: the pool of upstream `label`.
+pub async fn debug_pool(admin: SocketAddr, label: &str) -> serde_json::Value {
+    let resp = admin_get(admin, "/debug/pools").await;
+    assert_eq!(resp.status, 200);
+    let all: serde_json::Value = serde_json::from_slice(&resp.body).expect("JSON");
+    all["pools"]
+        .as_array()
+        .expect("a pools array")
+        .iter()
+        .find(|p| p["upstream"] == label)
+        .cloned()
+        .unwrap_or_else(|| panic!("no pool {label} in {all}"))
+}
+
 // === raw client ===
 
 /// A response read off a raw socket.
