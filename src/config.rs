@@ -188,7 +188,7 @@ pub struct Config {
 }
 
 /// Connections from the application.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct DownstreamConfig {
     /// Close a keep-alive connection idle this long.
     #[serde(serialize_with = "ser_duration")]

@@ -34,6 +34,7 @@ pub mod error;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;
+pub mod reload;
 pub mod routing;
 pub mod shutdown;
 pub mod upstream;
@@ -120,6 +121,16 @@ async fn close_pools(metrics: &Metrics) {
 
 /// Serves until `shutdown` completes, then drains for up to `shutdown.drain_timeout`.
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) {
+    run_with_reload(config, listeners, shutdown, None).await
+}
+
+/// Like [`run`], and reloads the config from `reload` on SIGHUP and when the file changes.
+pub async fn run_with_reload(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+    reload: Option<reload::Source>,
+) {
     let config = Arc::new(config);
     let local = listeners.local_addrs();
     let metrics = Arc::new(Metrics::new());
@@ -134,7 +145,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let max_connections = config.downstream.max_connections;
     let limit = Arc::new(Semaphore::new(max_connections));
     let ctx = Arc::new(Context {
-        config: config.downstream.clone(),
+        config: reload::Live::new(config.downstream),
         proxy: Proxy::new(router),
         drain: drain_rx.clone(),
         limit,
@@ -159,20 +170,23 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         ctx.clone(),
     ))];
     for (i, listener) in listeners.routes {
-        let upstream = upstreams[i].clone();
-        tracing::info!(upstream = upstream.label(), listen = %downstream::describe(&listener), "route listener");
+        let name: Arc<str> = upstreams[i].label().into();
+        tracing::info!(upstream = %name, listen = %downstream::describe(&listener), "route listener");
         accept_tasks.push(tokio::spawn(downstream::serve(
             listener,
-            Entry::Route(upstream),
+            Entry::Route(name),
             ctx.clone(),
         )));
+    }
+    if let Some(source) = reload {
+        accept_tasks.push(tokio::spawn(reload::watch(source, ctx.clone(), drain_rx.clone())));
     }
 
     shutdown.await;
     // Draining: readiness off, idle keep-alive connections closed, every response carries
     // `Connection: close`, but the listeners keep accepting: applications still finishing
     // their work need egress. Done when no application connection is left, or at the deadline.
-    let drain_timeout = config.shutdown.drain_timeout;
+    let drain_timeout = ctx.proxy.router().config().shutdown.drain_timeout;
     tracing::info!(open = ctx.open_connections(), timeout = %humantime::format_duration(drain_timeout), "draining");
     ready.store(false, Ordering::Relaxed);
     let _ = drain_tx.send(true);

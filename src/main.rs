@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use egress_sidecar::config::{self, Overrides};
-use egress_sidecar::{admin, shutdown, Listeners};
+use egress_sidecar::{admin, reload, shutdown, Listeners};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -50,13 +50,21 @@ struct RunArgs {
 }
 
 impl RunArgs {
+    /// Where the config comes from, at start and on every reload.
+    fn source(&self) -> reload::Source {
+        reload::Source {
+            path: self.config.clone(),
+            overrides: Overrides {
+                listen: self.listen.clone(),
+                admin: self.admin.clone(),
+                tls_hosts: std::env::var("EGRESS_TLS_HOSTS").ok(),
+            },
+        }
+    }
+
     fn load(&self) -> Result<config::Config, config::ConfigError> {
-        let overrides = Overrides {
-            listen: self.listen.clone(),
-            admin: self.admin.clone(),
-            tls_hosts: std::env::var("EGRESS_TLS_HOSTS").ok(),
-        };
-        config::load(self.config.as_deref(), &overrides)
+        let source = self.source();
+        config::load(source.path.as_deref(), &source.overrides)
     }
 }
 
@@ -122,7 +130,7 @@ fn serve(args: &RunArgs) -> ExitCode {
                 std::process::exit(130);
             });
         };
-        egress_sidecar::run(config, listeners, first_signal).await;
+        egress_sidecar::run_with_reload(config, listeners, first_signal, Some(args.source())).await;
         ExitCode::SUCCESS
     })
 }

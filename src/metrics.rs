@@ -57,6 +57,20 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// `kind` of a tunnel: `connect` (CONNECT) or `upgrade` (a `101` switch such as WebSocket).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `connect` or `upgrade`.
+    pub kind: &'static str,
+}
+
+/// `result` of a config reload: `success` or `failure`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `success` or `failure`.
+    pub result: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms .. ~65 s: LLM calls think for minutes, pool waits are usually sub-millisecond.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -87,6 +101,33 @@ pub struct Families {
     pub downstream_idle_closed: Counter,
     /// Requests each downstream connection carried, observed when it closes.
     pub downstream_requests_per_connection: Histogram,
+    tunnels_opened: Family<KindLabel, Counter>,
+    tunnels_active: Family<KindLabel, Gauge>,
+    /// Config reloads by result.
+    pub reloads: Family<ResultLabel, Counter>,
+    /// 1 when the last reload was applied (or none was tried), 0 when it was rejected.
+    pub last_reload_successful: Gauge,
+}
+
+impl Families {
+    /// Counts a tunnel of `kind` opened; the returned gauge handle counts it as active until
+    /// decremented.
+    pub fn tunnel_opened(&self, kind: &'static str) -> Gauge {
+        let label = KindLabel { kind };
+        self.tunnels_opened.get_or_create(&label).inc();
+        let active = self.tunnels_active.get_or_create_owned(&label);
+        active.inc();
+        active
+    }
+
+    /// Tunnels of `kind` opened so far and open now.
+    pub fn tunnel_counts(&self, kind: &'static str) -> (u64, i64) {
+        let label = KindLabel { kind };
+        (
+            self.tunnels_opened.get_or_create(&label).get(),
+            self.tunnels_active.get_or_create(&label).get(),
+        )
+    }
 }
 
 /// What gauges are read from at scrape time.
@@ -126,7 +167,12 @@ impl Metrics {
             downstream_open: Gauge::default(),
             downstream_idle_closed: Counter::default(),
             downstream_requests_per_connection: requests_per_connection_histogram(),
+            tunnels_opened: Family::default(),
+            tunnels_active: Family::default(),
+            reloads: Family::default(),
+            last_reload_successful: Gauge::default(),
         });
+        families.last_reload_successful.set(1);
         let sources = Arc::new(GaugeSources::default());
         let mut registry = Registry::with_prefix("egress");
         let f = &families;
@@ -189,6 +235,26 @@ impl Metrics {
             "downstream_requests_per_connection",
             "Requests per application connection, observed at close (1 everywhere = a leaky client)",
             f.downstream_requests_per_connection.clone(),
+        );
+        registry.register(
+            "tunnels_opened",
+            "Tunnels established: CONNECT (kind=connect) and protocol switches such as WebSocket (kind=upgrade)",
+            f.tunnels_opened.clone(),
+        );
+        registry.register(
+            "tunnels_active",
+            "Tunnels open now, by kind",
+            f.tunnels_active.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Config reloads (SIGHUP or file change), by result",
+            f.reloads.clone(),
+        );
+        registry.register(
+            "config_last_reload_successful",
+            "1 when the last config reload was applied (or none was tried), 0 when it was rejected",
+            f.last_reload_successful.clone(),
         );
         registry.register_collector(Box::new(GaugeCollector(sources.clone())));
         Metrics {

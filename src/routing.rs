@@ -8,8 +8,11 @@
 //! checked here too (`policy.connect`, `connect_ports`, host lists, loop), though they never pick
 //! an upstream.
 //!
+//! A reload swaps the routing table whole ([`Router::reload`]); requests already routed finish
+//! on the upstream they were given.
+//!
 //! Not handled here: header rewriting (`proxy::headers`), connections (`pool`), moving tunnel
-//! bytes (`proxy::connect`).
+//! bytes (`proxy::connect`), when to reload (`reload`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,7 +25,8 @@ use http::Uri;
 use crate::config::{Authority, Config, PolicyConfig, Scheme};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::Metrics;
-use crate::upstream::Upstream;
+use crate::reload::Live;
+use crate::upstream::{Spec, Upstream};
 
 /// An on-the-fly upstream unused this long (and holding no connection) is forgotten.
 const DYNAMIC_UPSTREAM_TTL: Duration = Duration::from_secs(300);
@@ -34,8 +38,8 @@ const DYNAMIC_UPSTREAM_SWEEP_AT: usize = 1024;
 pub enum Entry {
     /// The forward-proxy listener.
     Forward,
-    /// A route-mode listener bound to one upstream.
-    Route(Arc<Upstream>),
+    /// A route-mode listener bound to the upstream of this name.
+    Route(Arc<str>),
 }
 
 /// The result of routing: the upstream and the authority the request named.
@@ -146,12 +150,50 @@ type DynamicKey = (Scheme, Authority);
 /// An on-the-fly upstream and when a request last used it.
 type DynamicEntry = (Arc<Upstream>, Instant);
 
+/// The configured part of routing, replaced whole by a reload.
+#[derive(Debug)]
+struct Routes {
+    config: Arc<Config>,
+    by_authority: HashMap<Authority, Arc<Upstream>>,
+    by_name: HashMap<Arc<str>, Arc<Upstream>>,
+}
+
+impl Routes {
+    fn new(config: Arc<Config>, upstreams: &[Arc<Upstream>]) -> Self {
+        let mut by_authority = HashMap::new();
+        let mut by_name = HashMap::new();
+        for up in upstreams {
+            for auth in up.authorities() {
+                by_authority.insert(auth.clone(), up.clone());
+            }
+            by_name.insert(Arc::from(up.label()), up.clone());
+        }
+        Routes {
+            config,
+            by_authority,
+            by_name,
+        }
+    }
+}
+
+/// What a reload did to the configured upstreams.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReloadSummary {
+    /// Kept their pool and connections (new pool limits applied).
+    pub kept: usize,
+    /// New names.
+    pub added: usize,
+    /// Same name, but where or how connections are made changed: a new pool, the old drains.
+    pub replaced: usize,
+    /// Gone from the config: their pools drain.
+    pub removed: usize,
+}
+
 /// Finds upstreams for requests; owns the on-the-fly upstream table.
 #[derive(Debug)]
 pub struct Router {
-    configured: HashMap<Authority, Arc<Upstream>>,
+    routes: Live<Arc<Routes>>,
     dynamic: Mutex<HashMap<DynamicKey, DynamicEntry>>,
-    config: Arc<Config>,
     /// The sidecar's own bound listeners, for loop detection.
     local: Vec<SocketAddr>,
     metrics: Arc<Metrics>,
@@ -165,32 +207,21 @@ impl Router {
         local: Vec<SocketAddr>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let mut configured = HashMap::new();
-        for up in upstreams {
-            for auth in up.authorities() {
-                configured.insert(auth.clone(), up.clone());
-            }
-        }
         Router {
-            configured,
+            routes: Live::new(Arc::new(Routes::new(config, upstreams))),
             dynamic: Mutex::new(HashMap::new()),
-            config,
             local,
             metrics,
         }
     }
 
-    /// Upstream connections open now, over every pool.
+    /// Upstream connections open now, over every pool (draining ones included).
     pub fn upstream_connections(&self) -> usize {
-        let mut seen = std::collections::HashSet::new();
-        let configured = self.configured.values().filter(|up| seen.insert(Arc::as_ptr(up)));
-        let configured: usize = configured.map(|up| up.pool().open_connections()).sum();
-        let table = self.dynamic.lock().unwrap_or_else(|p| p.into_inner());
-        configured
-            + table
-                .values()
-                .map(|(up, _)| up.pool().open_connections())
-                .sum::<usize>()
+        self.metrics
+            .live_pools()
+            .iter()
+            .map(|pool| pool.open_connections())
+            .sum()
     }
 
     /// The sidecar's own listener addresses.
@@ -198,9 +229,69 @@ impl Router {
         &self.local
     }
 
-    /// The configuration the router was built from.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.routes.get().config.clone()
+    }
+
+    /// Switches to `config`: configured upstreams whose pool key is unchanged keep their pools
+    /// (with the new limits), others get new pools; pools no longer routed to drain. On-the-fly
+    /// upstreams follow the new `defaults` the same way.
+    pub fn reload(&self, config: Arc<Config>) -> ReloadSummary {
+        let old = self.routes.get();
+        let mut summary = ReloadSummary::default();
+        let upstreams: Vec<Arc<Upstream>> = config
+            .upstreams
+            .iter()
+            .map(|cfg| {
+                let previous = old.by_name.get(cfg.name.as_str());
+                let up = Upstream::new(
+                    Spec::configured(cfg),
+                    &self.local,
+                    &self.metrics,
+                    previous.map(|p| &**p),
+                );
+                match previous {
+                    Some(p) if Arc::ptr_eq(p.pool(), up.pool()) => summary.kept += 1,
+                    Some(_) => summary.replaced += 1,
+                    None => summary.added += 1,
+                }
+                Arc::new(up)
+            })
+            .collect();
+        let routes = Arc::new(Routes::new(config, &upstreams));
+        let mut unused: Vec<Arc<Upstream>> = Vec::new();
+        {
+            let mut table = self.dynamic.lock().unwrap_or_else(|p| p.into_inner());
+            let entries: Vec<_> = table.drain().collect();
+            for ((scheme, authority), (up, used)) in entries {
+                if routes.by_authority.contains_key(&authority) {
+                    unused.push(up); // now a configured upstream
+                    continue;
+                }
+                let spec = Spec::dynamic(scheme, authority.clone(), &routes.config);
+                let next = Upstream::new(spec, &self.local, &self.metrics, Some(&up));
+                if !Arc::ptr_eq(next.pool(), up.pool()) {
+                    unused.push(up);
+                }
+                table.insert((scheme, authority), (Arc::new(next), used));
+            }
+            self.routes.set(routes.clone());
+        }
+        for (name, up) in &old.by_name {
+            let kept = routes
+                .by_name
+                .get(name)
+                .is_some_and(|next| Arc::ptr_eq(next.pool(), up.pool()));
+            if !kept {
+                summary.removed += usize::from(!routes.by_name.contains_key(name));
+                unused.push(up.clone());
+            }
+        }
+        for up in unused {
+            up.pool().retire("reload");
+        }
+        summary
     }
 
     /// Checks a CONNECT request's authority-form target, in order: `policy.connect`,
@@ -214,7 +305,8 @@ impl Router {
             return Err(bad(format!("CONNECT target {target:?} needs a port (host:port)")));
         }
         let authority = Authority::parse(target, 0).map_err(|e| bad(format!("CONNECT target: {e}")))?;
-        let policy = &self.config.policy;
+        let config = self.config();
+        let policy = &config.policy;
         // The hint matters: a tunnel hides the requests from the sidecar, so apps that use
         // HTTPS_PROXY get no pooling; the fix is on their side.
         const HINT: &str = "send plain http:// requests through the sidecar to get pooled, \
@@ -235,15 +327,23 @@ impl Router {
                 ),
             ));
         }
-        self.check_policy(&authority)?;
+        check_policy(policy, &authority)?;
         self.check_loop(&authority)?;
         Ok(authority)
     }
 
     /// Routes a request by its target URI and `Host` header.
     pub fn route(&self, entry: &Entry, uri: &Uri, host: Option<&str>) -> Result<Target, ProxyError> {
-        if let (Entry::Route(up), None) = (entry, uri.scheme()) {
-            return Ok(Target { upstream: up.clone() });
+        let routes = self.routes.get();
+        if let (Entry::Route(name), None) = (entry, uri.scheme()) {
+            let upstream = routes.by_name.get(name).cloned().ok_or_else(|| {
+                ProxyError::new(
+                    ErrorKind::UnknownUpstream,
+                    "this listener's upstream left the config",
+                )
+                .with_upstream(name.to_string())
+            })?;
+            return Ok(Target { upstream });
         }
         let (scheme, authority) = match (uri.scheme_str(), uri.authority()) {
             (Some(s), Some(a)) => {
@@ -281,13 +381,13 @@ impl Router {
             }
         };
         self.check_loop(&authority)?;
-        self.check_policy(&authority)?;
-        if let Some(up) = self.configured.get(&authority) {
+        check_policy(&routes.config.policy, &authority)?;
+        if let Some(up) = routes.by_authority.get(&authority) {
             return Ok(Target { upstream: up.clone() });
         }
         match scheme {
             Some(scheme) => Ok(Target {
-                upstream: self.dynamic_upstream(scheme, authority),
+                upstream: self.dynamic_upstream(&routes.config, scheme, authority),
             }),
             None => Err(ProxyError::new(
                 ErrorKind::UnknownUpstream,
@@ -324,20 +424,9 @@ impl Router {
         Ok(())
     }
 
-    fn check_policy(&self, authority: &Authority) -> Result<(), ProxyError> {
-        if !host_allowed(&self.config.policy, &authority.host) {
-            return Err(ProxyError::new(
-                ErrorKind::Denied,
-                format!("{} is not allowed by policy", authority.host),
-            )
-            .with_upstream(authority.to_string()));
-        }
-        Ok(())
-    }
-
-    fn dynamic_upstream(&self, scheme: Scheme, authority: Authority) -> Arc<Upstream> {
+    fn dynamic_upstream(&self, config: &Config, scheme: Scheme, authority: Authority) -> Arc<Upstream> {
         let mut authority = authority;
-        let scheme = if scheme == Scheme::Http && self.config.tls_hosts.contains(&authority.host) {
+        let scheme = if scheme == Scheme::Http && config.tls_hosts.contains(&authority.host) {
             if authority.port == Scheme::Http.default_port() {
                 authority.port = Scheme::Https.default_port();
             }
@@ -359,13 +448,24 @@ impl Router {
         let up = Arc::new(Upstream::dynamic(
             scheme,
             authority.clone(),
-            &self.config,
+            config,
             &self.local,
             &self.metrics,
         ));
         table.insert((scheme, authority), (up.clone(), now));
         up
     }
+}
+
+fn check_policy(policy: &PolicyConfig, authority: &Authority) -> Result<(), ProxyError> {
+    if !host_allowed(policy, &authority.host) {
+        return Err(ProxyError::new(
+            ErrorKind::Denied,
+            format!("{} is not allowed by policy", authority.host),
+        )
+        .with_upstream(authority.to_string()));
+    }
+    Ok(())
 }
 
 /// Whether two addresses are the same listening socket (a listener on 0.0.0.0 is every

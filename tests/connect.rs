@@ -255,6 +255,11 @@ async fn raw_tunnel_moves_bytes_both_ways_and_passes_half_close() {
         wr.shutdown().await.unwrap();
         wr
     });
+    let m = support::scrape(sidecar.admin).await;
+    assert_eq!(
+        support::value(&m, "egress_tunnels_active", &[("kind", "connect")]),
+        1.0
+    );
     let mut echoed = Vec::with_capacity(payload.len());
     tokio::time::timeout(Duration::from_secs(20), rd.read_to_end(&mut echoed))
         .await
@@ -268,6 +273,20 @@ async fn raw_tunnel_moves_bytes_both_ways_and_passes_half_close() {
         "the upstream side of the tunnel stayed open"
     );
     assert_eq!(echo.accepted(), 1);
+    let mut active = 1.0;
+    for _ in 0..60 {
+        let m = support::scrape(sidecar.admin).await;
+        assert_eq!(
+            support::value(&m, "egress_tunnels_opened_total", &[("kind", "connect")]),
+            1.0
+        );
+        active = support::value(&m, "egress_tunnels_active", &[("kind", "connect")]);
+        if active == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(active, 0.0, "the tunnel gauge returns to 0");
 }
 
 #[tokio::test]

@@ -9,12 +9,7 @@ use std::time::{Duration, Instant};
 use support::{ChildSidecar, FakeUpstream, RawClient};
 
 fn sigterm(sidecar: &ChildSidecar) {
-    let pid = sidecar.child.id().expect("running").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    sidecar.signal("-TERM");
 }
 
 async fn readyz(admin: std::net::SocketAddr) -> u16 {

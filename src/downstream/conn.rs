@@ -81,9 +81,9 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ct
     loop {
         if conn.buf.is_empty() {
             let limit = if conn.requests == 0 {
-                ctx.config.header_read_timeout
+                ctx.config.get().header_read_timeout
             } else {
-                ctx.config.idle_timeout
+                ctx.config.get().idle_timeout
             };
             tokio::select! {
                 ready = tokio::time::timeout(limit, conn.stream.readable()) => match ready {
@@ -103,7 +103,7 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ct
                 _ = drain.wait_for(|d| *d), if conn.requests > 0 => return served(&conn, false),
             }
             if conn.requests == 0 {
-                let deadline = Instant::now() + ctx.config.header_read_timeout;
+                let deadline = Instant::now() + ctx.config.get().header_read_timeout;
                 if super::h2::starts_with_preface(&conn.stream, deadline).await {
                     Box::pin(super::h2::serve(conn.stream, entry.clone(), ctx.clone())).await;
                     return Served {
@@ -141,8 +141,8 @@ enum HeadOutcome {
 }
 
 async fn read_head(conn: &mut Connection, ctx: &Context) -> HeadOutcome {
-    let deadline = Instant::now() + ctx.config.header_read_timeout;
-    let max = ctx.config.max_header_bytes;
+    let deadline = Instant::now() + ctx.config.get().header_read_timeout;
+    let max = ctx.config.get().max_header_bytes;
     loop {
         if !conn.buf.is_empty() {
             match codec::parse_head(&mut conn.buf, max) {
@@ -283,7 +283,7 @@ async fn await_response(
     ctx: &Context,
 ) -> Option<Response<ResponseBody>> {
     let (mut rd, mut wr) = stream.split();
-    let max_head = ctx.config.max_header_bytes;
+    let max_head = ctx.config.get().max_header_bytes;
     tokio::pin!(respond);
     loop {
         tokio::select! {
@@ -314,7 +314,7 @@ async fn send_response(
     ctx: &Context,
 ) -> io::Result<bool> {
     let (mut rd, mut wr) = stream.split();
-    let max_trailer = ctx.config.max_header_bytes;
+    let max_trailer = ctx.config.get().max_header_bytes;
     let write = write_response(&mut wr, resp, head_only, version, keep_alive);
     tokio::pin!(write);
     loop {
@@ -631,7 +631,7 @@ mod tests {
         let config = Arc::new(crate::Config::default());
         let (_drain_tx, drain) = tokio::sync::watch::channel(false);
         let ctx = Arc::new(super::Context {
-            config: config.downstream.clone(),
+            config: crate::reload::Live::new(config.downstream),
             proxy: crate::proxy::Proxy::new(crate::routing::Router::new(
                 config.clone(),
                 &[],

@@ -67,7 +67,7 @@ pub(super) async fn serve(stream: TcpStream, entry: Entry, ctx: Arc<Context>) {
         .max_concurrent_streams(MAX_STREAMS)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_header_list_size(u32::try_from(ctx.config.max_header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(u32::try_from(ctx.config.get().max_header_bytes).unwrap_or(u32::MAX));
     let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let mut drain = ctx.drain.clone();

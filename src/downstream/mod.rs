@@ -36,6 +36,7 @@ use crate::clients::{Clients, Leak};
 use crate::config::DownstreamConfig;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
+use crate::reload::Live;
 use crate::routing::Entry;
 
 /// After an accept error (EMFILE, ENFILE, ...) wait this long before accepting again.
@@ -44,8 +45,8 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 /// What every downstream connection shares.
 #[derive(Debug)]
 pub struct Context {
-    /// Downstream settings.
-    pub config: DownstreamConfig,
+    /// Downstream settings; a reload replaces them.
+    pub config: Live<DownstreamConfig>,
     /// The request handler.
     pub proxy: Proxy,
     /// Flips to `true` when draining starts.
@@ -69,14 +70,6 @@ pub struct DownstreamStats {
     pub idle_closed: AtomicU64,
     /// Requests served.
     pub requests: AtomicU64,
-    /// CONNECT tunnels established (target connected, `200` answered).
-    pub tunnels_opened: AtomicU64,
-    /// CONNECT tunnels open now.
-    pub tunnels_active: AtomicU64,
-    /// Connections switched to another protocol (`101`, e.g. WebSocket).
-    pub upgrades_opened: AtomicU64,
-    /// Switched connections open now.
-    pub upgrades_active: AtomicU64,
 }
 
 impl Context {

@@ -790,6 +790,11 @@ impl Pool {
 
     /// Gives a ready connection to the oldest live waiter, else keeps it idle.
     fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Conn) {
+        if st.over_cap() > 0 {
+            // A reload lowered the cap below what is open: shrink as connections free up.
+            conn.track.set("reload");
+            return;
+        }
         while let Some(waiter) = st.waiters.pop_front() {
             match waiter.tx.send(Ok(Grant::H1(conn))) {
                 Ok(()) => return,
@@ -803,11 +808,6 @@ impl Pool {
         }
         if st.config.max_idle == 0 {
             conn.track.set("max_idle");
-            return;
-        }
-        if st.over_cap() > 0 {
-            // A reload lowered the cap below what is open: shrink as connections free up.
-            conn.track.set("reload");
             return;
         }
         let now = Instant::now();

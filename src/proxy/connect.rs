@@ -57,14 +57,14 @@ pub async fn serve(
             }
         };
         // Counted before the 200 goes out, so that whoever has read it sees the tunnel counted.
-        let _active = ActiveGuard::new(&ctx.stats.tunnels_opened, &ctx.stats.tunnels_active);
+        let _active = ActiveGuard::new(&ctx.metrics, "connect");
         if let Err(e) = client.write_all(ESTABLISHED).await {
             tracing::debug!(error = %e, "client left before the tunnel was established");
             return TunnelEnd::Closed;
         }
         tracing::debug!(peer = ?upstream.peer_addr().ok(), "tunnel established");
         let early = buf.split();
-        let spliced = splice::splice(client, &early, &mut upstream, ctx.config.idle_timeout).await;
+        let spliced = splice::splice(client, &early, &mut upstream, ctx.config.get().idle_timeout).await;
         tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "tunnel closed");
         TunnelEnd::Closed
     }
@@ -99,7 +99,6 @@ async fn open(target: &Uri, framing: BodyFraming, ctx: &Context) -> Result<TcpSt
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
@@ -122,16 +121,14 @@ mod tests {
         let mut head = vec![0u8; super::ESTABLISHED.len()];
         client.read_exact(&mut head).await.unwrap();
         assert_eq!(head, super::ESTABLISHED);
-        let stats = &ctx.stats;
-        assert_eq!(stats.tunnels_opened.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.tunnels_active.load(Ordering::Relaxed), 1);
+        let families = ctx.metrics.families();
+        assert_eq!(families.tunnel_counts("connect"), (1, 1));
 
         drop(client);
         let mut rest = Vec::new();
         server.read_to_end(&mut rest).await.unwrap();
         drop(server);
-        assert!(eventually(|| stats.tunnels_active.load(Ordering::Relaxed) == 0).await);
-        assert_eq!(stats.tunnels_opened.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.upgrades_opened.load(Ordering::Relaxed), 0);
+        assert!(eventually(|| families.tunnel_counts("connect") == (1, 0)).await);
+        assert_eq!(families.tunnel_counts("upgrade"), (0, 0));
     }
 }

@@ -191,7 +191,7 @@ pub(crate) async fn serve_for_test(
     let (drain_tx, drain) = tokio::sync::watch::channel(false);
     std::mem::forget(drain_tx);
     let ctx = Arc::new(crate::downstream::Context {
-        config: config.downstream.clone(),
+        config: crate::reload::Live::new(config.downstream),
         proxy: Proxy::new(Router::new(config.clone(), &[], vec![me], Default::default())),
         drain,
         limit: Arc::new(tokio::sync::Semaphore::new(16)),

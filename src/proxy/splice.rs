@@ -110,21 +110,19 @@ where
     }
 }
 
-/// Counts one open tunnel in a gauge for as long as it lives.
+/// Counts one open tunnel in `egress_tunnels_active{kind}` for as long as it lives.
 #[derive(Debug)]
-pub(crate) struct ActiveGuard<'a>(&'a AtomicU64);
+pub(crate) struct ActiveGuard(prometheus_client::metrics::gauge::Gauge);
 
-impl<'a> ActiveGuard<'a> {
-    pub(crate) fn new(opened: &AtomicU64, active: &'a AtomicU64) -> Self {
-        opened.fetch_add(1, Ordering::Relaxed);
-        active.fetch_add(1, Ordering::Relaxed);
-        ActiveGuard(active)
+impl ActiveGuard {
+    pub(crate) fn new(metrics: &crate::metrics::Metrics, kind: &'static str) -> Self {
+        ActiveGuard(metrics.families().tunnel_opened(kind))
     }
 }
 
-impl Drop for ActiveGuard<'_> {
+impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.dec();
     }
 }
 

@@ -169,7 +169,7 @@ pub async fn switch(
         Version::HTTP_11,
         &mut head,
     );
-    let _active = ActiveGuard::new(&ctx.stats.upgrades_opened, &ctx.stats.upgrades_active);
+    let _active = ActiveGuard::new(&ctx.metrics, "upgrade");
     if let Err(e) = client.write_all(&head).await {
         tracing::debug!(error = %e, "client left before the 101 was written");
         return;
@@ -183,7 +183,7 @@ pub async fn switch(
     tracing::debug!(%protocol, "connection switched");
     let mut upstream = TokioIo::new(upgraded);
     let early = buf.split();
-    let spliced = splice::splice(client, &early, &mut upstream, ctx.config.idle_timeout).await;
+    let spliced = splice::splice(client, &early, &mut upstream, ctx.config.get().idle_timeout).await;
     tracing::debug!(
         %protocol,
         up = spliced.up,
@@ -195,7 +195,6 @@ pub async fn switch(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
@@ -242,15 +241,14 @@ mod tests {
             answer.starts_with("HTTP/1.1 101 Switching Protocols\r\n"),
             "{answer}"
         );
-        let stats = &ctx.stats;
-        assert_eq!(stats.upgrades_opened.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.upgrades_active.load(Ordering::Relaxed), 1);
+        let families = ctx.metrics.families();
+        assert_eq!(families.tunnel_counts("upgrade"), (1, 1));
 
         drop(server);
         let mut rest = Vec::new();
         client.read_to_end(&mut rest).await.unwrap();
         drop(client);
-        assert!(eventually(|| stats.upgrades_active.load(Ordering::Relaxed) == 0).await);
-        assert_eq!(stats.tunnels_opened.load(Ordering::Relaxed), 0);
+        assert!(eventually(|| families.tunnel_counts("upgrade") == (1, 0)).await);
+        assert_eq!(families.tunnel_counts("connect"), (0, 0));
     }
 }

@@ -45,6 +45,7 @@ pub struct Upstream {
     /// The HTTP/1.1-only TLS config for dedicated connections, built on first use.
     upgrade_tls: OnceLock<Result<tls::TlsConnector, String>>,
     metrics: UpstreamMetrics,
+    key: PoolKey,
 }
 
 /// A byte stream to an upstream: TCP, or TLS over TCP.
@@ -61,20 +62,81 @@ enum Failure {
     Sent(ProxyError),
 }
 
+/// What decides where and how an upstream's connections are made. A reloaded upstream with
+/// the same key keeps its pool and connections (new limits apply in place); any other change
+/// means a new pool, and the old one drains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolKey {
+    label: Arc<str>,
+    scheme: Scheme,
+    authority: Authority,
+    addresses: Vec<SocketAddr>,
+    tls: Option<TlsConfig>,
+    protocol: Protocol,
+    connect_timeout: Duration,
+    keepalive_interval: Option<Duration>,
+    keepalive_timeout: Duration,
+}
+
+/// Everything an upstream is built from.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    label: Arc<str>,
+    scheme: Scheme,
+    authority: Authority,
+    aliases: Vec<Authority>,
+    addresses: Vec<SocketAddr>,
+    tls: TlsConfig,
+    settings: UpstreamSettings,
+}
+
+impl Spec {
+    /// An upstream from the config file.
+    pub fn configured(cfg: &UpstreamConfig) -> Self {
+        Spec {
+            label: cfg.name.as_str().into(),
+            scheme: cfg.scheme,
+            authority: cfg.authority.clone(),
+            aliases: cfg.aliases.clone(),
+            addresses: cfg.addresses.clone(),
+            tls: cfg.tls.clone(),
+            settings: cfg.settings.clone(),
+        }
+    }
+
+    /// An upstream met through an absolute-form request, with `defaults`.
+    pub fn dynamic(scheme: Scheme, authority: Authority, config: &Config) -> Self {
+        Spec {
+            label: authority.to_string().into(),
+            scheme,
+            authority,
+            aliases: Vec::new(),
+            addresses: Vec::new(),
+            tls: TlsConfig::default(),
+            settings: config.defaults.clone(),
+        }
+    }
+
+    /// The key deciding whether an existing pool can serve this spec.
+    pub fn pool_key(&self) -> PoolKey {
+        PoolKey {
+            label: self.label.clone(),
+            scheme: self.scheme,
+            authority: self.authority.clone(),
+            addresses: self.addresses.clone(),
+            tls: (self.scheme == Scheme::Https).then(|| self.tls.clone()),
+            protocol: self.settings.protocol,
+            connect_timeout: self.settings.connect_timeout,
+            keepalive_interval: self.settings.http2.keepalive_interval,
+            keepalive_timeout: self.settings.http2.keepalive_timeout,
+        }
+    }
+}
+
 impl Upstream {
     /// An upstream from the config file.
     pub fn configured(cfg: &UpstreamConfig, local: &[SocketAddr], metrics: &Metrics) -> Self {
-        Self::build(
-            cfg.name.as_str().into(),
-            cfg.scheme,
-            cfg.authority.clone(),
-            cfg.aliases.clone(),
-            cfg.addresses.clone(),
-            &cfg.tls,
-            cfg.settings.clone(),
-            local,
-            metrics,
-        )
+        Self::new(Spec::configured(cfg), local, metrics, None)
     }
 
     /// An upstream met through an absolute-form request, with `defaults`.
@@ -85,76 +147,95 @@ impl Upstream {
         local: &[SocketAddr],
         metrics: &Metrics,
     ) -> Self {
-        Self::build(
-            authority.to_string().into(),
-            scheme,
-            authority,
-            Vec::new(),
-            Vec::new(),
-            &TlsConfig::default(),
-            config.defaults.clone(),
-            local,
-            metrics,
-        )
+        Self::new(Spec::dynamic(scheme, authority, config), local, metrics, None)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn build(
-        label: Arc<str>,
-        scheme: Scheme,
-        authority: Authority,
-        aliases: Vec<Authority>,
-        addresses: Vec<SocketAddr>,
-        tls: &TlsConfig,
-        settings: UpstreamSettings,
-        local: &[SocketAddr],
-        metrics: &Metrics,
-    ) -> Self {
+    /// Builds the upstream `spec` describes. When `previous` has the same [`PoolKey`], its pool
+    /// (and connections) carry over with the new pool settings applied; otherwise a new pool is
+    /// made.
+    pub fn new(spec: Spec, local: &[SocketAddr], metrics: &Metrics, previous: Option<&Upstream>) -> Self {
+        let key = spec.pool_key();
+        let Spec {
+            label,
+            scheme,
+            authority,
+            aliases,
+            addresses,
+            tls,
+            settings,
+        } = spec;
         let upstream_metrics = metrics.upstream(&label);
-        let host_header = host_header(scheme, &authority);
-        let protocol = settings.protocol;
-        let tls_config = (scheme == Scheme::Https).then(|| tls.clone());
-        let tls = (scheme == Scheme::Https).then(|| {
-            tls::TlsConnector::new(tls, &authority.host, dial::Connector::alpn(protocol)).inspect_err(|why| {
-                tracing::error!(upstream = %label, "TLS origination unavailable: {why}");
-            })
-        });
-        // What the pool can know before the first dial: only TLS with `auto` leaves it to ALPN.
-        let known = match (protocol, scheme) {
-            (Protocol::Http2, _) => pool::Protocol::Http2,
-            (Protocol::Http1, _) | (Protocol::Auto, Scheme::Http) => pool::Protocol::Http1,
-            (Protocol::Auto, Scheme::Https) => pool::Protocol::Unknown,
+        let max_streams = settings.http2.max_streams_per_connection as usize;
+        let pool = match previous.filter(|p| p.key == key) {
+            Some(previous) => {
+                previous.pool.reconfigure(settings.pool, max_streams);
+                previous.pool.clone()
+            }
+            None => {
+                let pool = Self::new_pool(&key, &tls, &settings, local, upstream_metrics.clone());
+                upstream_metrics.watch_pool(&pool);
+                pool
+            }
         };
-        let target = dial::Target {
-            label: label.clone(),
-            authority: authority.clone(),
-            addresses: addresses.clone(),
-            connect_timeout: settings.connect_timeout,
-            local: local.to_vec(),
-        };
-        let connector = dial::Connector::new(target, tls, protocol, settings.http2.clone());
-        let pool = Pool::new(
-            label.clone(),
-            settings.pool,
-            known,
-            settings.http2.max_streams_per_connection as usize,
-            Box::new(connector),
-            upstream_metrics.clone(),
-        );
-        upstream_metrics.watch_pool(&pool);
         Upstream {
+            host_header: host_header(scheme, &authority),
             label,
             scheme,
             authority,
             aliases,
             addresses,
             settings,
-            host_header,
             pool,
-            tls: tls_config,
+            tls: (scheme == Scheme::Https).then_some(tls),
             upgrade_tls: OnceLock::new(),
             metrics: upstream_metrics,
+            key,
         }
+    }
+
+    fn new_pool(
+        key: &PoolKey,
+        tls: &TlsConfig,
+        settings: &UpstreamSettings,
+        local: &[SocketAddr],
+        metrics: UpstreamMetrics,
+    ) -> Arc<Pool> {
+        let label = &key.label;
+        let protocol = settings.protocol;
+        let connector_tls = (key.scheme == Scheme::Https).then(|| {
+            tls::TlsConnector::new(tls, &key.authority.host, dial::Connector::alpn(protocol)).inspect_err(
+                |why| {
+                    tracing::error!(upstream = %label, "TLS origination unavailable: {why}");
+                },
+            )
+        });
+        // What the pool can know before the first dial: only TLS with `auto` leaves it to ALPN.
+        let known = match (protocol, key.scheme) {
+            (Protocol::Http2, _) => pool::Protocol::Http2,
+            (Protocol::Http1, _) | (Protocol::Auto, Scheme::Http) => pool::Protocol::Http1,
+            (Protocol::Auto, Scheme::Https) => pool::Protocol::Unknown,
+        };
+        let target = dial::Target {
+            label: label.clone(),
+            authority: key.authority.clone(),
+            addresses: key.addresses.clone(),
+            connect_timeout: settings.connect_timeout,
+            local: local.to_vec(),
+        };
+        let connector = dial::Connector::new(target, connector_tls, protocol, settings.http2.clone());
+        Pool::new(
+            label.clone(),
+            settings.pool,
+            known,
+            settings.http2.max_streams_per_connection as usize,
+            Box::new(connector),
+            metrics,
+        )
+    }
+
+    /// The key deciding whether a reloaded spec can keep this upstream's pool.
+    pub fn pool_key(&self) -> &PoolKey {
+        &self.key
     }
 
     /// The label in logs and metrics: the configured name, or host:port.

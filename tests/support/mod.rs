@@ -430,7 +430,7 @@ pub fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &st
         .sum()
 }
 
-/// `/debug/pools`, parsed: the pool of upstream `label`.
+/// `/debug/pools`, parsed: the pool serving upstream `label` (not one a reload retired).
 pub async fn debug_pool(admin: SocketAddr, label: &str) -> serde_json::Value {
     let resp = admin_get(admin, "/debug/pools").await;
     assert_eq!(resp.status, 200);
@@ -439,7 +439,7 @@ pub async fn debug_pool(admin: SocketAddr, label: &str) -> serde_json::Value {
         .as_array()
         .expect("a pools array")
         .iter()
-        .find(|p| p["upstream"] == label)
+        .find(|p| p["upstream"] == label && p["retired"].is_null())
         .cloned()
         .unwrap_or_else(|| panic!("no pool {label} in {all}"))
 }
@@ -684,6 +684,10 @@ pub struct ChildSidecar {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     pub child: tokio::process::Child,
+    /// The config file it runs with.
+    pub config_path: std::path::PathBuf,
+    /// Every line it logged (JSON).
+    pub logs: Arc<Mutex<Vec<String>>>,
     _dir: TempDir,
 }
 
@@ -699,7 +703,7 @@ impl ChildSidecar {
         use tokio::io::AsyncBufReadExt;
         let dir = TempDir::new();
         let path = dir.path.join("config.yaml");
-        std::fs::write(&path, format!("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n{yaml}")).unwrap();
+        std::fs::write(&path, Self::config_text(yaml)).unwrap();
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
             .arg("run")
             .arg("--config")
@@ -713,24 +717,71 @@ impl ChildSidecar {
             .unwrap();
         let stderr = child.stderr.take().unwrap();
         let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let logs = Arc::new(Mutex::new(Vec::new()));
         let (addr, admin) = loop {
             let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
                 .await
                 .expect("sidecar started within 20s")
                 .unwrap()
                 .expect("sidecar exited before listening");
+            logs.lock().unwrap().push(line.clone());
             if line.contains("forward proxy listening") {
                 break (json_field(&line, "listen"), json_field(&line, "admin"));
             }
         };
         // Keep draining stderr so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let kept = logs.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                kept.lock().unwrap().push(line);
+            }
+        });
         ChildSidecar {
             addr: addr.parse().unwrap(),
             admin: admin.parse().unwrap(),
             child,
+            config_path: path,
+            logs,
             _dir: dir,
         }
+    }
+
+    fn config_text(yaml: &str) -> String {
+        format!("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n{yaml}")
+    }
+
+    /// Replaces the config file the way Kubernetes and most editors do: a new file renamed over
+    /// the old one, so the sidecar never reads half of it.
+    pub fn rewrite_config(&self, yaml: &str) {
+        self.replace_config_file(&Self::config_text(yaml));
+    }
+
+    /// Like [`ChildSidecar::rewrite_config`], with the file's whole text (listeners included).
+    pub fn replace_config_file(&self, text: &str) {
+        let tmp = self.config_path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.config_path).unwrap();
+    }
+
+    /// Sends a signal (`-TERM`, `-HUP`, ...) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Logged lines containing `text`.
+    pub fn logged(&self, text: &str) -> Vec<String> {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(text))
+            .cloned()
+            .collect()
     }
 
     /// A `/proc/PID/status` field in KiB (e.g. `VmRSS`, `VmHWM`).

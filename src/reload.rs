@@ -1,0 +1,242 @@
+//! Hot reload: on SIGHUP, or when the config file's content changes, the file is loaded again
+//! (flags and environment variables still win) and applied without dropping a request.
+//!
+//! - A config that fails validation, or that changes what cannot change in place (the
+//!   `listen`, `admin` and route-mode `upstreams[].listen` sockets), is rejected: the error is
+//!   logged, `egress_config_reloads_total{result="failure"}` counts it,
+//!   `egress_config_last_reload_successful` turns 0, and the old config keeps serving.
+//! - Otherwise routing, policy and downstream settings switch at once; each upstream whose
+//!   [`PoolKey`](crate::upstream::PoolKey) did not change keeps its pool and connections with the
+//!   new pool limits applied; upstreams that left the config, or whose key changed, get a new
+//!   pool while the old one drains (idle connections close now, busy ones when their exchange
+//!   ends).
+//!
+//! The file is polled rather than watched through inotify: a Kubernetes ConfigMap volume swaps a
+//! symlink to a new directory, which inotify watches on the file miss, and an editor's
+//! half-written save would otherwise be loaded. A change is applied once two polls read the
+//! same new content.
+//!
+//! Not handled here: what each setting does (the modules owning them).
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::{self, Config, Overrides};
+use crate::downstream::Context;
+use crate::routing::ReloadSummary;
+
+/// How often the config file is read for changes.
+pub const FILE_POLL: Duration = Duration::from_millis(500);
+
+/// A value a reload replaces; readers take a copy (cheap: a small struct or an `Arc`).
+#[derive(Debug, Default)]
+pub struct Live<T>(RwLock<T>);
+
+impl<T: Clone> Live<T> {
+    /// Holds `value` until the next [`Live::set`].
+    pub fn new(value: T) -> Self {
+        Live(RwLock::new(value))
+    }
+
+    /// The current value.
+    pub fn get(&self) -> T {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the value.
+    pub fn set(&self, value: T) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = value;
+    }
+}
+
+/// Where a reload reads its config from: the same file and overrides as at start.
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    /// The config file (`--config` / `EGRESS_CONFIG`); without one only SIGHUP reloads.
+    pub path: Option<PathBuf>,
+    /// Flags and environment variables, which win over the file.
+    pub overrides: Overrides,
+}
+
+/// Reloads on SIGHUP and on file changes until `stop` flips to true.
+pub async fn watch(source: Source, ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
+    let mut hangup = hangup_signal();
+    let mut applied = read(&source).await;
+    let mut candidate: Option<Option<Vec<u8>>> = None;
+    let mut poll = tokio::time::interval(FILE_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = recv(&mut hangup) => {
+                applied = read(&source).await;
+                candidate = None;
+                reload(&source, &ctx, "SIGHUP");
+            }
+            _ = poll.tick(), if source.path.is_some() => {
+                let now = read(&source).await;
+                if now == applied {
+                    candidate = None;
+                } else if candidate.as_ref() == Some(&now) {
+                    applied = now;
+                    candidate = None;
+                    reload(&source, &ctx, "config file changed");
+                } else {
+                    candidate = Some(now);
+                }
+            }
+            // The guard `wait_for` returns must not live across the other branches' awaits.
+            _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
+        }
+    }
+}
+
+async fn read(source: &Source) -> Option<Vec<u8>> {
+    // A config file is a few KiB: reading it on the runtime thread is cheaper than a hop to the
+    // blocking pool.
+    std::fs::read(source.path.as_ref()?).ok()
+}
+
+#[cfg(unix)]
+fn hangup_signal() -> Option<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    signal(SignalKind::hangup())
+        .inspect_err(|e| tracing::warn!("SIGHUP reload unavailable: {e}"))
+        .ok()
+}
+
+#[cfg(unix)]
+async fn recv(hangup: &mut Option<tokio::signal::unix::Signal>) {
+    match hangup {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(not(unix))]
+fn hangup_signal() -> Option<()> {
+    None
+}
+
+#[cfg(not(unix))]
+async fn recv(_: &mut Option<()>) {
+    std::future::pending().await
+}
+
+/// Loads and applies the config, or logs why not; counts the outcome.
+pub fn reload(source: &Source, ctx: &Context, why: &str) {
+    let families = ctx.metrics.families();
+    let result = config::load(source.path.as_deref(), &source.overrides)
+        .map_err(|e| e.to_string())
+        .and_then(|config| apply(ctx, config));
+    match result {
+        Ok(summary) => {
+            families.reloads.get_or_create(&outcome("success")).inc();
+            families.last_reload_successful.set(1);
+            tracing::info!(
+                trigger = why,
+                kept = summary.kept,
+                added = summary.added,
+                replaced = summary.replaced,
+                removed = summary.removed,
+                "config reloaded"
+            );
+        }
+        Err(problems) => {
+            families.reloads.get_or_create(&outcome("failure")).inc();
+            families.last_reload_successful.set(0);
+            tracing::error!(
+                trigger = why,
+                "config reload rejected; the previous config keeps serving: {}",
+                problems.replace('\n', "; ")
+            );
+        }
+    }
+}
+
+fn outcome(result: &'static str) -> crate::metrics::ResultLabel {
+    crate::metrics::ResultLabel { result }
+}
+
+/// Applies a validated config, unless it changes a listening socket.
+fn apply(ctx: &Context, config: Config) -> Result<ReloadSummary, String> {
+    let router = ctx.proxy.router();
+    let old = router.config();
+    check_listeners(&old, &config)?;
+    let downstream = config.downstream;
+    let summary = router.reload(Arc::new(config));
+    resize_limit(ctx, ctx.config.get().max_connections, downstream.max_connections);
+    ctx.config.set(downstream);
+    Ok(summary)
+}
+
+/// The sockets are bound once, at start; a reload that moves one is refused as a whole rather
+/// than applied in part.
+fn check_listeners(old: &Config, new: &Config) -> Result<(), String> {
+    let mut problems = Vec::new();
+    if old.listen != new.listen {
+        problems.push(format!("listen: changed from {} to {}", old.listen, new.listen));
+    }
+    if old.admin != new.admin {
+        problems.push(format!("admin: changed from {} to {}", old.admin, new.admin));
+    }
+    let routes = |c: &Config| -> Vec<(String, std::net::SocketAddr)> {
+        let mut v: Vec<_> = c
+            .upstreams
+            .iter()
+            .filter_map(|u| u.listen.map(|l| (u.name.clone(), l)))
+            .collect();
+        v.sort();
+        v
+    };
+    if routes(old) != routes(new) {
+        problems.push("upstreams[].listen: route-mode listeners changed".to_owned());
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{}; listening sockets are bound at start, restart the sidecar to change them",
+        problems.join("; ")
+    ))
+}
+
+/// Grows or shrinks the `downstream.max_connections` semaphore. Shrinking takes permits as
+/// connections close, so no open connection is cut.
+fn resize_limit(ctx: &Context, old: usize, new: usize) {
+    if new > old {
+        ctx.limit.add_permits(new - old);
+    } else if new < old {
+        let limit = ctx.limit.clone();
+        let excess = u32::try_from(old - new).unwrap_or(u32::MAX);
+        tokio::spawn(async move {
+            if let Ok(permits) = limit.acquire_many_owned(excess).await {
+                permits.forget();
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moving_a_listener_is_refused_naming_the_key() {
+        let parse = |yaml: &str| config::parse(yaml, &Default::default()).unwrap();
+        let old = parse("listen: 127.0.0.1:15080\nupstreams:\n  - { name: a, url: http://a.test, listen: 127.0.0.1:15090 }\n");
+        let same = parse("listen: 127.0.0.1:15080\nupstreams:\n  - { name: a, url: http://b.test, listen: 127.0.0.1:15090 }\n");
+        assert!(check_listeners(&old, &same).is_ok());
+        let moved = parse("listen: 127.0.0.1:15082\nupstreams:\n  - { name: a, url: http://a.test, listen: 127.0.0.1:15091 }\n");
+        let err = check_listeners(&old, &moved).unwrap_err();
+        assert!(
+            err.contains("listen: changed from 127.0.0.1:15080 to 127.0.0.1:15082"),
+            "{err}"
+        );
+        assert!(err.contains("upstreams[].listen"), "{err}");
+    }
+}
