@@ -355,6 +355,31 @@ async fn stale_connection_race_retries_get_but_not_post() {
     let resp = client.read_response(false).await.unwrap();
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(upstream.methods("POST"), vec![2, 3, 4]);
+
+    // /metrics agrees: two requests retried, one 502, four 200s, four connections.
+    let m = support::scrape(sidecar.admin).await;
+    let stale = [("upstream", "stale")];
+    assert_eq!(support::value(&m, "egress_upstream_retries_total", &stale), 2.0);
+    assert_eq!(
+        support::value(
+            &m,
+            "egress_upstream_requests_total",
+            &[("upstream", "stale"), ("code", "200")]
+        ),
+        4.0
+    );
+    assert_eq!(
+        support::value(
+            &m,
+            "egress_upstream_requests_total",
+            &[("upstream", "stale"), ("code", "502")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        support::value(&m, "egress_upstream_connections_opened_total", &stale),
+        4.0
+    );
 }
 
 /// An upstream that closes every keep-alive connection 100 ms after answering.
