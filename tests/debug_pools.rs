@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{debug_pool, eventually, FakeUpstream, RawClient, Sidecar};
+use support::{debug_pool, eventually, spawn_gets, FakeUpstream, RawClient, Sidecar};
 
 fn connections(pool: &Value) -> &Vec<Value> {
     pool["connections"].as_array().expect("a connections array")
@@ -40,17 +40,7 @@ async fn http1_connections_match_the_upstream_busy_and_idle() {
     assert!(conn["idle_seconds"].as_f64().is_some());
 
     // Four slow requests at once: the idle connection and three new ones, all busy.
-    let addr = sidecar.addr;
-    let slow: Vec<_> = (0..4)
-        .map(|_| {
-            tokio::spawn(async move {
-                RawClient::connect(addr)
-                    .await
-                    .get(&format!("http://{up}/sleep/1000"))
-                    .await
-            })
-        })
-        .collect();
+    let slow = spawn_gets(sidecar.addr, &format!("http://{up}/sleep/1000"), 4);
     assert!(eventually(Duration::from_secs(3), || upstream.requests() == 7).await);
     let pool = debug_pool(sidecar.admin, "up").await;
     assert_eq!(upstream.open(), 4);
@@ -83,17 +73,7 @@ async fn http2_streams_are_shown_per_connection() {
         upstream.addr
     ))
     .await;
-    let (addr, up) = (sidecar.addr, upstream.addr);
-    let slow: Vec<_> = (0..20)
-        .map(|_| {
-            tokio::spawn(async move {
-                RawClient::connect(addr)
-                    .await
-                    .get(&format!("http://{up}/sleep/1000"))
-                    .await
-            })
-        })
-        .collect();
+    let slow = spawn_gets(sidecar.addr, &format!("http://{}/sleep/1000", upstream.addr), 20);
     assert!(eventually(Duration::from_secs(3), || upstream.requests() == 20).await);
     let pool = debug_pool(sidecar.admin, "h2").await;
     assert_eq!(upstream.open(), 1);

@@ -44,11 +44,7 @@ async fn sigterm_during_load_finishes_the_work_and_exits_zero() {
 
     let finished = in_flight.await.unwrap();
     assert_eq!(finished.status, 200, "in-flight request completed");
-    let status = tokio::time::timeout(Duration::from_secs(8), sidecar.child.wait())
-        .await
-        .expect("exited within the drain deadline")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
+    sidecar.assert_exits_ok_within(Duration::from_secs(8)).await;
     println!("exited {:?} after SIGTERM", signalled.elapsed());
     assert!(
         signalled.elapsed() < Duration::from_secs(4),
@@ -66,11 +62,7 @@ async fn sigterm_with_idle_applications_exits_at_once() {
     assert_eq!(idle.get(&format!("http://{}/", upstream.addr)).await.status, 200);
     let signalled = Instant::now();
     sigterm(&sidecar);
-    let status = tokio::time::timeout(Duration::from_secs(8), sidecar.child.wait())
-        .await
-        .expect("exited")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
+    sidecar.assert_exits_ok_within(Duration::from_secs(8)).await;
     assert!(
         signalled.elapsed() < Duration::from_secs(1),
         "took {:?}",
@@ -145,11 +137,7 @@ async fn exit_closes_http2_upstream_connections_with_goaway() {
         .await;
     assert_eq!(resp.status, 200, "{}", resp.text());
     sigterm(&sidecar);
-    let status = tokio::time::timeout(Duration::from_secs(8), sidecar.child.wait())
-        .await
-        .expect("exited")
-        .unwrap();
-    assert!(status.success(), "exit status {status}");
+    sidecar.assert_exits_ok_within(Duration::from_secs(8)).await;
     let frames = tokio::time::timeout(Duration::from_secs(2), frames)
         .await
         .expect("the upstream connection was closed")

@@ -28,18 +28,8 @@ async fn metrics_match_a_scripted_load_and_gauges_return_to_zero() {
         assert_eq!(b.get(&format!("http://{}/", upstream.addr)).await.status, 200);
     }
     // Two slow requests hold both connections; a third is rejected (max_pending: 0).
-    let addr = sidecar.addr;
     let up = upstream.addr;
-    let slow: Vec<_> = (0..2)
-        .map(|_| {
-            tokio::spawn(async move {
-                RawClient::connect(addr)
-                    .await
-                    .get(&format!("http://{up}/sleep/500"))
-                    .await
-            })
-        })
-        .collect();
+    let slow = support::spawn_gets(sidecar.addr, &format!("http://{up}/sleep/500"), 2);
     assert!(support::eventually(Duration::from_secs(3), || upstream.requests() == 12).await);
     let rejected = RawClient::connect(sidecar.addr)
         .await
@@ -156,17 +146,7 @@ async fn http2_pool_metrics_count_streams_on_one_connection_and_return_to_zero()
         upstream.addr
     ))
     .await;
-    let (addr, up) = (sidecar.addr, upstream.addr);
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            tokio::spawn(async move {
-                RawClient::connect(addr)
-                    .await
-                    .get(&format!("http://{up}/sleep/200"))
-                    .await
-            })
-        })
-        .collect();
+    let tasks = support::spawn_gets(sidecar.addr, &format!("http://{}/sleep/200", upstream.addr), 20);
     for task in tasks {
         assert_eq!(task.await.unwrap().status, 200);
     }

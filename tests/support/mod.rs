@@ -663,6 +663,16 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Sends `n` GETs for `url` at once, each on its own connection to `sidecar`.
+pub fn spawn_gets(sidecar: SocketAddr, url: &str, n: usize) -> Vec<tokio::task::JoinHandle<RawResponse>> {
+    (0..n)
+        .map(|_| {
+            let url = url.to_owned();
+            tokio::spawn(async move { RawClient::connect(sidecar).await.get(&url).await })
+        })
+        .collect()
+}
+
 /// Polls `cond` every 20ms until it holds or `within` passes.
 pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + within;
@@ -782,6 +792,15 @@ impl ChildSidecar {
             .filter(|l| l.contains(text))
             .cloned()
             .collect()
+    }
+
+    /// Waits for the process to exit (at most `within`) and asserts it exited 0.
+    pub async fn assert_exits_ok_within(&mut self, within: Duration) {
+        let status = tokio::time::timeout(within, self.child.wait())
+            .await
+            .expect("exited in time")
+            .unwrap();
+        assert!(status.success(), "exit status {status}");
     }
 
     /// A `/proc/PID/status` field in KiB (e.g. `VmRSS`, `VmHWM`).
