@@ -135,12 +135,16 @@ impl Clients {
         f(source, index)
     }
 
-    /// A connection from `ip` was accepted.
-    pub fn opened(&self, ip: IpAddr) {
-        self.with_source(ip, Instant::now(), |source, i| {
+    /// A connection from `ip` was accepted; returns whether the detector flags `ip` now (its
+    /// connections then get `downstream.leaky_idle_timeout`).
+    pub fn opened(&self, ip: IpAddr) -> bool {
+        let now = Instant::now();
+        let current = self.slice(now);
+        self.with_source(ip, now, |source, i| {
             source.buckets[i].opened += 1;
             source.totals.opened += 1;
-        });
+            is_leaking(&window_sum(source, current))
+        })
     }
 
     /// A connection from `ip` closed after `requests` requests; returns a leak to warn about,

@@ -32,6 +32,12 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_DOWNSTREAM_MAX_CONNECTIONS: usize = 10_000;
 /// Upper bound on `downstream.max_connections`.
 const MAX_DOWNSTREAM_CONNECTIONS: usize = 1_000_000;
+/// Idle keep-alive application connections kept: a healthy application keeps a few per host
+/// in its pool, a leaking one thousands; at ~1.6 KB each this bounds idle memory to ~1.6 MiB.
+pub const DEFAULT_MAX_IDLE_DOWNSTREAM: usize = 1024;
+/// Idle timeout for connections from a source the leak detector flags: its connections are
+/// never reused, so holding them is pure cost.
+pub const DEFAULT_LEAKY_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest request head accepted.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Time allowed for TCP connect (and, later, TLS handshake) to an upstream.
@@ -88,6 +94,8 @@ struct FileDownstream {
     header_read_timeout: Option<Scalar>,
     max_connections: Option<u64>,
     max_header_bytes: Option<Scalar>,
+    max_idle_connections: Option<u64>,
+    leaky_idle_timeout: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -201,6 +209,12 @@ pub struct DownstreamConfig {
     /// Largest request head accepted.
     #[serde(serialize_with = "ser_size")]
     pub max_header_bytes: usize,
+    /// Idle keep-alive connections kept; beyond it the longest idle is closed first.
+    pub max_idle_connections: usize,
+    /// Idle timeout for connections from a source the leak detector flags (at most
+    /// `idle_timeout`).
+    #[serde(serialize_with = "ser_duration")]
+    pub leaky_idle_timeout: Duration,
 }
 
 /// Which HTTP version to speak upstream.
@@ -620,6 +634,16 @@ fn validate_downstream(raw: &FileDownstream, problems: &mut Problems) -> Downstr
             format!("{max_header_bytes} bytes is outside 1KiB..16MiB"),
         );
     }
+    let max_idle_connections = raw
+        .max_idle_connections
+        .map(|n| n as usize)
+        .unwrap_or(DEFAULT_MAX_IDLE_DOWNSTREAM);
+    if !(1..=MAX_DOWNSTREAM_CONNECTIONS).contains(&max_idle_connections) {
+        problems.add(
+            "downstream.max_idle_connections",
+            format!("{max_idle_connections} is outside 1..={MAX_DOWNSTREAM_CONNECTIONS}"),
+        );
+    }
     let idle_timeout = duration_or(
         &raw.idle_timeout,
         DEFAULT_DOWNSTREAM_IDLE_TIMEOUT,
@@ -632,9 +656,16 @@ fn validate_downstream(raw: &FileDownstream, problems: &mut Problems) -> Downstr
         "downstream.header_read_timeout",
         problems,
     );
+    let leaky_idle_timeout = duration_or(
+        &raw.leaky_idle_timeout,
+        DEFAULT_LEAKY_IDLE_TIMEOUT,
+        "downstream.leaky_idle_timeout",
+        problems,
+    );
     for (key, value) in [
         ("downstream.idle_timeout", idle_timeout),
         ("downstream.header_read_timeout", header_read_timeout),
+        ("downstream.leaky_idle_timeout", leaky_idle_timeout),
     ] {
         if value.is_zero() {
             problems.add(key, "must be more than 0");
@@ -645,6 +676,8 @@ fn validate_downstream(raw: &FileDownstream, problems: &mut Problems) -> Downstr
         header_read_timeout,
         max_connections,
         max_header_bytes,
+        max_idle_connections,
+        leaky_idle_timeout,
     }
 }
 

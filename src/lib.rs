@@ -152,6 +152,7 @@ pub async fn run_with_reload(
         stats: Default::default(),
         metrics: metrics.clone(),
         clients: clients.clone(),
+        idle: Default::default(),
     });
 
     let ready = Arc::new(AtomicBool::new(true));

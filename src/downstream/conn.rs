@@ -30,7 +30,7 @@ use http_body::{Body, Frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -58,6 +58,8 @@ struct Connection {
     buf: BytesMut,
     peer: SocketAddr,
     requests: u64,
+    /// From a source the leak detector flagged when it connected.
+    leaky: bool,
 }
 
 /// How a connection ended, for per-source accounting.
@@ -70,37 +72,33 @@ pub(super) struct Served {
 }
 
 /// Serves one connection until it closes, idles out or the sidecar drains.
-pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ctx: &Arc<Context>) -> Served {
+pub(super) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    leaky: bool,
+    entry: &Entry,
+    ctx: &Arc<Context>,
+) -> Served {
     let mut conn = Connection {
         stream,
         buf: BytesMut::new(),
         peer,
         requests: 0,
+        leaky,
     };
     let mut drain = ctx.drain.clone();
     loop {
         if conn.buf.is_empty() {
-            let limit = if conn.requests == 0 {
-                ctx.config.get().header_read_timeout
-            } else {
-                ctx.config.get().idle_timeout
-            };
-            tokio::select! {
-                ready = tokio::time::timeout(limit, conn.stream.readable()) => match ready {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return served(&conn, false),
-                    Err(_) => {
-                        if conn.requests > 0 {
-                            ctx.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
-                            ctx.metrics.families().downstream_idle_closed.inc();
-                            tracing::debug!(requests = conn.requests, "closing idle downstream connection");
-                        }
-                        return served(&conn, conn.requests > 0);
-                    }
-                },
-                // Draining closes idle keep-alive connections; a new connection still gets its
-                // first request served (apps finishing their work need egress).
-                _ = drain.wait_for(|d| *d), if conn.requests > 0 => return served(&conn, false),
+            match wait_for_bytes(&conn, ctx, &mut drain).await {
+                Wake::Readable => {}
+                Wake::Closed | Wake::Draining => return served(&conn, false),
+                Wake::TimedOut if conn.requests == 0 => return served(&conn, false),
+                Wake::TimedOut | Wake::Evicted => {
+                    ctx.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    ctx.metrics.families().downstream_idle_closed.inc();
+                    tracing::debug!(requests = conn.requests, "closing idle downstream connection");
+                    return served(&conn, true);
+                }
             }
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
@@ -121,6 +119,77 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, entry: &Entry, ct
         if conn.buf.is_empty() {
             conn.buf = BytesMut::new();
         }
+    }
+}
+
+/// How a wait for the next request's first bytes ended.
+enum Wake {
+    Readable,
+    Closed,
+    /// `header_read_timeout` for a new connection, the idle timeout for a kept-alive one.
+    TimedOut,
+    /// Closed to keep idle connections within `downstream.max_idle_connections`.
+    Evicted,
+    Draining,
+}
+
+/// After this long idle a connection enters the idle list: under load connections idle for
+/// microseconds between requests, and the list's lock should not be paid per request.
+const IDLE_LIST_AFTER: Duration = Duration::from_millis(100);
+
+/// Waits for the next request without holding a buffer.
+async fn wait_for_bytes(conn: &Connection, ctx: &Context, drain: &mut watch::Receiver<bool>) -> Wake {
+    if conn.requests == 0 {
+        // A new connection gets its first request served even while draining (apps finishing
+        // their work need egress).
+        let limit = ctx.config.get().header_read_timeout;
+        return wake(tokio::time::timeout(limit, conn.stream.readable()).await);
+    }
+    let first = IDLE_LIST_AFTER.min(idle_limits(conn, ctx).0);
+    // Written out rather than through helpers, and carrying nothing but `first` across the
+    // await: this state is part of every idle connection's footprint.
+    let idle = async {
+        match tokio::time::timeout(first, conn.stream.readable()).await {
+            Err(_) if first == IDLE_LIST_AFTER => {}
+            waited => return wake(waited),
+        }
+        // Boxed: only connections idle for a while pay for the longer wait's state.
+        Box::pin(wait_listed(conn, ctx)).await
+    };
+    tokio::select! {
+        wake = idle => wake,
+        // Draining closes idle keep-alive connections.
+        _ = drain.wait_for(|d| *d) => Wake::Draining,
+    }
+}
+
+/// The idle timeout for this connection and the bound on idle connections.
+fn idle_limits(conn: &Connection, ctx: &Context) -> (Duration, usize) {
+    let cfg = ctx.config.get();
+    let limit = if conn.leaky {
+        cfg.leaky_idle_timeout.min(cfg.idle_timeout)
+    } else {
+        cfg.idle_timeout
+    };
+    (limit, cfg.max_idle_connections)
+}
+
+fn wake(waited: Result<io::Result<()>, tokio::time::error::Elapsed>) -> Wake {
+    match waited {
+        Ok(Ok(())) => Wake::Readable,
+        Ok(Err(_)) => Wake::Closed,
+        Err(_) => Wake::TimedOut,
+    }
+}
+
+/// The rest of an idle wait, in the idle list.
+async fn wait_listed(conn: &Connection, ctx: &Context) -> Wake {
+    let (limit, max_idle) = idle_limits(conn, ctx);
+    let rest = limit.saturating_sub(IDLE_LIST_AFTER);
+    let entry = ctx.idle.enter(max_idle);
+    tokio::select! {
+        waited = tokio::time::timeout(rest, conn.stream.readable()) => wake(waited),
+        _ = entry.evicted() => Wake::Evicted,
     }
 }
 
@@ -643,9 +712,10 @@ mod tests {
             stats: Default::default(),
             metrics: Default::default(),
             clients: Default::default(),
+            idle: Default::default(),
         });
         let entry = crate::routing::Entry::Forward;
-        let serve = super::serve(stream, "127.0.0.1:1".parse().unwrap(), &entry, &ctx);
+        let serve = super::serve(stream, "127.0.0.1:1".parse().unwrap(), false, &entry, &ctx);
         let size = std::mem::size_of_val(&serve);
         assert!(size <= 768, "idle connection future grew to {size} bytes");
     }

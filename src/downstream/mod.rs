@@ -20,6 +20,7 @@ mod body;
 pub mod codec;
 mod conn;
 mod h2;
+pub mod idle;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +60,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Per-source accounting and the leak detector.
     pub clients: Arc<Clients>,
+    /// Idle keep-alive connections, for `downstream.max_idle_connections`.
+    pub idle: idle::IdleList,
 }
 
 /// Downstream counters.
@@ -104,14 +107,14 @@ pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
         let _ = stream.set_nodelay(true);
         ctx.stats.opened.fetch_add(1, Ordering::Relaxed);
         ctx.metrics.families().downstream_opened.inc();
-        ctx.clients.opened(peer.ip());
+        let leaky = ctx.clients.opened(peer.ip());
         let open = OpenGuard::new(&ctx.metrics.families().downstream_open);
         let span = tracing::debug_span!("downstream", client = %peer);
         let ctx = ctx.clone();
         let entry = entry.clone();
         tokio::spawn(
             async move {
-                let served = conn::serve(stream, peer, &entry, &ctx).await;
+                let served = conn::serve(stream, peer, leaky, &entry, &ctx).await;
                 drop(open);
                 if served.requests > 0 {
                     let families = ctx.metrics.families();
