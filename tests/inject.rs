@@ -255,12 +255,21 @@ fn patched(fixture: &str, review: &Value) -> (Value, Pod) {
     (pod, typed)
 }
 
-/// Writes the patched pod as `native-<fixture>` or `classic-<fixture>`, by the form it got.
+/// Writes the patched pod as `native-<fixture>` or `classic-<fixture>`, by the form it got,
+/// named as the apiserver would name it from `generateName` (validators want a name).
 fn dump(name: &str, pod: &Value) {
     if let Some(dir) = std::env::var_os("EGRESS_INJECT_DUMP") {
+        let mut pod = pod.clone();
+        if pod["metadata"].get("name").is_none() {
+            let generated = format!(
+                "{}x7k2q",
+                pod["metadata"]["generateName"].as_str().unwrap_or("pod-")
+            );
+            pod["metadata"]["name"] = generated.into();
+        }
         std::fs::create_dir_all(&dir).unwrap();
         let path = std::path::Path::new(&dir).join(name);
-        std::fs::write(path, serde_json::to_string_pretty(pod).unwrap()).unwrap();
+        std::fs::write(path, serde_json::to_string_pretty(&pod).unwrap()).unwrap();
     }
 }
 
@@ -442,7 +451,7 @@ async fn user_proxy_env_is_never_overwritten() {
         names(spec.init_containers.as_deref().unwrap()),
         ["egress-sidecar"]
     );
-    assert_eq!(names(&spec.containers), ["app", "worker"]);
+    assert_eq!(names(&spec.containers), ["app", "worker", "fetcher"]);
     // app chose its own proxy: it keeps it, and gets no lowercase twin pointing elsewhere.
     assert_eq!(
         env(&spec.containers[0]),
@@ -459,6 +468,15 @@ async fn user_proxy_env_is_never_overwritten() {
             ("QUEUE", "orders"),
             ("HTTP_PROXY", PROXY_URL),
             ("http_proxy", PROXY_URL)
+        ])
+    );
+    // fetcher set http_proxy (curl reads only the lowercase one) and NO_PROXY: both settings are
+    // its own, so nothing is added.
+    assert_eq!(
+        env(&spec.containers[2]),
+        pairs(&[
+            ("http_proxy", "http://proxy.corp.example:3128"),
+            ("NO_PROXY", "10.0.0.0/8")
         ])
     );
     hook.stop().await;
