@@ -504,6 +504,26 @@ async fn already_injected_pod_is_left_alone() {
             "{fixture} reviewed twice: {review}"
         );
     }
+
+    // Reinvoked after a later webhook appended a container: that container gets the proxy env,
+    // and no second sidecar is added.
+    let (mut pod, _) = patched("plain-pod.json", &hook.review("plain-pod.json").await);
+    let late = serde_json::json!({"name": "late", "image": "registry.example/agent:1"});
+    pod["spec"]["containers"].as_array_mut().unwrap().push(late);
+    let mut again: Value = serde_json::from_str(&read_fixture("plain-pod.json")).unwrap();
+    again["request"]["object"] = pod.clone();
+    let review: Value = serde_json::from_str(&hook.post(again.to_string()).await.body).unwrap();
+    let patch = patch_of(&review).expect("env for the new container");
+    json_patch::patch(&mut pod, &patch).unwrap();
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(
+        names(spec.init_containers.as_deref().unwrap()),
+        ["egress-sidecar"]
+    );
+    assert_eq!(names(&spec.containers), ["app", "late"]);
+    assert_eq!(env(&spec.containers[0]), proxy_env());
+    assert_eq!(env(&spec.containers[1]), proxy_env());
     hook.stop().await;
 }
 
