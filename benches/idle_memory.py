@@ -252,7 +252,7 @@ def start_sidecar(args, up_port):
             f"""listen: 127.0.0.1:{fwd}
 admin: 127.0.0.1:{admin}
 shutdown: {{ drain_timeout: 1s }}
-downstream: {{ idle_timeout: 5m, max_connections: {args.downstream + 1000} }}
+downstream: {{ idle_timeout: 5m, max_connections: {args.downstream + 1000}, max_idle_connections: {args.downstream + 1000} }}
 upstreams:
   - name: bench
     url: http://127.0.0.1:{up_port}
