@@ -169,13 +169,9 @@ fn serve(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match start_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async {
         let listeners = match Listeners::bind(&config).await {
@@ -205,13 +201,9 @@ fn serve_injector(args: &InjectArgs) -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match start_runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async {
         let files = TlsFiles {
@@ -238,6 +230,18 @@ fn serve_injector(args: &InjectArgs) -> ExitCode {
         inject::server::serve(listener, tls, settings, shutdown::signal(), args.shutdown_linger).await;
         ExitCode::SUCCESS
     })
+}
+
+/// Logging, then the multi-threaded runtime; a failure is reported and becomes the exit code.
+fn start_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    init_logging();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        })
 }
 
 fn init_logging() {
