@@ -165,8 +165,11 @@ async fn leaky_go_client_is_contained_by_the_sidecar() {
 
     // --- via the sidecar ---
     let upstream = FakeUpstream::start().await;
+    // The idle bounds (`max_idle_connections`, `leaky_idle_timeout`) are lifted here so the
+    // leak stays visible for the whole run; tests/idle_bound.rs shows them cutting it short.
     let sidecar = Sidecar::start(&format!(
-        "downstream: {{ idle_timeout: {IDLE_TIMEOUT_SECS}s }}\n\
+        "downstream: {{ idle_timeout: {IDLE_TIMEOUT_SECS}s, max_idle_connections: 100000, \
+         leaky_idle_timeout: {IDLE_TIMEOUT_SECS}s }}\n\
          upstreams:\n  - name: leaky\n    url: http://{0}\n    \
          pool: {{ max_connections: 8, max_idle: 8 }}\n",
         upstream.addr,
