@@ -136,10 +136,13 @@ status_kib() { # pid field
         awk -v f="$2:" '$1 == f { s += $2 } END { print s + 0 }'
 }
 
-# Local ports of the ESTABLISHED connections that process PID holds to 127.0.0.1:PORT.
+# Local ports of the ESTABLISHED connections that process PID (or a child: nginx's workers)
+# holds to 127.0.0.1:PORT.
 established_by() { # pid port
     ss -Htnp state established "( dport = :$2 )" 2>/dev/null |
-        awk -v tag="pid=$1," 'index($0, tag) { n = split($3, a, ":"); print a[n] }'
+        awk -v pids="$(proc_tree "$1" | paste -sd' ' -)" '
+            BEGIN { n = split(pids, p, " "); for (i = 1; i <= n; i++) tags["pid=" p[i] ","] = 1 }
+            { for (t in tags) if (index($0, t)) { k = split($3, a, ":"); print a[k]; next } }'
 }
 
 # Samples established_by every SAMPLE_EVERY s until killed; one line per sample:
@@ -158,7 +161,7 @@ sampler() { # pid port outfile
 # Starts sampler on LOAD_CPU in the background; sets SAMPLER_PID.
 start_sampler() { # pid port outfile
     : >"$3"
-    taskset -c "$LOAD_CPU" bash -c "$(declare -f sampler established_by); SAMPLE_EVERY=${SAMPLE_EVERY:-0.5} sampler $1 $2 $3" &
+    taskset -c "$LOAD_CPU" bash -c "$(declare -f sampler established_by proc_tree); SAMPLE_EVERY=${SAMPLE_EVERY:-0.5} sampler $1 $2 $3" &
     SAMPLER_PID=$!
     PIDS+=("$SAMPLER_PID")
 }

@@ -24,14 +24,15 @@
 #
 # Workloads (the load generators run on LOAD_CPU):
 #   1. keep-alive throughput: wrk -t1 -c$CONNECTIONS, WARMUP then DURATION: requests/s, p99, and the
-#      proxy's CPU (utime+stime, /proc/PID/stat, process and children) per request; "other load
-#      on the proxy core" is that core's busy time not charged to the proxy (another process
-#      competing: the req/s of that column is then not comparable).
+#      proxy's CPU (utime+stime, /proc/PID/stat, process and children) per request; "busy" is
+#      the share of the run the proxy used its core, other processes used that core (competition:
+#      that column's req/s is then not comparable), and the load core was busy.
 #   2. leaky client: tests/leaky/main.go (a new Go http.Transport per request, sequential, so its
 #      concurrency is 1), LEAKY_REQUESTS requests, downstream idle timeout IDLE_TIMEOUT s for
 #      every proxy. Upstream connections dialed (upstream `accepts` delta), the client's
 #      ESTABLISHED sockets to the target (ss, by pid) when its requests end and IDLE_TIMEOUT+2 s
-#      later, the proxy's peak RSS (VmHWM, summed over master + workers).
+#      later, the proxy's upstream connections open when they end, and its peak RSS (VmHWM,
+#      summed over master + workers).
 #   3. idle memory: on a fresh process (idle timeout 300 s), benches/idle_memory.py idle-clients:
 #      64 warm-up connections, RSS base, IDLE_CONNS keep-alive connections with one GET each,
 #      held idle; RSS growth / connections held (ss). User-space RSS only (not kernel sockets).
@@ -156,6 +157,16 @@ stop_target() {
 
 # === workload 1: keep-alive throughput ===
 
+# Share of a measured run that the proxy used its core, that other processes used that core (a
+# shared machine: then the column's req/s is not comparable), and that the load core was busy
+# (near 100%: the load side, not the proxy, set the pace).
+BUSY="busy: proxy / others on its core / load core"
+busy_cell() { # run-seconds
+    awk -v cpu="$W_CPU" -v bp="$W_BUSY_PROXY" -v bl="$W_BUSY_LOAD" -v hz="$CLK_TCK" -v s="$1" 'BEGIN {
+        other = bp - cpu; if (other < 0) other = 0
+        printf "%.0f%% / %.0f%% / %.0f%%", 100 * cpu / hz / s, 100 * other / hz / s, 100 * bl / hz / s }'
+}
+
 W1="1 keep-alive, $CONNECTIONS conns:"
 for t in "${TARGETS[@]}"; do
     log "workload 1, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
@@ -169,8 +180,7 @@ for t in "${TARGETS[@]}"; do
     put "$W1 errors" "$t" "$W_ERRORS"
     if [[ $t != direct ]]; then
         put "$W1 proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-        put "$W1 other load on the proxy core" "$t" \
-            "$(calc "\"%.0f%%\", ($W_BUSY_PROXY - $W_CPU < 0 ? 0 : $W_BUSY_PROXY - $W_CPU) / $CLK_TCK / $secs * 100")"
+        put "$W1 $BUSY" "$t" "$(busy_cell "$secs")"
     fi
     stop_target
 done
@@ -204,6 +214,7 @@ for t in "${TARGETS[@]}"; do
     done
     ended=$(date +%s.%N)
     open_end=$(established_by "$leaky_pid" "$T_PORT" | wc -l)
+    [[ $t == direct ]] || up_end=$(established_by "$T_PID" "$UP_PORT" | wc -l)
     sleep_until "$(calc "\"%f\", $ended + $IDLE_TIMEOUT + 2")"
     open_after=$(established_by "$leaky_pid" "$T_PORT" | wc -l)
     accepts1=$(upstream_accepts)
@@ -214,6 +225,7 @@ for t in "${TARGETS[@]}"; do
     put "$W2 upstream connections dialed" "$t" $((accepts1 - accepts0 - 1))
     put "$W2 client conns open at storm end" "$t" "$open_end"
     put "$W2 client conns open ${IDLE_TIMEOUT}+2 s later" "$t" "$open_after"
+    [[ $t == direct ]] || put "$W2 upstream conns open at storm end" "$t" "$up_end"
     stop_pid "$leaky_pid"
     if [[ $t != direct ]]; then
         put "$W2 proxy peak RSS (VmHWM, MiB)" "$t" "$(mib "$(status_kib "$T_PID" VmHWM)")"
@@ -259,7 +271,7 @@ put "$W4 upstream connections (max seen)" direct "$h2_conns"
 hap_streams_kw=$(hap_streams_keyword)
 for t in sidecar nginx haproxy; do
     if [[ $t == nginx ]]; then
-        for row in requests/s "proxy CPU µs/request" errors "upstream connections (max seen)"; do
+        for row in requests/s "proxy CPU µs/request" errors "$BUSY" "upstream connections (max seen)"; do
             put "$W4 $row" nginx "n/a"
         done
         continue
@@ -284,9 +296,11 @@ for t in sidecar nginx haproxy; do
     start_sampler "$T_PID" "$H2_PORT" "$TMP/h2conns.$t"
     wrk_measure "$url" "$H2_CLIENTS" "$H2_DURATION" "$T_PID" "$TMP/w4.$t.txt"
     stop_pid "$SAMPLER_PID"
-    put "$W4 requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / ($W_DURATION_US / 1e6)")"
+    secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
+    put "$W4 requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $secs")"
     put "$W4 proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
     put "$W4 errors" "$t" "$W_ERRORS"
+    put "$W4 $BUSY" "$t" "$(busy_cell "$secs")"
     put "$W4 upstream connections (max seen)" "$t" "$(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t")"
     stop_target
 done
@@ -356,9 +370,10 @@ Issue 6 targets, sidecar against nginx in this run:
 $(targets_report)
 
 CPU = utime+stime of the proxy (nginx: master + worker) during the measured run, per request.
-RSS = VmRSS summed over the proxy's processes; peak = VmHWM, same sum. "other load on the proxy
-core" above a few % means something else ran on that core during the run (a shared machine):
-that column's req/s is then not comparable; CPU per request still roughly is.
+RSS = VmRSS summed over the proxy's processes; peak = VmHWM, same sum. busy = share of the run
+that the proxy used its core / that other processes used it (above a few %: a shared machine, and
+that column's req/s is not comparable; CPU per request still roughly is) / that the load core
+(wrk and the upstream) was busy. Upstream dials are counted at the upstream (stub_status).
 EOF
 }
 
