@@ -23,7 +23,8 @@
 #   keepalive_timeout 300s, stub_status on a second port (its `accepts` counts upstream dials).
 #
 # Workloads (the load generators run on LOAD_CPU):
-#   1. keep-alive throughput: wrk -t1 -c$CONNECTIONS, WARMUP then DURATION: requests/s, p99, and the
+#   1. keep-alive throughput: wrk -t1 -c$CONNECTIONS, WARMUP then DURATION, ROUNDS rounds (targets
+#      in turn, medians reported, and each round's value): requests/s, p99, and the
 #      proxy's CPU (utime+stime, /proc/PID/stat, process and children) per request; "busy" is
 #      the share of the run the proxy used its core, other processes used that core (competition:
 #      that column's req/s is then not comparable), and the load core was busy.
@@ -43,11 +44,11 @@
 #      process's RSS before the storm.
 #
 # Usage (from the repo root):   benches/compare.sh
-#   env: DURATION (10s), WARMUP (2s), CONNECTIONS (64), POOL (64), LEAKY_REQUESTS (5000),
-#        IDLE_TIMEOUT (5, seconds), IDLE_CONNS (5000), H2_CLIENTS (400), H2_DURATION (10s),
-#        MAX_STREAMS (100), RETURN_WAIT (30, seconds), RESULTS (benches/RESULTS.md; empty: do
-#        not write it), PROXY_CPU (1), LOAD_CPU (0), CARGO_TARGET_DIR (target/bench),
-#        SIDECAR_BIN (skip the build, use this binary).
+#   env: ROUNDS (3, of workload 1), DURATION (10s), WARMUP (2s), CONNECTIONS (64), POOL (64),
+#        LEAKY_REQUESTS (5000), IDLE_TIMEOUT (5, seconds), IDLE_CONNS (5000), H2_CLIENTS (400),
+#        H2_DURATION (10s), MAX_STREAMS (100), RETURN_WAIT (30, seconds), RESULTS
+#        (benches/RESULTS.md; empty: do not write it), PROXY_CPU (1), LOAD_CPU (0),
+#        CARGO_TARGET_DIR (target/bench), SIDECAR_BIN (skip the build, use this binary).
 # Installs nginx, haproxy, wrk, nghttp2-client (h2load), nghttp2-server (nghttpd) and golang-go
 # with apt-get if missing. Prints the table to stdout and replaces the section between the
 # compare.sh markers in RESULTS. Everything else it writes lives in one mktemp directory,
@@ -56,6 +57,7 @@
 set -euo pipefail
 
 DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-3}
 WARMUP=${WARMUP:-2s}
 CONNECTIONS=${CONNECTIONS:-64}
 POOL=${POOL:-64}
@@ -157,32 +159,55 @@ stop_target() {
 
 # === workload 1: keep-alive throughput ===
 
-# Share of a measured run that the proxy used its core, that other processes used that core (a
+# Share of measured runs that the proxy used its core, that other processes used that core (a
 # shared machine: then the column's req/s is not comparable), and that the load core was busy
 # (near 100%: the load side, not the proxy, set the pace).
 BUSY="busy: proxy / others on its core / load core"
-busy_cell() { # run-seconds
-    awk -v cpu="$W_CPU" -v bp="$W_BUSY_PROXY" -v bl="$W_BUSY_LOAD" -v hz="$CLK_TCK" -v s="$1" 'BEGIN {
+busy_cell() { # proxy-ticks proxy-core-busy-ticks load-core-busy-ticks run-seconds
+    awk -v cpu="$1" -v bp="$2" -v bl="$3" -v hz="$CLK_TCK" -v s="$4" 'BEGIN {
         other = bp - cpu; if (other < 0) other = 0
         printf "%.0f%% / %.0f%% / %.0f%%", 100 * cpu / hz / s, 100 * other / hz / s, 100 * bl / hz / s }'
 }
+median() { # printf-format numbers...
+    local fmt=$1
+    shift
+    printf '%s\n' "$@" | sort -g | awk -v f="$fmt" '{ v[NR] = $1 }
+        END { printf f, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
 
+# ROUNDS rounds, the targets in turn within each (drift on a shared VM spreads over all of them);
+# each run on a fresh process. The table shows medians over the rounds and every round's value.
 W1="1 keep-alive, $CONNECTIONS conns:"
+declare -A RPS CPU P99 ERR TICKS
+for ((round = 1; round <= ROUNDS; round++)); do
+    for t in "${TARGETS[@]}"; do
+        log "workload 1, round $round/$ROUNDS, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
+        start_target "$t" "$IDLE_TIMEOUT"
+        url="http://127.0.0.1:$T_PORT/"
+        wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
+        wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w1.$t.$round.txt"
+        secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
+        RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
+        CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+        P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
+        ERR[$t]=$(( ${ERR[$t]:-0} + W_ERRORS ))
+        read -r a b c d <<<"${TICKS[$t]:-0 0 0 0}"
+        TICKS[$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
+        stop_target
+    done
+done
 for t in "${TARGETS[@]}"; do
-    log "workload 1, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
-    start_target "$t" "$IDLE_TIMEOUT"
-    url="http://127.0.0.1:$T_PORT/"
-    wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
-    wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w1.$t.txt"
-    secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
-    put "$W1 requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $secs")"
-    put "$W1 p99 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P99_US / 1000")"
-    put "$W1 errors" "$t" "$W_ERRORS"
-    if [[ $t != direct ]]; then
-        put "$W1 proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-        put "$W1 $BUSY" "$t" "$(busy_cell "$secs")"
-    fi
-    stop_target
+    # shellcheck disable=SC2086 # the per-round lists split into words on purpose
+    {
+        put "$W1 requests/s (median)" "$t" "$(median %.0f ${RPS[$t]})"
+        ((ROUNDS == 1)) || put "$W1 requests/s, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${RPS[$t]}")"
+        put "$W1 p99 latency (ms, median)" "$t" "$(median %.2f ${P99[$t]})"
+        put "$W1 errors (all rounds)" "$t" "${ERR[$t]}"
+        [[ $t != direct ]] || continue
+        put "$W1 proxy CPU µs/request (median)" "$t" "$(median %.1f ${CPU[$t]})"
+        ((ROUNDS == 1)) || put "$W1 proxy CPU µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${CPU[$t]}")"
+        put "$W1 $BUSY" "$t" "$(busy_cell ${TICKS[$t]})"
+    }
 done
 
 # === workloads 2 and 5: the leaky client, then memory return ===
@@ -300,7 +325,7 @@ for t in sidecar nginx haproxy; do
     put "$W4 requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $secs")"
     put "$W4 proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
     put "$W4 errors" "$t" "$W_ERRORS"
-    put "$W4 $BUSY" "$t" "$(busy_cell "$secs")"
+    put "$W4 $BUSY" "$t" "$(busy_cell "$W_CPU" "$W_BUSY_PROXY" "$W_BUSY_LOAD" "$secs")"
     put "$W4 upstream connections (max seen)" "$t" "$(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t")"
     stop_target
 done
@@ -325,8 +350,10 @@ ratio_line() { # label row-of-sidecar row-of-peer peer op limit
 }
 
 targets_report() {
-    ratio_line "CPU per proxied request (workload 1)" "$W1 proxy CPU µs/request" "$W1 proxy CPU µs/request" nginx "<=" 0.8
-    ratio_line "keep-alive requests/s (workload 1)" "$W1 requests/s" "$W1 requests/s" nginx ">=" 1.1
+    ratio_line "CPU per proxied request (workload 1, medians)" "$W1 proxy CPU µs/request (median)" \
+        "$W1 proxy CPU µs/request (median)" nginx "<=" 0.8
+    ratio_line "keep-alive requests/s (workload 1, medians)" "$W1 requests/s (median)" "$W1 requests/s (median)" \
+        nginx ">=" 1.1
     ratio_line "memory per idle client connection (workload 3)" "$W3 RSS growth per idle client conn (B)" \
         "$W3 RSS growth per idle client conn (B)" nginx "<=" 1.0
     local base back dialed
@@ -345,7 +372,7 @@ report() {
     cat <<EOF
 ## Comparison: egress-sidecar vs nginx vs HAProxy ($STARTED)
 
-Command: \`benches/compare.sh\` (DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS POOL=$POOL
+Command: \`benches/compare.sh\` (ROUNDS=$ROUNDS DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS POOL=$POOL
 LEAKY_REQUESTS=$LEAKY_REQUESTS IDLE_TIMEOUT=$IDLE_TIMEOUT IDLE_CONNS=$IDLE_CONNS H2_CLIENTS=$H2_CLIENTS
 H2_DURATION=$H2_DURATION MAX_STREAMS=$MAX_STREAMS RETURN_WAIT=$RETURN_WAIT)
 
