@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Idle-connection memory of egress-sidecar next to nginx. Run it through idle_memory.sh.
+"""Idle-connection memory of egress-sidecar next to nginx. Run it through idle_memory.sh
+(`measure`); benches/compare.sh uses its `idle-clients` probe on proxies it starts itself.
 
 Question answered:
     What does one idle downstream keep-alive connection cost the sidecar, and one pooled idle
@@ -316,29 +317,50 @@ def kib(n):
     return f"{n / 1024:,.0f} KiB"
 
 
+async def idle_clients(pid, port, n, up_port=None):
+    """On a proxy (root pid) listening on port: warm up with 64 connections (one request each,
+    then closed), read RSS, open n connections with one GET / each (at most 4 in flight) and keep
+    them idle, wait 1 s, read RSS. Returns (the open connections, a result dict)."""
+    warm, _ = await open_clients(port, 64, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
+    await close_all(warm)
+    await settle()
+    base, base_up = rss_bytes(pid), up_port and established(dport=up_port)
+    conns, failed = await open_clients(port, n, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
+    await settle()
+    after, held, after_up = rss_bytes(pid), established(sport=port), up_port and established(dport=up_port)
+    return conns, {"base": base, "after": after, "held": held, "per": (after - base) / max(held, 1),
+                   "failed": len(failed), "first_failure": failed[0] if failed else "",
+                   "base_up": base_up, "after_up": after_up}
+
+
 async def measure_downstream(name, start, args, up_port):
     proc, port = start(args, up_port)
     try:
-        warm, failed = await open_clients(port, 64, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
-        await close_all(warm)
-        await settle()
-        base, base_up = rss_bytes(proc.pid), established(dport=up_port)
-        conns, failed = await open_clients(port, args.downstream, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
-        await settle()
-        after, held, after_up = rss_bytes(proc.pid), established(sport=port), established(dport=up_port)
+        conns, r = await idle_clients(proc.pid, port, args.downstream, up_port)
         await close_all(conns)
-        per = (after - base) / max(held, 1)
         print(
-            f"{name:8} downstream: RSS {kib(base)} -> {kib(after)} with {held} idle client connections "
-            f"({len(failed)} failed; upstream connections {base_up} -> {after_up}): "
-            f"{per:,.0f} B per idle downstream connection",
+            f"{name:8} downstream: RSS {kib(r['base'])} -> {kib(r['after'])} with {r['held']} idle client "
+            f"connections ({r['failed']} failed; upstream connections {r['base_up']} -> {r['after_up']}): "
+            f"{r['per']:,.0f} B per idle downstream connection",
             flush=True,
         )
-        if failed:
-            print(f"         first failure: {failed[0]}", flush=True)
-        return {"base": base, "after": after, "held": held, "per": per, "failed": len(failed)}
+        if r["failed"]:
+            print(f"         first failure: {r['first_failure']}", flush=True)
+        return r
     finally:
         proc.stop()
+
+
+async def probe_idle(args):
+    """The `idle-clients` subcommand: idle_clients on a proxy someone else started; one line
+    `RESULT base=<B> after=<B> held=<n> per=<B> failed=<n>` on stdout."""
+    raise_nofile()
+    conns, r = await idle_clients(args.pid, args.port, args.count)
+    await close_all(conns)
+    if r["failed"]:
+        print(f"first failure: {r['first_failure']}", file=sys.stderr)
+    print(f"RESULT base={r['base']} after={r['after']} held={r['held']} per={r['per']:.0f} "
+          f"failed={r['failed']}", flush=True)
 
 
 async def measure_upstream(name, start, args, up_port, per_downstream):
@@ -435,10 +457,16 @@ def main():
     m.add_argument("--tmp", required=True, help="scratch directory for configs and logs")
     m.add_argument("--downstream", type=int, default=5000)
     m.add_argument("--upstream", type=int, default=1000)
+    ic = sub.add_parser("idle-clients", help="RSS base and growth per idle client on a running proxy")
+    ic.add_argument("--pid", type=int, required=True, help="the proxy's root pid (children counted)")
+    ic.add_argument("--port", type=int, required=True, help="the proxy's listening port")
+    ic.add_argument("--count", type=int, default=5000)
     args = parser.parse_args()
     if args.cmd == "upstream":
         raise_nofile()
         asyncio.run(serve_upstream(args.port, args.sleep))
+    elif args.cmd == "idle-clients":
+        asyncio.run(probe_idle(args))
     else:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         asyncio.run(run(args))

@@ -65,8 +65,6 @@ WARMUP=${WARMUP:-2s}
 ROUNDS=${ROUNDS:-1}
 MAX_STREAMS=${MAX_STREAMS:-100}
 SAMPLE_EVERY=${SAMPLE_EVERY:-0.5}
-PROXY_CPU=1   # core for the proxy under test
-LOAD_CPU=0    # core for wrk, the upstream and the sampler
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -74,27 +72,8 @@ REPO=$(pwd)
 # shellcheck source=benches/common.sh
 source "$REPO/benches/common.sh"
 
-secs_of() { # "10s" / "500ms" / "2m" / "10" -> seconds (may be fractional)
-    awk -v d="$1" 'BEGIN {
-        if (d ~ /ms$/) { sub(/ms$/, "", d); print d / 1000 }
-        else if (d ~ /m$/) { sub(/m$/, "", d); print d * 60 }
-        else { sub(/s$/, "", d); print d + 0 } }'
-}
-
-# --- tools ---------------------------------------------------------------------------------
-need_apt=()
-command -v haproxy >/dev/null || need_apt+=(haproxy)
-command -v nghttpd >/dev/null || need_apt+=(nghttp2-server)
-command -v h2load >/dev/null || need_apt+=(nghttp2-client)
-command -v wrk >/dev/null || need_apt+=(wrk)
-if ((${#need_apt[@]})); then
-    log "installing ${need_apt[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
-for tool in haproxy nghttpd h2load wrk taskset python3 curl ss; do
-    command -v "$tool" >/dev/null || die "$tool is required"
-done
-(( $(nproc) >= 2 )) || die "needs at least 2 CPUs (proxy on core $PROXY_CPU, load on core $LOAD_CPU)"
+ensure_tools haproxy:haproxy nghttpd:nghttp2-server h2load:nghttp2-client wrk:wrk \
+    taskset:util-linux python3:python3 curl:curl ss:iproute2
 curl -V | grep -qi 'http2' || die "curl without HTTP/2 support (needed for the sanity check)"
 ((EUID == 0)) || log "not root: ss -p cannot see the proxies' sockets, connection counts will read 0"
 
@@ -102,109 +81,29 @@ curl -V | grep -qi 'http2' || die "curl without HTTP/2 support (needed for the s
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 (( $(ulimit -n) >= 2 * CONNECTIONS + 256 )) || die "open-file limit $(ulimit -n) too low for $CONNECTIONS connections"
 
-# --- build ---------------------------------------------------------------------------------
 build_sidecar
-
-# --- scratch dir and cleanup ---------------------------------------------------------------
 make_scratch egress-bench
-
-# Steal ticks of one CPU: time the hypervisor gave this vCPU's slot to something else.
-core_steal() { # cpu
-    awk -v c="cpu$1" '$1 == c { print $9 }' /proc/stat
-}
-
-
-# Local ports of the ESTABLISHED connections that process PID holds to the upstream port.
-upstream_conns() { # pid
-    ss -Htnp state established "( dport = :$UP_PORT )" 2>/dev/null |
-        awk -v tag="pid=$1," 'index($0, tag) { n = split($3, a, ":"); print a[n] }'
-}
 
 read -r UP_PORT HAP_PORT FWD_PORT ADMIN_PORT ROUTE_PORT < <(free_ports 5)
 
 # --- upstream: nghttpd, h2c prior knowledge, a 3-byte file as `/` ---------------------------
-mkdir -p "$TMP/www"
-printf 'ok\n' >"$TMP/www/index.html"
-taskset -c "$LOAD_CPU" nghttpd --no-tls -a 127.0.0.1 -n 1 -m "$MAX_STREAMS" -d "$TMP/www" \
-    "$UP_PORT" >"$TMP/nghttpd.log" 2>&1 &
-UP_PID=$!
-PIDS+=("$UP_PID")
+start_nghttpd "$UP_PORT" "$MAX_STREAMS"
 
 # --- haproxy ----------------------------------------------------------------------------------
-# Pick the stream-cap keyword this HAProxy understands.
-hap_streams_kw=tune.h2.be.max-concurrent-streams
-printf 'global\n    %s %s\n' "$hap_streams_kw" "$MAX_STREAMS" >"$TMP/probe.cfg"
-if ! haproxy -c -q -f "$TMP/probe.cfg" >/dev/null 2>&1; then
-    hap_streams_kw=tune.h2.max-concurrent-streams
-fi
+hap_streams_kw=$(hap_streams_keyword)
 # maxconn sizes HAProxy's FD needs (about 2 per connection); keep it under our open-file limit.
 HAP_MAXCONN=$(( ($(ulimit -n) - 200) / 2 ))
-cat >"$TMP/haproxy.cfg" <<EOF
-global
-    nbthread 1
-    maxconn $HAP_MAXCONN
-    $hap_streams_kw $MAX_STREAMS
-    stats socket $TMP/haproxy.sock mode 600 level admin
-
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 60s
-    http-reuse always
-
-frontend fe
-    bind 127.0.0.1:$HAP_PORT backlog 4096
-    maxconn $HAP_MAXCONN
-    default_backend be
-
-backend be
-    server s1 127.0.0.1:$UP_PORT proto h2
-EOF
-haproxy -c -q -f "$TMP/haproxy.cfg" || die "haproxy config rejected"
-taskset -c "$PROXY_CPU" haproxy -db -f "$TMP/haproxy.cfg" >"$TMP/haproxy.log" 2>&1 &
-HAP_PID=$!
-PIDS+=("$HAP_PID")
+haproxy_conf haproxy "$HAP_PORT" "$HAP_MAXCONN" 60s "127.0.0.1:$UP_PORT proto h2" \
+    "$hap_streams_kw $MAX_STREAMS" >"$TMP/haproxy.cfg"
+start_haproxy haproxy "$PROXY_CPU"
 
 # --- sidecar ----------------------------------------------------------------------------------
-cat >"$TMP/sidecar.yaml" <<EOF
-listen: 127.0.0.1:$FWD_PORT
-admin: 127.0.0.1:$ADMIN_PORT
-shutdown: { drain_timeout: 1s }
-upstreams:
-  - name: h2up
-    url: http://127.0.0.1:$UP_PORT
-    listen: 127.0.0.1:$ROUTE_PORT
-    protocol: http2
-    pool: { max_connections: 64, max_pending: 4096, pending_timeout: 30s }
-    http2: { max_streams_per_connection: $MAX_STREAMS }
-EOF
-TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn taskset -c "$PROXY_CPU" \
-    "$BIN" run --config "$TMP/sidecar.yaml" 2>"$TMP/sidecar.log" &
-SC_PID=$!
-PIDS+=("$SC_PID")
+sidecar_h2_conf "$FWD_PORT" "$ADMIN_PORT" "$ROUTE_PORT" "$UP_PORT" "$MAX_STREAMS" >"$TMP/sidecar.yaml"
+start_sidecar "$TMP/sidecar.yaml" "$PROXY_CPU"
 
 for port in "$UP_PORT" "$HAP_PORT" "$FWD_PORT" "$ROUTE_PORT"; do wait_port "$port"; done
+write_wrk_script
 
-# --- wrk script: machine-readable summary -------------------------------------------------------
-cat >"$TMP/bench.lua" <<'EOF'
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    "RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d sock_errors=%d non2xx=%d\n",
-    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
-    e.connect + e.read + e.write + e.timeout, e.status))
-end
-EOF
-
-# Sanity: each path answers "ok" before it is measured.
-check() { # name url [curl options...]
-    local name=$1 url=$2 body
-    shift 2
-    body=$(curl -sS --max-time 5 "$@" "$url") || die "$name: request failed"
-    [[ $body == ok ]] || die "$name: unexpected body ${body@Q}"
-}
 check upstream "http://127.0.0.1:$UP_PORT/" --http2-prior-knowledge
 check haproxy "http://127.0.0.1:$HAP_PORT/"
 check sidecar "http://127.0.0.1:$ROUTE_PORT/"
@@ -213,29 +112,6 @@ CLK_TCK=$(getconf CLK_TCK)
 LOADAVG=$(cut -d' ' -f1-3 /proc/loadavg)
 DUR_S=$(secs_of "$DURATION")
 ROWS=()
-
-# Samples the proxy's upstream connections every SAMPLE_EVERY s until killed; one line per
-# sample: "<seconds since start> <count> <port,port,...>".
-sampler() { # pid outfile
-    local t0 ports
-    t0=$(date +%s.%N)
-    while :; do
-        ports=$(upstream_conns "$1" | paste -sd, -)
-        printf '%s %d %s\n' "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')" \
-            "$(awk -F, 'NF { print NF; exit } END { if (!NR) print 0 }' <<<"$ports")" "${ports:--}" >>"$2"
-        sleep "$SAMPLE_EVERY"
-    done
-}
-
-# Connection columns from a sampler file: mid-run count, max, distinct local ports.
-conn_cols() { # samples-file
-    awk -v mid="$(awk -v d="$DUR_S" 'BEGIN { print d / 2 }')" '
-        { d = $1 - mid; if (d < 0) d = -d
-          if (!seen || d < best) { best = d; midn = $2; seen = 1 }
-          if ($2 > max) max = $2
-          if ($3 != "-") { n = split($3, p, ","); for (i = 1; i <= n; i++) ports[p[i]] = 1 } }
-        END { k = 0; for (x in ports) k++; printf "%d | %d | %d", midn, max, k }' "$1"
-}
 
 row() { # label requests duration_us p50_us p99_us errors pid dticks dbusy0 dbusy1 dsteal1 conncols
     awk -v l="$1" -v n="$2" -v d="$3" -v p50="$4" -v p99="$5" -v err="$6" -v pid="$7" \
@@ -253,28 +129,13 @@ row() { # label requests duration_us p50_us p99_us errors pid dticks dbusy0 dbus
 bench() { # label slug url pid
     local label=$1 slug=$2 url=$3 pid=$4
     log "$label: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
-    taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"$WARMUP" -s "$TMP/bench.lua" "$url" >/dev/null
-    local samples="$TMP/conns.$slug.$ROUND" t0 t1 b00 b01 b10 b11 spid out
-    : >"$samples"
-    local st0 st1
-    t0=$(cpu_ticks "$pid"); b00=$(core_busy "$LOAD_CPU"); b10=$(core_busy "$PROXY_CPU")
-    st0=$(core_steal "$PROXY_CPU")
-    taskset -c "$LOAD_CPU" bash -c "$(declare -f sampler upstream_conns); UP_PORT=$UP_PORT SAMPLE_EVERY=$SAMPLE_EVERY sampler $pid $samples" &
-    spid=$!
-    PIDS+=("$spid")
-    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$TMP/bench.lua" "$url")
-    kill "$spid" 2>/dev/null || true
-    wait "$spid" 2>/dev/null || true
-    b01=$(core_busy "$LOAD_CPU"); b11=$(core_busy "$PROXY_CPU"); t1=$(cpu_ticks "$pid")
-    st1=$(core_steal "$PROXY_CPU")
-    echo "$out" >"$TMP/wrk.$slug.$ROUND.txt"
-    local line
-    line=$(grep '^RESULT ' <<<"$out") || die "$label: no wrk summary: $out"
-    local requests duration_us p50_us p99_us sock_errors non2xx
-    eval "$(sed 's/^RESULT //; s/ /\n/g' <<<"$line" | sed 's/^/local /')"
-    ROWS+=("$(row "$label" "$requests" "$duration_us" "$p50_us" "$p99_us" \
-        $((sock_errors + non2xx)) "$pid" $((t1 - t0)) $((b01 - b00)) $((b11 - b10)) \
-        $((st1 - st0)) "$(conn_cols "$samples")")")
+    wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
+    local samples="$TMP/conns.$slug.$ROUND"
+    start_sampler "$pid" "$UP_PORT" "$samples"
+    wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$pid" "$TMP/wrk.$slug.$ROUND.txt"
+    stop_pid "$SAMPLER_PID"
+    ROWS+=("$(row "$label" "$W_REQUESTS" "$W_DURATION_US" "$W_P50_US" "$W_P99_US" "$W_ERRORS" \
+        "$pid" "$W_CPU" "$W_BUSY_LOAD" "$W_BUSY_PROXY" "$W_STEAL" "$(conn_cols "$samples" "$DUR_S")")")
 }
 
 # Reference: h2load straight to the upstream, same streams in flight, from core 0.
@@ -282,28 +143,17 @@ bench_h2load() {
     local label="h2load direct to upstream (reference)"
     local conns=$(( (CONNECTIONS + MAX_STREAMS - 1) / MAX_STREAMS ))
     log "$label: -c$conns -m$MAX_STREAMS, warm-up $WARMUP, then $DURATION"
-    local b00 b01 b10 b11 st0 st1 out
+    local b00 b01 b10 b11 st0 st1
     b00=$(core_busy "$LOAD_CPU"); b10=$(core_busy "$PROXY_CPU")
     st0=$(core_steal "$PROXY_CPU")
-    out=$(taskset -c "$LOAD_CPU" h2load -t1 -c"$conns" -m"$MAX_STREAMS" --warm-up-time="$WARMUP" \
-        -D "$DURATION" --log-file="$TMP/h2load.log" "http://127.0.0.1:$UP_PORT/")
+    h2load_measure "http://127.0.0.1:$UP_PORT/" "$conns" "$MAX_STREAMS" "$DURATION" "$WARMUP" "$TMP/h2load.$ROUND.txt"
     b01=$(core_busy "$LOAD_CPU"); b11=$(core_busy "$PROXY_CPU")
     st1=$(core_steal "$PROXY_CPU")
-    echo "$out" >"$TMP/h2load.$ROUND.txt"
-    # "requests: N total, N started, N done, N succeeded, ..."; "status codes: N 2xx, ..."
-    local done ok p50 p99
-    done=$(awk '/^requests:/ { print $6 }' <<<"$out")
-    ok=$(awk '/^status codes:/ { print $3 }' <<<"$out")
-    [[ -n $done && -n $ok ]] || die "h2load: no summary: $out"
-    read -r p50 p99 < <(cut -f3 "$TMP/h2load.log" | sort -n |
-        awk '{ v[NR] = $1 } END { if (!NR) { print 0, 0; exit }
-             i = int(NR * 0.5); if (i < 1) i = 1; j = int(NR * 0.99); if (j < 1) j = 1
-             print v[i], v[j] }')
     # The busy ticks cover warm-up + run (one h2load call); scale them to the run's length.
-    local dur_us scaled
+    local dur_us
     dur_us=$(awk -v s="$DUR_S" 'BEGIN { printf "%d", s * 1e6 }')
     scaled() { awk -v b="$1" -v d="$DUR_S" -v w="$(secs_of "$WARMUP")" 'BEGIN { printf "%d", b * d / (d + w) }'; }
-    ROWS+=("$(row "$label" "$done" "$dur_us" "$p50" "$p99" $((done - ok)) - 0 \
+    ROWS+=("$(row "$label" "$H_DONE" "$dur_us" "$H_P50_US" "$H_P99_US" $((H_DONE - H_OK)) - 0 \
         "$(scaled $((b01 - b00)))" "$(scaled $((b11 - b10)))" "$(scaled $((st1 - st0)))" \
         "$conns (h2load -c) | - | -")")
 }
@@ -315,22 +165,7 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 done
 
 # HAProxy's own count of connection attempts to s1 (cumulative since start, warm-ups included).
-hap_connect=$(python3 - "$TMP/haproxy.sock" <<'EOF' || true
-import socket, sys
-s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"show stat\n")
-data = b""
-while True:
-    b = s.recv(65536)
-    if not b: break
-    data += b
-lines = data.decode().splitlines()
-cols = lines[0].lstrip("# ").split(",")
-for l in lines[1:]:
-    f = dict(zip(cols, l.split(",")))
-    if f.get("pxname") == "be" and f.get("svname") == "s1":
-        print(f.get("connect", "?"), f.get("reuse", "?"))
-EOF
-)
+hap_connect=$(hap_server_stats haproxy connect reuse || true)
 
 # --- report ----------------------------------------------------------------------------------
 sc_threads=$(awk '/^Threads:/ {print $2}' "/proc/$SC_PID/status")

@@ -7,9 +7,9 @@
 #
 # What it does and measures:
 #   upstream  : nginx, 1 worker, `return 200 "ok\n"` (3-byte body), keepalive_requests 1e6.
-#   nginx     : reverse proxy to the upstream: `upstream {}` with `keepalive 64`,
-#               proxy_http_version 1.1, `proxy_set_header Connection ""`, worker_processes 1,
-#               access_log off.
+#   nginx     : reverse proxy to the upstream: `upstream {}` with `keepalive 64` and
+#               `max_conns=64` (the sidecar's cap), proxy_http_version 1.1,
+#               `proxy_set_header Connection ""`, worker_processes 1, access_log off.
 #   sidecar   : release build, one configured upstream (pool max_connections/max_idle 64, like
 #               nginx's `keepalive 64`), with a route-mode listener (origin-form, the analogue
 #               of nginx's reverse proxy) and the forward-proxy listener (absolute-form,
@@ -41,8 +41,6 @@ DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-50}
 WARMUP=${WARMUP:-2s}
 ROUNDS=${ROUNDS:-1}
-PROXY_CPU=1   # core for the proxy under test
-LOAD_CPU=0    # core for wrk and the upstream
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -50,143 +48,33 @@ REPO=$(pwd)
 # shellcheck source=benches/common.sh
 source "$REPO/benches/common.sh"
 
-# --- tools ---------------------------------------------------------------------------------
-need_apt=()
-command -v nginx >/dev/null || need_apt+=(nginx)
-command -v wrk >/dev/null || need_apt+=(wrk)
-if ((${#need_apt[@]})); then
-    log "installing ${need_apt[*]}"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
-for tool in nginx wrk taskset python3 curl; do
-    command -v "$tool" >/dev/null || die "$tool is required"
-done
-(( $(nproc) >= 2 )) || die "needs at least 2 CPUs (proxy on core $PROXY_CPU, load on core $LOAD_CPU)"
-
-# --- build ---------------------------------------------------------------------------------
+ensure_tools nginx:nginx wrk:wrk taskset:util-linux python3:python3 curl:curl
 build_sidecar
-
-# --- scratch dir and cleanup ---------------------------------------------------------------
 make_scratch egress-bench
-
-# The nginx prefix/temp/log settings shared by both nginx instances: nothing outside $TMP.
-nginx_common() { # name
-    cat <<EOF
-pid $TMP/$1.pid;
-error_log $TMP/$1.error.log warn;
-worker_processes 1;
-worker_rlimit_nofile 65536;
-events { worker_connections 16384; }
-EOF
-}
-nginx_http_common() { # name
-    cat <<EOF
-    access_log off;
-    client_body_temp_path $TMP/$1.body;
-    proxy_temp_path $TMP/$1.proxy;
-    fastcgi_temp_path $TMP/$1.fastcgi;
-    uwsgi_temp_path $TMP/$1.uwsgi;
-    scgi_temp_path $TMP/$1.scgi;
-    keepalive_requests 1000000;
-    keepalive_timeout 300s;
-EOF
-}
-
-start_nginx() { # name cpu -> sets NGINX_PID
-    nginx -t -q -p "$TMP" -e "$TMP/$1.error.log" -c "$TMP/$1.conf" || die "nginx config $1 rejected"
-    taskset -c "$2" nginx -p "$TMP" -e "$TMP/$1.error.log" -c "$TMP/$1.conf" -g 'daemon off;' &
-    NGINX_PID=$!
-    PIDS+=("$NGINX_PID")
-}
-
-
 
 read -r UP_PORT NGX_PORT FWD_PORT ADMIN_PORT ROUTE_PORT < <(free_ports 5)
 
 # --- upstream: nginx returning a fixed 3-byte body -----------------------------------------
-{
-    nginx_common upstream
-    echo "http {"
-    nginx_http_common upstream
-    cat <<EOF
-    server {
-        listen 127.0.0.1:$UP_PORT backlog=4096;
-        location / { default_type text/plain; return 200 "ok\n"; }
-    }
-}
-EOF
-} >"$TMP/upstream.conf"
+nginx_upstream_conf upstream "$UP_PORT" >"$TMP/upstream.conf"
 start_nginx upstream "$LOAD_CPU"
 UP_PID=$NGINX_PID
 
 # --- nginx reverse proxy --------------------------------------------------------------------
-{
-    nginx_common proxy
-    echo "http {"
-    nginx_http_common proxy
-    cat <<EOF
-    upstream bench {
-        server 127.0.0.1:$UP_PORT;
-        keepalive 64;
-        keepalive_requests 1000000;
-        keepalive_timeout 300s;
-    }
-    server {
-        listen 127.0.0.1:$NGX_PORT backlog=4096;
-        location / {
-            proxy_pass http://bench;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
-EOF
-} >"$TMP/proxy.conf"
+nginx_proxy_conf proxy "$NGX_PORT" "$UP_PORT" 64 300s >"$TMP/proxy.conf"
 start_nginx proxy "$PROXY_CPU"
 NGX_PID=$NGINX_PID
 
 # --- sidecar --------------------------------------------------------------------------------
-cat >"$TMP/sidecar.yaml" <<EOF
-listen: 127.0.0.1:$FWD_PORT
-admin: 127.0.0.1:$ADMIN_PORT
-shutdown: { drain_timeout: 1s }
-upstreams:
-  - name: bench
-    url: http://127.0.0.1:$UP_PORT
-    listen: 127.0.0.1:$ROUTE_PORT
-    pool: { max_connections: 64, max_idle: 64 }
-EOF
-TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn taskset -c "$PROXY_CPU" \
-    "$BIN" run --config "$TMP/sidecar.yaml" 2>"$TMP/sidecar.log" &
-SC_PID=$!
-PIDS+=("$SC_PID")
+sidecar_conf "$FWD_PORT" "$ADMIN_PORT" "$ROUTE_PORT" "$UP_PORT" 64 >"$TMP/sidecar.yaml"
+start_sidecar "$TMP/sidecar.yaml" "$PROXY_CPU"
 
 for port in "$UP_PORT" "$NGX_PORT" "$FWD_PORT" "$ROUTE_PORT"; do wait_port "$port"; done
+write_wrk_script
 
-# --- wrk script: optional absolute-form path, machine-readable summary ----------------------
-cat >"$TMP/bench.lua" <<'EOF'
--- BENCH_PATH, when set, becomes the request target (an absolute URL gives absolute-form).
-local path = os.getenv("BENCH_PATH")
-if path and path ~= "" then wrk.path = path end
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    "RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d sock_errors=%d non2xx=%d\n",
-    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
-    e.connect + e.read + e.write + e.timeout, e.status))
-end
-EOF
-
-# Sanity: each path answers "ok" before it is measured.
-check() { # name url [proxy]
-    local body
-    body=$(curl -sS --max-time 5 ${3:+--proxy "$3"} "$2") || die "$1: request failed"
-    [[ $body == ok ]] || die "$1: unexpected body ${body@Q}"
-}
 check direct "http://127.0.0.1:$UP_PORT/"
 check nginx "http://127.0.0.1:$NGX_PORT/"
 check sidecar-route "http://127.0.0.1:$ROUTE_PORT/"
-check sidecar-forward "http://127.0.0.1:$UP_PORT/" "http://127.0.0.1:$FWD_PORT"
+check sidecar-forward "http://127.0.0.1:$UP_PORT/" --proxy "http://127.0.0.1:$FWD_PORT"
 
 CLK_TCK=$(getconf CLK_TCK)
 LOADAVG=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -195,31 +83,18 @@ ROWS=()
 bench() { # label url cpu_pid(or -) [absolute-form target]
     local label=$1 url=$2 pid=$3 target=${4:-}
     log "$label: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
-    BENCH_PATH=$target taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"$WARMUP" \
-        -s "$TMP/bench.lua" "$url" >/dev/null
-    local t0=0 t1=0 b0 b1
-    [[ $pid != - ]] && t0=$(cpu_ticks "$pid")
-    b0=$(core_busy "$PROXY_CPU")
-    local out
-    out=$(BENCH_PATH=$target taskset -c "$LOAD_CPU" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" \
-        --latency -s "$TMP/bench.lua" "$url")
-    b1=$(core_busy "$PROXY_CPU")
-    [[ $pid != - ]] && t1=$(cpu_ticks "$pid")
-    echo "$out" >"$TMP/wrk.$label.txt"
-    local line
-    line=$(grep '^RESULT ' <<<"$out") || die "$label: no wrk summary: $out"
-    local requests duration_us p50_us p99_us sock_errors non2xx
-    eval "$(sed 's/^RESULT //; s/ /\n/g' <<<"$line" | sed 's/^/local /')"
-    ROWS+=("$(awk -v l="$label" -v n="$requests" -v d="$duration_us" -v p50="$p50_us" \
-        -v p99="$p99_us" -v se="$sock_errors" -v s="$non2xx" -v pid="$pid" \
-        -v dt=$((t1 - t0)) -v db=$((b1 - b0)) -v hz="$CLK_TCK" -v round="$ROUND" 'BEGIN {
+    wrk_warm "$url" "$CONNECTIONS" "$WARMUP" "$target"
+    wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$pid" "$TMP/wrk.$label.txt" "$target"
+    ROWS+=("$(awk -v l="$label" -v n="$W_REQUESTS" -v d="$W_DURATION_US" -v p50="$W_P50_US" \
+        -v p99="$W_P99_US" -v err="$W_ERRORS" -v pid="$pid" \
+        -v dt="$W_CPU" -v db="$W_BUSY_PROXY" -v hz="$CLK_TCK" -v round="$ROUND" 'BEGIN {
             secs = d / 1e6; cpu = dt / hz
             if (pid == "-") { c1 = "-"; c2 = "-"; c3 = "-" }
             else { c1 = sprintf("%.2f", cpu); c2 = sprintf("%.0f%%", 100 * cpu / secs)
                    c3 = sprintf("%.1f", cpu * 1e6 / n) }
             other = db / hz - cpu; if (other < 0) other = 0
             printf "| %s | %s | %.0f | %.3f | %.3f | %d | %s | %s | %s | %.0f%% |", round, l,
-                n / secs, p50 / 1000, p99 / 1000, se + s, c1, c2, c3, 100 * other / secs }')")
+                n / secs, p50 / 1000, p99 / 1000, err, c1, c2, c3, 100 * other / secs }')")
 }
 
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do

@@ -1,0 +1,425 @@
+#!/usr/bin/env bash
+# benches/compare.sh: egress-sidecar next to nginx and HAProxy (and the upstream directly), five
+# workloads, one table, from one run on one machine.
+#
+# Question answered:
+#   Per request CPU and throughput, what a leaky client costs, and memory per idle client
+#   connection: where does the sidecar stand against nginx and HAProxy configured as equivalent
+#   egress proxies? (issue 6; its targets are printed as ratios under the table)
+#
+# Targets (columns), each a fresh process per workload, alone on core PROXY_CPU (default 1):
+#   direct  : no proxy, the client talks to the upstream (a reference; there the load generator
+#             and the server share core LOAD_CPU).
+#   sidecar : release build, TOKIO_WORKER_THREADS=1, EGRESS_LOG=warn, route-mode listener
+#             (origin-form, like the peers' reverse proxies), pool max_connections = max_idle =
+#             POOL, downstream.idle_timeout and max_connections as below.
+#   nginx   : worker_processes 1 (master + worker counted), `upstream { server ... max_conns=POOL;
+#             keepalive POOL; }`, proxy_http_version 1.1, `Connection ""`, keepalive_timeout as
+#             the idle timeout, access_log off.
+#   haproxy : nbthread 1, no master (-db), `http-reuse always` (idle server connections shared by
+#             all client sessions: the pool), `server ... maxconn POOL pool-max-conn POOL`,
+#             `timeout http-keep-alive` as the idle timeout, no logging.
+#   Upstream for 1-3 and 5: nginx, 1 worker on LOAD_CPU (default 0), `return 200 "ok\n"`,
+#   keepalive_timeout 300s, stub_status on a second port (its `accepts` counts upstream dials).
+#
+# Workloads (the load generators run on LOAD_CPU):
+#   1. keep-alive throughput: wrk -t1 -c$CONNECTIONS, WARMUP then DURATION, ROUNDS rounds (targets
+#      in turn, medians reported, and each round's value): requests/s, p99, and the
+#      proxy's CPU (utime+stime, /proc/PID/stat, process and children) per request; "busy" is
+#      the share of the run the proxy used its core, other processes used that core (competition:
+#      that column's req/s is then not comparable), and the load core was busy.
+#   2. leaky client: tests/leaky/main.go (a new Go http.Transport per request, sequential, so its
+#      concurrency is 1), LEAKY_REQUESTS requests, downstream idle timeout IDLE_TIMEOUT s for
+#      every proxy. Upstream connections dialed (upstream `accepts` delta), the client's
+#      ESTABLISHED sockets to the target (ss, by pid) when its requests end and IDLE_TIMEOUT+2 s
+#      later, the proxy's upstream connections open when they end, and its peak RSS (VmHWM,
+#      summed over master + workers).
+#   3. idle memory: on a fresh process (idle timeout 300 s), benches/idle_memory.py idle-clients:
+#      64 warm-up connections, RSS base, IDLE_CONNS keep-alive connections with one GET each,
+#      held idle; RSS growth / connections held (ss). User-space RSS only (not kernel sockets).
+#   4. HTTP/2 upstream: nghttpd h2c (MAX_STREAMS streams per connection), wrk -c$H2_CLIENTS
+#      HTTP/1.1 through HAProxy (`proto h2`) and the sidecar (`protocol: http2`); direct = h2load
+#      with the same streams in flight. nginx cannot multiplex upstream h2 (n/a).
+#   5. memory return: RSS RETURN_WAIT s after workload 2's requests ended, against the same
+#      process's RSS before the storm.
+#
+# Usage (from the repo root):   benches/compare.sh
+#   env: ROUNDS (3, of workload 1), DURATION (10s), WARMUP (2s), CONNECTIONS (64), POOL (64),
+#        LEAKY_REQUESTS (5000), IDLE_TIMEOUT (5, seconds), IDLE_CONNS (5000), H2_CLIENTS (400),
+#        H2_DURATION (10s), MAX_STREAMS (100), RETURN_WAIT (30, seconds), RESULTS
+#        (benches/RESULTS.md; empty: do not write it), PROXY_CPU (1), LOAD_CPU (0),
+#        CARGO_TARGET_DIR (target/bench), SIDECAR_BIN (skip the build, use this binary).
+# Installs nginx, haproxy, wrk, nghttp2-client (h2load), nghttp2-server (nghttpd) and golang-go
+# with apt-get if missing. Prints the table to stdout and replaces the section between the
+# compare.sh markers in RESULTS. Everything else it writes lives in one mktemp directory,
+# removed on exit with every process it started. Numbers are reported, not asserted.
+
+set -euo pipefail
+
+DURATION=${DURATION:-10s}
+ROUNDS=${ROUNDS:-3}
+WARMUP=${WARMUP:-2s}
+CONNECTIONS=${CONNECTIONS:-64}
+POOL=${POOL:-64}
+LEAKY_REQUESTS=${LEAKY_REQUESTS:-5000}
+IDLE_TIMEOUT=${IDLE_TIMEOUT:-5}
+IDLE_CONNS=${IDLE_CONNS:-5000}
+H2_CLIENTS=${H2_CLIENTS:-400}
+H2_DURATION=${H2_DURATION:-10s}
+MAX_STREAMS=${MAX_STREAMS:-100}
+RETURN_WAIT=${RETURN_WAIT:-30}
+
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+RESULTS=${RESULTS-$REPO/benches/RESULTS.md}
+
+# shellcheck source=benches/common.sh
+source "$REPO/benches/common.sh"
+
+ensure_tools nginx:nginx haproxy:haproxy wrk:wrk h2load:nghttp2-client nghttpd:nghttp2-server \
+    go:golang-go taskset:util-linux python3:python3 curl:curl ss:iproute2
+((EUID == 0)) || log "not root: ss -p cannot see other processes' sockets, connection counts will read 0"
+
+# Client connections any proxy must hold at once, and the file descriptors that takes.
+MAXCONN=$(( (IDLE_CONNS > LEAKY_REQUESTS ? IDLE_CONNS : LEAKY_REQUESTS) + H2_CLIENTS + 1000 ))
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+(( $(ulimit -n) >= 2 * MAXCONN + 256 )) || die "open-file limit $(ulimit -n) too low for $MAXCONN connections"
+
+build_sidecar
+make_scratch egress-compare
+
+log "building the leaky Go client (tests/leaky/main.go)"
+CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS= GOWORK=off go build -o "$TMP/leaky" tests/leaky/main.go
+
+CLK_TCK=$(getconf CLK_TCK)
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+STARTED=$(date -u +%Y-%m-%dT%H:%MZ)
+TARGETS=(direct sidecar nginx haproxy)
+write_wrk_script
+
+# === the table: M[row|target] = cell, rows in ROWS order ===
+
+declare -A M
+ROWS=()
+put() { # row target value
+    [[ -n ${M["$1|_"]:-} ]] || { ROWS+=("$1"); M["$1|_"]=1; }
+    M["$1|$2"]=$3
+}
+calc() { awk "BEGIN { printf $1 }"; } # printf-format-and-args
+mib() { calc "\"%.1f\", $1 / 1024"; }  # KiB -> MiB
+sleep_until() { # epoch seconds (fractional)
+    sleep "$(awk -v t="$1" -v now="$(date +%s.%N)" 'BEGIN { d = t - now; printf "%f", (d > 0 ? d : 0) }')"
+}
+
+# === upstream (workloads 1-3, 5) ===
+
+read -r UP_PORT STATUS_PORT < <(free_ports 2)
+nginx_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
+start_nginx upstream "$LOAD_CPU"
+wait_port "$UP_PORT"
+check upstream "http://127.0.0.1:$UP_PORT/"
+
+# Connections the upstream has accepted so far (this query's own included).
+upstream_accepts() {
+    curl -sS --max-time 5 "http://127.0.0.1:$STATUS_PORT/" | awk 'NR == 3 { print $1 }'
+}
+
+# === the targets ===
+
+# Starts TARGET fresh with a client idle timeout of IDLE seconds; sets T_PID ("-" for direct)
+# and T_PORT, and checks that it answers (one request, so a proxy's pool has one connection).
+start_target() { # target idle-seconds
+    local fwd admin
+    case $1 in
+    direct) T_PID=- T_PORT=$UP_PORT; return ;; # already checked, and no connection more to count
+    sidecar)
+        read -r fwd admin T_PORT < <(free_ports 3)
+        sidecar_conf "$fwd" "$admin" "$T_PORT" "$UP_PORT" "$POOL" "${2}s" "$MAXCONN" >"$TMP/sidecar.yaml"
+        start_sidecar "$TMP/sidecar.yaml" "$PROXY_CPU"
+        T_PID=$SC_PID ;;
+    nginx)
+        read -r T_PORT < <(free_ports 1)
+        nginx_proxy_conf nginx "$T_PORT" "$UP_PORT" "$POOL" "${2}s" $((MAXCONN + POOL + 64)) >"$TMP/nginx.conf"
+        start_nginx nginx "$PROXY_CPU"
+        T_PID=$NGINX_PID ;;
+    haproxy)
+        read -r T_PORT < <(free_ports 1)
+        haproxy_conf haproxy "$T_PORT" "$MAXCONN" "${2}s" \
+            "127.0.0.1:$UP_PORT maxconn $POOL pool-max-conn $POOL" >"$TMP/haproxy.cfg"
+        start_haproxy haproxy "$PROXY_CPU"
+        T_PID=$HAP_PID ;;
+    esac
+    wait_port "$T_PORT"
+    check "$1" "http://127.0.0.1:$T_PORT/"
+}
+
+stop_target() {
+    [[ $T_PID == - ]] || stop_pid "$T_PID"
+}
+
+# === workload 1: keep-alive throughput ===
+
+# Share of measured runs that the proxy used its core, that other processes used that core (a
+# shared machine: then the column's req/s is not comparable), and that the load core was busy
+# (near 100%: the load side, not the proxy, set the pace).
+BUSY="busy: proxy / others on its core / load core"
+busy_cell() { # proxy-ticks proxy-core-busy-ticks load-core-busy-ticks run-seconds
+    awk -v cpu="$1" -v bp="$2" -v bl="$3" -v hz="$CLK_TCK" -v s="$4" 'BEGIN {
+        other = bp - cpu; if (other < 0) other = 0
+        printf "%.0f%% / %.0f%% / %.0f%%", 100 * cpu / hz / s, 100 * other / hz / s, 100 * bl / hz / s }'
+}
+median() { # printf-format numbers...
+    local fmt=$1
+    shift
+    printf '%s\n' "$@" | sort -g | awk -v f="$fmt" '{ v[NR] = $1 }
+        END { printf f, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
+
+# ROUNDS rounds, the targets in turn within each (drift on a shared VM spreads over all of them);
+# each run on a fresh process. The table shows medians over the rounds and every round's value.
+W1="1 keep-alive, $CONNECTIONS conns:"
+declare -A RPS CPU P99 ERR TICKS
+for ((round = 1; round <= ROUNDS; round++)); do
+    for t in "${TARGETS[@]}"; do
+        log "workload 1, round $round/$ROUNDS, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
+        start_target "$t" "$IDLE_TIMEOUT"
+        url="http://127.0.0.1:$T_PORT/"
+        wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
+        wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w1.$t.$round.txt"
+        secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
+        RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
+        CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+        P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
+        ERR[$t]=$(( ${ERR[$t]:-0} + W_ERRORS ))
+        read -r a b c d <<<"${TICKS[$t]:-0 0 0 0}"
+        TICKS[$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
+        stop_target
+    done
+done
+for t in "${TARGETS[@]}"; do
+    # shellcheck disable=SC2086 # the per-round lists split into words on purpose
+    {
+        put "$W1 requests/s (median)" "$t" "$(median %.0f ${RPS[$t]})"
+        ((ROUNDS == 1)) || put "$W1 requests/s, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${RPS[$t]}")"
+        put "$W1 p99 latency (ms, median)" "$t" "$(median %.2f ${P99[$t]})"
+        put "$W1 errors (all rounds)" "$t" "${ERR[$t]}"
+        [[ $t != direct ]] || continue
+        put "$W1 proxy CPU µs/request (median)" "$t" "$(median %.1f ${CPU[$t]})"
+        ((ROUNDS == 1)) || put "$W1 proxy CPU µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${CPU[$t]}")"
+        put "$W1 $BUSY" "$t" "$(busy_cell ${TICKS[$t]})"
+    }
+done
+
+# === workloads 2 and 5: the leaky client, then memory return ===
+
+# A field of one JSON line the leaky client printed.
+leaky_field() { # file phase field
+    python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["phase"] == sys.argv[2]: print(r.get(sys.argv[3], ""))' "$@"
+}
+
+W2="2 leaky client, $LEAKY_REQUESTS requests:"
+W5="5 memory return:"
+for t in "${TARGETS[@]}"; do
+    log "workload 2, $t: $LEAKY_REQUESTS requests from the leaky client, idle timeout ${IDLE_TIMEOUT}s"
+    # Counted from before the start: the connection the start's check dials is the proxy's too.
+    accepts0=$(upstream_accepts)
+    start_target "$t" "$IDLE_TIMEOUT"
+    [[ $t == direct ]] || rss_before=$(status_kib "$T_PID" VmRSS)
+    out="$TMP/leaky.$t.out"
+    taskset -c "$LOAD_CPU" "$TMP/leaky" -n "$LEAKY_REQUESTS" -url "http://127.0.0.1:$T_PORT/" \
+        -wait "$((IDLE_TIMEOUT + 3))s" >"$out" 2>"$TMP/leaky.$t.err" &
+    leaky_pid=$!
+    PIDS+=("$leaky_pid")
+    until grep -qs '"after_requests"' "$out"; do
+        kill -0 "$leaky_pid" 2>/dev/null || die "leaky client ($t) exited early: $(cat "$TMP/leaky.$t.err")"
+        sleep 0.1
+    done
+    ended=$(date +%s.%N)
+    open_end=$(established_by "$leaky_pid" "$T_PORT" | wc -l)
+    [[ $t == direct ]] || up_end=$(established_by "$T_PID" "$UP_PORT" | wc -l)
+    sleep_until "$(calc "\"%f\", $ended + $IDLE_TIMEOUT + 2")"
+    open_after=$(established_by "$leaky_pid" "$T_PORT" | wc -l)
+    accepts1=$(upstream_accepts)
+    put "$W2 requests ok / failed" "$t" \
+        "$(leaky_field "$out" after_requests ok) / $(leaky_field "$out" after_requests errors)"
+    put "$W2 storm duration (s)" "$t" "$(calc "\"%.1f\", $(leaky_field "$out" after_requests elapsed_ms) / 1000")"
+    # The second stub_status query is itself one accepted connection.
+    put "$W2 upstream connections dialed" "$t" $((accepts1 - accepts0 - 1))
+    put "$W2 client conns open at storm end" "$t" "$open_end"
+    put "$W2 client conns open ${IDLE_TIMEOUT}+2 s later" "$t" "$open_after"
+    [[ $t == direct ]] || put "$W2 upstream conns open at storm end" "$t" "$up_end"
+    stop_pid "$leaky_pid"
+    if [[ $t != direct ]]; then
+        put "$W2 proxy peak RSS (VmHWM, MiB)" "$t" "$(mib "$(status_kib "$T_PID" VmHWM)")"
+        sleep_until "$(calc "\"%f\", $ended + $RETURN_WAIT")"
+        rss_after=$(status_kib "$T_PID" VmRSS)
+        put "$W5 RSS before the storm (MiB)" "$t" "$(mib "$rss_before")"
+        put "$W5 RSS ${RETURN_WAIT} s after the storm (MiB)" "$t" "$(mib "$rss_after")"
+        put "$W5 after / before" "$t" "$(calc "\"%.2fx\", $rss_after / $rss_before")"
+    fi
+    stop_target
+done
+
+# === workload 3: idle memory ===
+
+W3="3 idle memory, $IDLE_CONNS idle clients:"
+for t in sidecar nginx haproxy; do
+    log "workload 3, $t: $IDLE_CONNS idle keep-alive client connections on a fresh process"
+    start_target "$t" 300
+    line=$(taskset -c "$LOAD_CPU" python3 "$REPO/benches/idle_memory.py" idle-clients \
+        --pid "$T_PID" --port "$T_PORT" --count "$IDLE_CONNS" | grep '^RESULT ') || die "idle-clients ($t) failed"
+    eval "$(sed 's/^RESULT //; s/ /\n/g' <<<"$line" | sed 's/^/r_/')"
+    # shellcheck disable=SC2154 # r_* come from the eval above
+    put "$W3 RSS base (MiB)" "$t" "$(calc "\"%.1f\", $r_base / 1048576")"
+    put "$W3 RSS growth per idle client conn (B)" "$t" "$r_per"
+    put "$W3 idle client conns held / failed" "$t" "$r_held / $r_failed"
+    stop_target
+done
+
+# === workload 4: HTTP/2 upstream ===
+
+W4="4 h2 upstream, $H2_CLIENTS clients:"
+read -r H2_PORT < <(free_ports 1)
+start_nghttpd "$H2_PORT" "$MAX_STREAMS"
+wait_port "$H2_PORT"
+check nghttpd "http://127.0.0.1:$H2_PORT/" --http2-prior-knowledge
+h2_conns=$(( (H2_CLIENTS + MAX_STREAMS - 1) / MAX_STREAMS ))
+log "workload 4, direct: h2load -c$h2_conns -m$MAX_STREAMS, warm-up $WARMUP, then $H2_DURATION"
+h2load_measure "http://127.0.0.1:$H2_PORT/" "$h2_conns" "$MAX_STREAMS" "$H2_DURATION" "$WARMUP" "$TMP/h2load.txt"
+put "$W4 requests/s" direct "$(calc "\"%.0f\", $H_DONE / $(secs_of "$H2_DURATION")")"
+put "$W4 proxy CPU µs/request" direct -
+put "$W4 errors" direct $((H_DONE - H_OK))
+put "$W4 upstream connections (max seen)" direct "$h2_conns"
+hap_streams_kw=$(hap_streams_keyword)
+for t in sidecar nginx haproxy; do
+    if [[ $t == nginx ]]; then
+        for row in requests/s "proxy CPU µs/request" errors "$BUSY" "upstream connections (max seen)"; do
+            put "$W4 $row" nginx "n/a"
+        done
+        continue
+    fi
+    log "workload 4, $t: warm-up $WARMUP, then $H2_DURATION with $H2_CLIENTS connections"
+    if [[ $t == sidecar ]]; then
+        read -r fwd admin T_PORT < <(free_ports 3)
+        sidecar_h2_conf "$fwd" "$admin" "$T_PORT" "$H2_PORT" "$MAX_STREAMS" >"$TMP/sidecar-h2.yaml"
+        start_sidecar "$TMP/sidecar-h2.yaml" "$PROXY_CPU"
+        T_PID=$SC_PID
+    else
+        read -r T_PORT < <(free_ports 1)
+        haproxy_conf haproxy-h2 "$T_PORT" "$MAXCONN" 60s "127.0.0.1:$H2_PORT proto h2" \
+            "$hap_streams_kw $MAX_STREAMS" >"$TMP/haproxy-h2.cfg"
+        start_haproxy haproxy-h2 "$PROXY_CPU"
+        T_PID=$HAP_PID
+    fi
+    wait_port "$T_PORT"
+    check "$t" "http://127.0.0.1:$T_PORT/"
+    url="http://127.0.0.1:$T_PORT/"
+    wrk_warm "$url" "$H2_CLIENTS" "$WARMUP"
+    start_sampler "$T_PID" "$H2_PORT" "$TMP/h2conns.$t"
+    wrk_measure "$url" "$H2_CLIENTS" "$H2_DURATION" "$T_PID" "$TMP/w4.$t.txt"
+    stop_pid "$SAMPLER_PID"
+    secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
+    put "$W4 requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $secs")"
+    put "$W4 proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+    put "$W4 errors" "$t" "$W_ERRORS"
+    put "$W4 $BUSY" "$t" "$(busy_cell "$W_CPU" "$W_BUSY_PROXY" "$W_BUSY_LOAD" "$secs")"
+    put "$W4 upstream connections (max seen)" "$t" "$(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t")"
+    stop_target
+done
+stop_pid "$NGHTTPD_PID"
+
+# === report ===
+
+cell() { echo "${M["$1|$2"]:--}"; }
+num() { sed 's/[^0-9.].*//' <<<"$(cell "$1" "$2")"; }
+
+# One line per issue target: name, the numbers, met/missed.
+verdict() { # text ok(1/0)
+    if [[ $2 == 1 ]]; then echo "- met: $1"; else echo "- missed: $1"; fi
+}
+ratio_line() { # label row-of-sidecar row-of-peer peer op limit
+    local s p r ok
+    s=$(num "$2" sidecar); p=$(num "$3" "$4")
+    if [[ -z $s || -z $p || $p == 0 ]]; then echo "- not measured: $1"; return; fi
+    r=$(calc "\"%.2f\", $s / $p")
+    ok=$(awk -v r="$r" -v l="$6" -v op="$5" 'BEGIN { print (op == "<=" ? r <= l : r >= l) ? 1 : 0 }')
+    verdict "$1: sidecar $s vs $4 $p = ${r}x (target $5 $6x)" "$ok"
+}
+
+targets_report() {
+    ratio_line "CPU per proxied request (workload 1, medians)" "$W1 proxy CPU µs/request (median)" \
+        "$W1 proxy CPU µs/request (median)" nginx "<=" 0.8
+    ratio_line "keep-alive requests/s (workload 1, medians)" "$W1 requests/s (median)" "$W1 requests/s (median)" \
+        nginx ">=" 1.1
+    ratio_line "memory per idle client connection (workload 3)" "$W3 RSS growth per idle client conn (B)" \
+        "$W3 RSS growth per idle client conn (B)" nginx "<=" 1.0
+    local base back dialed
+    base=$(num "$W3 RSS base (MiB)" sidecar)
+    verdict "RSS base (workload 3): ${base} MiB (target <= 5 MiB)" "$(awk -v b="$base" 'BEGIN { print (b != "" && b <= 5) }')"
+    back=$(num "$W5 after / before" sidecar)
+    verdict "RSS ${RETURN_WAIT} s after the leaky storm (workload 5): ${back}x the RSS before it (target <= 1.5x)" \
+        "$(awk -v b="$back" 'BEGIN { print (b != "" && b <= 1.5) }')"
+    dialed=$(num "$W2 upstream connections dialed" sidecar)
+    verdict "upstream connections in workload 2: $dialed for a client of concurrency 1 (target <= 1)" \
+        "$(awk -v d="$dialed" 'BEGIN { print (d != "" && d <= 1) }')"
+}
+
+report() {
+    local row t
+    cat <<EOF
+## Comparison: egress-sidecar vs nginx vs HAProxy ($STARTED)
+
+Command: \`benches/compare.sh\` (ROUNDS=$ROUNDS DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS POOL=$POOL
+LEAKY_REQUESTS=$LEAKY_REQUESTS IDLE_TIMEOUT=$IDLE_TIMEOUT IDLE_CONNS=$IDLE_CONNS H2_CLIENTS=$H2_CLIENTS
+H2_DURATION=$H2_DURATION MAX_STREAMS=$MAX_STREAMS RETURN_WAIT=$RETURN_WAIT)
+
+- machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), kernel $(uname -r);
+  load average before the run $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg)
+- sidecar: $("$BIN" --version), commit $(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock || echo " plus uncommitted changes"), $(rustc --version)
+- nginx: $(nginx -v 2>&1 | sed 's/^nginx version: //'); haproxy: $(haproxy -v | head -1 | sed 's/ - https.*//'); $(wrk -v 2>&1 | head -1 | awk '{print "wrk", $2}'); $(h2load --version | head -1); $(nghttpd --version | head -1); $(go version | awk '{print $3}') (leaky client)
+- placement: each proxy alone on core $PROXY_CPU; load generators and upstreams on core $LOAD_CPU
+
+| metric |$(printf ' %s |' "${TARGETS[@]}")
+|---|$(printf -- '---:|%.0s' "${TARGETS[@]}")
+EOF
+    # By workload (the leaky storm fills workload 5's rows too), in order of first appearance.
+    sort -s -k1,1n < <(printf '%s\n' "${ROWS[@]}") | while IFS= read -r row; do
+        printf '| %s |' "$row"
+        for t in "${TARGETS[@]}"; do printf ' %s |' "$(cell "$row" "$t")"; done
+        printf '\n'
+    done
+    cat <<EOF
+
+Issue 6 targets, sidecar against nginx in this run:
+$(targets_report)
+
+CPU = utime+stime of the proxy (nginx: master + worker) during the measured run, per request.
+RSS = VmRSS summed over the proxy's processes; peak = VmHWM, same sum. busy = share of the run
+that the proxy used its core / that other processes used it (above a few %: a shared machine, and
+that column's req/s is not comparable; CPU per request still roughly is) / that the load core
+(wrk and the upstream) was busy. Upstream dials are counted at the upstream (stub_status).
+EOF
+}
+
+REPORT=$(report)
+printf '\n%s\n' "$REPORT"
+
+if [[ -n $RESULTS ]]; then
+    printf '%s\n' "$REPORT" >"$TMP/report.md"
+    python3 - "$RESULTS" "$TMP/report.md" <<'PY'
+import os, sys
+path, report = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
+begin, end = "<!-- compare.sh: begin -->", "<!-- compare.sh: end -->"
+block = f"{begin}\n{report}\n{end}"
+text = open(path).read() if os.path.exists(path) else "# Benchmark results\n\n"
+if begin in text and end in text:
+    text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+else:
+    text = text.rstrip("\n") + "\n\n" + block + "\n"
+open(path, "w").write(text)
+PY
+    log "table written to $RESULTS"
+fi

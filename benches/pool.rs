@@ -1,0 +1,123 @@
+//! What does it cost to take a warm HTTP/1.1 connection out of the pool and give it back, with
+//! and without one request on it?
+//!
+//! The pool holds real hyper client connections over `tokio::io::duplex` pipes to a tiny hyper
+//! server answering an empty 200 (as `src/pool/pool_tests.rs` does), so the numbers contain no
+//! sockets: `http1_checkout_release_warm` is the pool's own bookkeeping (lock, idle list, lease,
+//! metrics); `http1_checkout_request_release_warm` adds one request and response through hyper
+//! over the pipe, the proxy's per-request upstream work minus the syscalls. One connection is
+//! dialed before measuring and every iteration reuses it (the dial count is checked at the end).
+//! Single-threaded runtime, like the sidecar with `TOKIO_WORKER_THREADS=1`.
+//!
+//! Run: `cargo bench --bench pool` (numbers are reported, not asserted).
+
+// criterion_group! defines an undocumented `pub fn` for the group.
+#![allow(missing_docs)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use egress_sidecar::config::{self, Overrides};
+use egress_sidecar::downstream::RequestBody;
+use egress_sidecar::error::{ErrorKind, ProxyError};
+use egress_sidecar::metrics::Metrics;
+use egress_sidecar::pool::{Connect, Dialed, Pool, Protocol, Slot};
+use http_body_util::BodyExt;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+
+/// Dials an in-memory HTTP/1.1 server answering every request with an empty 200.
+#[derive(Debug, Default)]
+struct DuplexConnector {
+    dials: Arc<AtomicUsize>,
+}
+
+impl DuplexConnector {
+    async fn dial(&self, slot: Slot) -> Result<Dialed, ProxyError> {
+        self.dials.fetch_add(1, Ordering::Relaxed);
+        let (client, server) = tokio::io::duplex(16 * 1024);
+        tokio::spawn(async move {
+            let svc = service_fn(|_req| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(
+                    http_body_util::Empty::<bytes::Bytes>::new(),
+                ))
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(server), svc)
+                .await;
+        });
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
+            .await
+            .map_err(|e| ProxyError::new(ErrorKind::ProtocolError, e.to_string()))?;
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _ = conn.await;
+        });
+        Ok(Dialed::Http1(sender))
+    }
+}
+
+impl Connect for DuplexConnector {
+    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
+        Box::pin(self.dial(slot))
+    }
+}
+
+/// A pool with the default settings (`defaults.pool` of an empty config); its dials count in
+/// `dials`.
+fn pool(dials: &Arc<AtomicUsize>) -> Arc<Pool> {
+    let defaults = config::parse("", &Overrides::default()).expect("empty config is valid");
+    Pool::new(
+        "bench".into(),
+        defaults.defaults.pool,
+        Protocol::Http1,
+        100,
+        Box::new(DuplexConnector { dials: dials.clone() }),
+        Metrics::new().upstream("bench"),
+    )
+}
+
+async fn checkout_release(pool: &Arc<Pool>) {
+    let lease = pool.checkout().await.expect("checkout");
+    lease.release();
+}
+
+async fn checkout_request_release(pool: &Arc<Pool>) {
+    let mut lease = pool.checkout().await.expect("checkout");
+    let req = http::Request::builder()
+        .uri("/")
+        .header(http::header::HOST, "bench.internal")
+        .body(RequestBody::Empty)
+        .expect("request");
+    let resp = lease.send(req).await.expect("response");
+    let _ = resp.into_body().collect().await.expect("body");
+    lease.release();
+}
+
+fn bench_pool(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dials = Arc::new(AtomicUsize::new(0));
+    let pool = pool(&dials);
+    // Warm: one connection dialed and used once, idle in the pool.
+    rt.block_on(checkout_request_release(&pool));
+
+    c.bench_function("http1_checkout_release_warm", |b| {
+        b.to_async(&rt).iter(|| checkout_release(&pool));
+    });
+    c.bench_function("http1_checkout_request_release_warm", |b| {
+        b.to_async(&rt).iter(|| checkout_request_release(&pool));
+    });
+    let dials = dials.load(Ordering::Relaxed);
+    if dials != 1 {
+        eprintln!("note: the pool dialed {dials} connections; every iteration should have reused one");
+    }
+}
+
+criterion_group!(benches, bench_pool);
+criterion_main!(benches);
