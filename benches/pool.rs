@@ -22,12 +22,10 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 use egress_sidecar::config::{self, Overrides};
 use egress_sidecar::downstream::RequestBody;
-use egress_sidecar::error::{ErrorKind, ProxyError};
+use egress_sidecar::error::ProxyError;
 use egress_sidecar::metrics::Metrics;
 use egress_sidecar::pool::{Connect, Dialed, Pool, Protocol, Slot};
 use http_body_util::BodyExt;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 
 /// Dials an in-memory HTTP/1.1 server answering every request with an empty 200.
 #[derive(Debug, Default)]
@@ -38,25 +36,7 @@ struct DuplexConnector {
 impl DuplexConnector {
     async fn dial(&self, slot: Slot) -> Result<Dialed, ProxyError> {
         self.dials.fetch_add(1, Ordering::Relaxed);
-        let (client, server) = tokio::io::duplex(16 * 1024);
-        tokio::spawn(async move {
-            let svc = service_fn(|_req| async {
-                Ok::<_, std::convert::Infallible>(http::Response::new(
-                    http_body_util::Empty::<bytes::Bytes>::new(),
-                ))
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(server), svc)
-                .await;
-        });
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
-            .await
-            .map_err(|e| ProxyError::new(ErrorKind::ProtocolError, e.to_string()))?;
-        tokio::spawn(async move {
-            let _slot = slot;
-            let _ = conn.await;
-        });
-        Ok(Dialed::Http1(sender))
+        egress_sidecar::pool::in_memory::dial(slot, 16 * 1024).await
     }
 }
 

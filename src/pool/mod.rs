@@ -38,6 +38,7 @@
 //! FIN in flight while the request is written) is closed by the retry in `upstream`.
 
 mod body;
+pub mod in_memory;
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;

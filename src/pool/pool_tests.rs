@@ -5,8 +5,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::sync::Semaphore;
 
 use super::*;
@@ -37,25 +35,7 @@ impl GatedConnector {
         let permit = self.gate.acquire().await.expect("gate open");
         permit.forget();
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        let (client, server) = tokio::io::duplex(4096);
-        tokio::spawn(async move {
-            let svc = service_fn(|_req| async {
-                Ok::<_, std::convert::Infallible>(http::Response::new(
-                    http_body_util::Empty::<bytes::Bytes>::new(),
-                ))
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(server), svc)
-                .await;
-        });
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
-            .await
-            .map_err(|e| ProxyError::new(ErrorKind::ProtocolError, e.to_string()))?;
-        tokio::spawn(async move {
-            let _slot = slot;
-            let _ = conn.await;
-        });
-        Ok(Dialed::Http1(sender))
+        super::in_memory::dial(slot, 4096).await
     }
 }
 

@@ -1,0 +1,32 @@
+//! An upstream connection without sockets, for tests and benches that exercise the pool itself:
+//! a hyper HTTP/1.1 client over an in-memory pipe to an in-process server answering every request
+//! with an empty `200`.
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+
+use super::{Dialed, Slot};
+use crate::error::{ErrorKind, ProxyError};
+
+/// Dials an in-memory connection with `buffer` bytes each way; `slot` lives as long as it does.
+pub async fn dial(slot: Slot, buffer: usize) -> Result<Dialed, ProxyError> {
+    let (client, server) = tokio::io::duplex(buffer);
+    tokio::spawn(async move {
+        let svc = service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(
+                http_body_util::Empty::<bytes::Bytes>::new(),
+            ))
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(server), svc)
+            .await;
+    });
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
+        .await
+        .map_err(|e| ProxyError::new(ErrorKind::ProtocolError, e.to_string()))?;
+    tokio::spawn(async move {
+        let _slot = slot;
+        let _ = conn.await;
+    });
+    Ok(Dialed::Http1(sender))
+}
