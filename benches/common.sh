@@ -393,13 +393,15 @@ h2load_measure() { # url connections streams duration warmup outfile
 # The sidecar in front of the HTTP/1.1 upstream: route-mode listener, pool max_connections and
 # max_idle POOL (nginx's `keepalive POOL`); downstream idle_timeout / max_connections if given,
 # and max_idle_connections (default 1024) if given too.
+# max-idle lifts the bounds on idle clients: max_idle_connections, and leaky_idle_timeout (which
+# would otherwise close a one-request-per-connection bench client's connections after 1 s).
 sidecar_conf() { # listen-port admin-port route-port upstream-port pool [idle-timeout max-connections [max-idle]]
     cat <<EOF
 listen: 127.0.0.1:$1
 admin: 127.0.0.1:$2
 shutdown: { drain_timeout: 1s }
 EOF
-    [[ -z ${6:-} ]] || echo "downstream: { idle_timeout: $6, max_connections: $7${8:+, max_idle_connections: $8} }"
+    [[ -z ${6:-} ]] || echo "downstream: { idle_timeout: $6, max_connections: $7${8:+, max_idle_connections: $8, leaky_idle_timeout: $6} }"
     cat <<EOF
 upstreams:
   - name: bench

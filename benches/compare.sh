@@ -64,7 +64,7 @@ POOL=${POOL:-64}
 LEAKY_REQUESTS=${LEAKY_REQUESTS:-5000}
 IDLE_TIMEOUT=${IDLE_TIMEOUT:-5}
 IDLE_CONNS=${IDLE_CONNS:-5000}
-IDLE_BOUND= # empty: the sidecar's default max_idle_connections (workload 3 lifts it)
+IDLE_BOUND= # empty: the sidecar's default idle bounds (workload 3 lifts them)
 H2_CLIENTS=${H2_CLIENTS:-400}
 H2_DURATION=${H2_DURATION:-10s}
 MAX_STREAMS=${MAX_STREAMS:-100}
@@ -267,8 +267,10 @@ done
 # === workload 3: idle memory ===
 
 W3="3 idle memory, $IDLE_CONNS idle clients:"
-# Measured per connection, so the sidecar keeps them all like its peers do (its default
-# max_idle_connections: 1024 would close the rest; workload 2 runs with that default).
+# Measured per connection, so the sidecar keeps them all like its peers do: its default
+# max_idle_connections (1024) would close the rest, and its leak detector flags 5000 one-request
+# connections from one address and gives them leaky_idle_timeout (1 s). Workload 2 runs with
+# both defaults.
 IDLE_BOUND=$MAXCONN
 for t in sidecar nginx haproxy; do
     log "workload 3, $t: $IDLE_CONNS idle keep-alive client connections on a fresh process"

@@ -130,7 +130,7 @@ pub async fn run_with_reload(
     config: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
-    reload: Option<reload::Source>,
+    reload: Option<reload::Watcher>,
 ) {
     let config = Arc::new(config);
     let local = listeners.local_addrs();
@@ -153,7 +153,7 @@ pub async fn run_with_reload(
         stats: Default::default(),
         metrics: metrics.clone(),
         clients: clients.clone(),
-        idle: Default::default(),
+        parking: Default::default(),
     });
 
     let ready = Arc::new(AtomicBool::new(true));
@@ -180,8 +180,12 @@ pub async fn run_with_reload(
             ctx.clone(),
         )));
     }
-    if let Some(source) = reload {
-        accept_tasks.push(tokio::spawn(reload::watch(source, ctx.clone(), drain_rx.clone())));
+    if let Some(watcher) = reload {
+        accept_tasks.push(tokio::spawn(reload::watch(
+            watcher,
+            ctx.clone(),
+            drain_rx.clone(),
+        )));
     }
 
     shutdown.await;

@@ -174,6 +174,10 @@ fn serve(args: &RunArgs) -> ExitCode {
         Err(code) => return code,
     };
     runtime.block_on(async {
+        // Signal handlers before the listeners: once applications can connect, a SIGTERM or
+        // SIGHUP must not meet the default action (exit).
+        let shutdown_signal = shutdown::signal();
+        let watcher = reload::Watcher::new(args.source());
         let listeners = match Listeners::bind(&config).await {
             Ok(l) => l,
             Err(e) => {
@@ -182,7 +186,7 @@ fn serve(args: &RunArgs) -> ExitCode {
             }
         };
         let first_signal = async {
-            shutdown::signal().await;
+            shutdown_signal.await;
             // A second signal means "now": skip the drain.
             tokio::spawn(async {
                 shutdown::signal().await;
@@ -190,7 +194,7 @@ fn serve(args: &RunArgs) -> ExitCode {
                 std::process::exit(130);
             });
         };
-        egress_sidecar::run_with_reload(config, listeners, first_signal, Some(args.source())).await;
+        egress_sidecar::run_with_reload(config, listeners, first_signal, Some(watcher)).await;
         ExitCode::SUCCESS
     })
 }
@@ -206,6 +210,7 @@ fn serve_injector(args: &InjectArgs) -> ExitCode {
         Err(code) => return code,
     };
     runtime.block_on(async {
+        let shutdown_signal = shutdown::signal();
         let files = TlsFiles {
             cert: args.tls_cert.clone(),
             key: args.tls_key.clone(),
@@ -227,7 +232,7 @@ fn serve_injector(args: &InjectArgs) -> ExitCode {
         let listen = listener.local_addr().map_or(args.listen, |a| a);
         tracing::info!(listen = %listen, image = %settings.image, mode = ?settings.mode, "injection webhook listening");
         let settings = std::sync::Arc::new(settings);
-        inject::server::serve(listener, tls, settings, shutdown::signal(), args.shutdown_linger).await;
+        inject::server::serve(listener, tls, settings, shutdown_signal, args.shutdown_linger).await;
         ExitCode::SUCCESS
     })
 }

@@ -61,9 +61,33 @@ pub struct Source {
     pub overrides: Overrides,
 }
 
+/// What triggers reloads: SIGHUP, and changes to the source's file.
+#[derive(Debug)]
+pub struct Watcher {
+    source: Source,
+    hangup: Option<Hangup>,
+}
+
+#[cfg(unix)]
+type Hangup = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Hangup = ();
+
+impl Watcher {
+    /// Installs the SIGHUP handler now, inside a runtime: a SIGHUP that arrived between binding
+    /// the listeners and the first poll of [`watch`] would otherwise end the process (the
+    /// default action).
+    pub fn new(source: Source) -> Self {
+        Watcher {
+            source,
+            hangup: hangup_signal(),
+        }
+    }
+}
+
 /// Reloads on SIGHUP and on file changes until `stop` flips to true.
-pub async fn watch(source: Source, ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
-    let mut hangup = hangup_signal();
+pub async fn watch(watcher: Watcher, ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
+    let Watcher { source, mut hangup } = watcher;
     let mut applied = read(&source).await;
     let mut candidate: Option<Option<Vec<u8>>> = None;
     let mut poll = tokio::time::interval(FILE_POLL);
@@ -100,7 +124,7 @@ async fn read(source: &Source) -> Option<Vec<u8>> {
 }
 
 #[cfg(unix)]
-fn hangup_signal() -> Option<tokio::signal::unix::Signal> {
+fn hangup_signal() -> Option<Hangup> {
     use tokio::signal::unix::{signal, SignalKind};
     signal(SignalKind::hangup())
         .inspect_err(|e| tracing::warn!("SIGHUP reload unavailable: {e}"))
@@ -108,7 +132,7 @@ fn hangup_signal() -> Option<tokio::signal::unix::Signal> {
 }
 
 #[cfg(unix)]
-async fn recv(hangup: &mut Option<tokio::signal::unix::Signal>) {
+async fn recv(hangup: &mut Option<Hangup>) {
     match hangup {
         Some(signal) => {
             signal.recv().await;
@@ -118,12 +142,12 @@ async fn recv(hangup: &mut Option<tokio::signal::unix::Signal>) {
 }
 
 #[cfg(not(unix))]
-fn hangup_signal() -> Option<()> {
+fn hangup_signal() -> Option<Hangup> {
     None
 }
 
 #[cfg(not(unix))]
-async fn recv(_: &mut Option<()>) {
+async fn recv(_: &mut Option<Hangup>) {
     std::future::pending().await
 }
 

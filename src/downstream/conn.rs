@@ -7,7 +7,8 @@
 //! Between requests the task waits on socket readiness alone: the read buffer is released and
 //! the per-exchange state lives in a boxed future that exists only while a request is in
 //! flight. An idle connection therefore costs its task, its socket registration and a timer,
-//! not the ~16 KiB of buffers a general-purpose server keeps.
+//! not the ~16 KiB of buffers a general-purpose server keeps; and after `park::PARK_AFTER` the
+//! task ends and the connection waits in `park`, which costs less still.
 //!
 //! # Cancel safety
 //! Reading the request body runs beside the proxy call and the response writer in `select!`
@@ -36,7 +37,8 @@ use tracing::Instrument;
 
 use super::body::{BodySender, RequestBody};
 use super::codec::{self, BodyError, Decoder, HeadError, RequestHead, ResponseFraming};
-use super::Context;
+use super::park::PARK_AFTER;
+use super::{Context, Served};
 use crate::error::{ErrorKind, ProxyError};
 use crate::proxy::connect::TunnelEnd;
 use crate::proxy::{upgrade, ResponseBody};
@@ -53,50 +55,54 @@ const COALESCE_LIMIT: usize = 16 * 1024;
 const LINGER: Duration = Duration::from_secs(2);
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
-struct Connection {
-    stream: TcpStream,
+/// An application connection and what it carried so far.
+pub(super) struct Connection {
+    pub(super) stream: TcpStream,
     buf: BytesMut,
-    peer: SocketAddr,
-    requests: u64,
-    /// From a source the leak detector flagged when it connected.
-    leaky: bool,
-}
-
-/// How a connection ended, for per-source accounting.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Served {
-    /// HTTP/1.1 requests it carried (0 for h2c).
+    pub(super) peer: SocketAddr,
     pub(super) requests: u64,
-    /// Closed by `downstream.idle_timeout`.
-    pub(super) idle_closed: bool,
+    /// From a source the leak detector flagged when it connected.
+    pub(super) leaky: bool,
 }
 
-/// Serves one connection until it closes, idles out or the sidecar drains.
-pub(super) async fn serve(
-    stream: TcpStream,
-    peer: SocketAddr,
-    leaky: bool,
-    entry: &Entry,
-    ctx: &Arc<Context>,
-) -> Served {
-    let mut conn = Connection {
-        stream,
-        buf: BytesMut::new(),
-        peer,
-        requests: 0,
-        leaky,
-    };
+impl Connection {
+    /// A connection just accepted.
+    pub(super) fn new(stream: TcpStream, peer: SocketAddr, leaky: bool) -> Self {
+        Connection::resume(stream, peer, 0, leaky)
+    }
+
+    /// A kept-alive connection coming back from `park`.
+    pub(super) fn resume(stream: TcpStream, peer: SocketAddr, requests: u64, leaky: bool) -> Self {
+        Connection {
+            stream,
+            buf: BytesMut::new(),
+            peer,
+            requests,
+            leaky,
+        }
+    }
+}
+
+/// How [`serve`] ended.
+pub(super) enum Ended {
+    Closed(Served),
+    /// Idle for `park::PARK_AFTER` between requests: to be parked.
+    Idle(Connection),
+}
+
+/// Serves one connection until it closes, idles out, idles long enough to be parked, or the
+/// sidecar drains.
+pub(super) async fn serve(mut conn: Connection, entry: &Entry, ctx: &Arc<Context>) -> Ended {
     let mut drain = ctx.drain.clone();
     loop {
         if conn.buf.is_empty() {
             match wait_for_bytes(&conn, ctx, &mut drain).await {
                 Wake::Readable => {}
+                Wake::Park => return Ended::Idle(conn),
                 Wake::Closed | Wake::Draining => return served(&conn, false),
                 Wake::TimedOut if conn.requests == 0 => return served(&conn, false),
-                Wake::TimedOut | Wake::Evicted => {
-                    ctx.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
-                    ctx.metrics.families().downstream_idle_closed.inc();
-                    tracing::debug!(requests = conn.requests, "closing idle downstream connection");
+                Wake::TimedOut => {
+                    ctx.count_idle_close(conn.requests);
                     return served(&conn, true);
                 }
             }
@@ -104,10 +110,10 @@ pub(super) async fn serve(
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
                 if super::h2::starts_with_preface(&conn.stream, deadline).await {
                     Box::pin(super::h2::serve(conn.stream, entry.clone(), ctx.clone())).await;
-                    return Served {
+                    return Ended::Closed(Served {
                         requests: 0,
                         idle_closed: false,
-                    };
+                    });
                 }
             }
         }
@@ -128,16 +134,12 @@ enum Wake {
     Closed,
     /// `header_read_timeout` for a new connection, the idle timeout for a kept-alive one.
     TimedOut,
-    /// Closed to keep idle connections within `downstream.max_idle_connections`.
-    Evicted,
+    /// Idle for `park::PARK_AFTER`, with more of its idle timeout to go.
+    Park,
     Draining,
 }
 
-/// After this long idle a connection enters the idle list: under load connections idle for
-/// microseconds between requests, and the list's lock should not be paid per request.
-const IDLE_LIST_AFTER: Duration = Duration::from_millis(100);
-
-/// Waits for the next request without holding a buffer.
+/// Waits for the next request without holding a buffer, until it is time to park.
 async fn wait_for_bytes(conn: &Connection, ctx: &Context, drain: &mut watch::Receiver<bool>) -> Wake {
     if conn.requests == 0 {
         // A new connection gets its first request served even while draining (apps finishing
@@ -145,33 +147,27 @@ async fn wait_for_bytes(conn: &Connection, ctx: &Context, drain: &mut watch::Rec
         let limit = ctx.config.get().header_read_timeout;
         return wake(tokio::time::timeout(limit, conn.stream.readable()).await);
     }
-    let first = IDLE_LIST_AFTER.min(idle_limits(conn, ctx).0);
-    // Written out rather than through helpers, and carrying nothing but `first` across the
-    // await: this state is part of every idle connection's footprint.
-    let idle = async {
-        match tokio::time::timeout(first, conn.stream.readable()).await {
-            Err(_) if first == IDLE_LIST_AFTER => {}
-            waited => return wake(waited),
-        }
-        // Boxed: only connections idle for a while pay for the longer wait's state.
-        Box::pin(wait_listed(conn, ctx)).await
-    };
+    let limit = idle_limit(conn.leaky, ctx);
+    let parks = ctx.parking.available() && limit > PARK_AFTER;
+    let wait = if parks { PARK_AFTER } else { limit };
     tokio::select! {
-        wake = idle => wake,
+        waited = tokio::time::timeout(wait, conn.stream.readable()) => match waited {
+            Err(_) if parks => Wake::Park,
+            waited => wake(waited),
+        },
         // Draining closes idle keep-alive connections.
         _ = drain.wait_for(|d| *d) => Wake::Draining,
     }
 }
 
-/// The idle timeout for this connection and the bound on idle connections.
-fn idle_limits(conn: &Connection, ctx: &Context) -> (Duration, usize) {
+/// The idle timeout for a kept-alive connection.
+pub(super) fn idle_limit(leaky: bool, ctx: &Context) -> Duration {
     let cfg = ctx.config.get();
-    let limit = if conn.leaky {
+    if leaky {
         cfg.leaky_idle_timeout.min(cfg.idle_timeout)
     } else {
         cfg.idle_timeout
-    };
-    (limit, cfg.max_idle_connections)
+    }
 }
 
 fn wake(waited: Result<io::Result<()>, tokio::time::error::Elapsed>) -> Wake {
@@ -182,22 +178,11 @@ fn wake(waited: Result<io::Result<()>, tokio::time::error::Elapsed>) -> Wake {
     }
 }
 
-/// The rest of an idle wait, in the idle list.
-async fn wait_listed(conn: &Connection, ctx: &Context) -> Wake {
-    let (limit, max_idle) = idle_limits(conn, ctx);
-    let rest = limit.saturating_sub(IDLE_LIST_AFTER);
-    let entry = ctx.idle.enter(max_idle);
-    tokio::select! {
-        waited = tokio::time::timeout(rest, conn.stream.readable()) => wake(waited),
-        _ = entry.evicted() => Wake::Evicted,
-    }
-}
-
-fn served(conn: &Connection, idle_closed: bool) -> Served {
-    Served {
+fn served(conn: &Connection, idle_closed: bool) -> Ended {
+    Ended::Closed(Served {
         requests: conn.requests,
         idle_closed,
-    }
+    })
 }
 
 /// What to do with the connection after a head could not be read.
@@ -689,8 +674,9 @@ fn poll_now(mut body: Pin<&mut ResponseBody>) -> Option<FrameResult> {
 mod tests {
     use std::sync::Arc;
 
-    /// What an idle keep-alive connection costs is mostly this future (plus its task, socket
-    /// registration and timer entry): keep it from creeping up unnoticed.
+    /// What a connection costs in its task, idle for under `PARK_AFTER` or waiting on the
+    /// upstream, is mostly this future (plus its task, socket registration and timer entry):
+    /// keep it from creeping up unnoticed.
     #[tokio::test]
     async fn an_idle_connection_future_stays_small() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -712,11 +698,12 @@ mod tests {
             stats: Default::default(),
             metrics: Default::default(),
             clients: Default::default(),
-            idle: Default::default(),
+            parking: Default::default(),
         });
         let entry = crate::routing::Entry::Forward;
-        let serve = super::serve(stream, "127.0.0.1:1".parse().unwrap(), false, &entry, &ctx);
+        let conn = super::Connection::new(stream, "127.0.0.1:1".parse().unwrap(), false);
+        let serve = super::serve(conn, &entry, &ctx);
         let size = std::mem::size_of_val(&serve);
-        assert!(size <= 768, "idle connection future grew to {size} bytes");
+        assert!(size <= 800, "idle connection future grew to {size} bytes");
     }
 }

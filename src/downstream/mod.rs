@@ -20,7 +20,7 @@ mod body;
 pub mod codec;
 mod conn;
 mod h2;
-pub mod idle;
+pub mod park;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,10 +28,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 pub use body::{BodySender, RequestBody, StreamingBody};
+use conn::{Connection, Ended};
 
 use crate::clients::{Clients, Leak};
 use crate::config::DownstreamConfig;
@@ -60,8 +61,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Per-source accounting and the leak detector.
     pub clients: Arc<Clients>,
-    /// Idle keep-alive connections, for `downstream.max_idle_connections`.
-    pub idle: idle::IdleList,
+    /// Long-idle keep-alive connections, parked outside their tasks.
+    pub parking: park::Parking,
 }
 
 /// Downstream counters.
@@ -79,6 +80,13 @@ impl Context {
     /// Whether the sidecar is draining.
     pub fn draining(&self) -> bool {
         *self.drain.borrow()
+    }
+
+    /// Counts a keep-alive connection closed for idling (timeout or `max_idle_connections`).
+    fn count_idle_close(&self, requests: u64) {
+        self.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
+        self.metrics.families().downstream_idle_closed.inc();
+        tracing::debug!(requests, "closing idle downstream connection");
     }
 
     /// Downstream connections open now.
@@ -108,28 +116,64 @@ pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
         ctx.stats.opened.fetch_add(1, Ordering::Relaxed);
         ctx.metrics.families().downstream_opened.inc();
         let leaky = ctx.clients.opened(peer.ip());
-        let open = OpenGuard::new(&ctx.metrics.families().downstream_open);
-        let span = tracing::debug_span!("downstream", client = %peer);
-        let ctx = ctx.clone();
-        let entry = entry.clone();
-        tokio::spawn(
-            async move {
-                let served = conn::serve(stream, peer, leaky, &entry, &ctx).await;
-                drop(open);
-                if served.requests > 0 {
-                    let families = ctx.metrics.families();
-                    families
-                        .downstream_requests_per_connection
-                        .observe(served.requests as f64);
-                }
-                if let Some(leak) = ctx.clients.closed(peer.ip(), served.requests, served.idle_closed) {
-                    warn_leak(&leak, &ctx);
-                }
-                drop(permit);
-            }
-            .instrument(span),
+        let held = Held {
+            open: OpenGuard::new(&ctx.metrics.families().downstream_open),
+            permit,
+        };
+        spawn_connection(
+            Connection::new(stream, peer, leaky),
+            held,
+            entry.clone(),
+            ctx.clone(),
         );
     }
+}
+
+/// What a connection holds from accept to close, in its task or parked.
+#[derive(Debug)]
+struct Held {
+    open: OpenGuard,
+    permit: OwnedSemaphorePermit,
+}
+
+/// How a connection ended, for per-source accounting.
+#[derive(Debug, Clone, Copy)]
+struct Served {
+    /// HTTP/1.1 requests it carried (0 for h2c).
+    requests: u64,
+    /// Closed for idling: `downstream.idle_timeout`, or `max_idle_connections`.
+    idle_closed: bool,
+}
+
+/// Serves `conn` on a task of its own: from accept, and again when a parked connection wakes.
+fn spawn_connection(conn: Connection, held: Held, entry: Entry, ctx: Arc<Context>) {
+    let peer = conn.peer;
+    let span = tracing::debug_span!("downstream", client = %peer);
+    tokio::spawn(
+        async move {
+            match conn::serve(conn, &entry, &ctx).await {
+                Ended::Closed(served) => finish(&ctx, peer, served, held),
+                Ended::Idle(conn) => ctx.parking.park(conn, held, entry, &ctx),
+            }
+        }
+        .instrument(span),
+    );
+}
+
+/// The accounting when a connection closes, however it ended.
+fn finish(ctx: &Context, peer: SocketAddr, served: Served, held: Held) {
+    let Held { open, permit } = held;
+    drop(open);
+    if served.requests > 0 {
+        let families = ctx.metrics.families();
+        families
+            .downstream_requests_per_connection
+            .observe(served.requests as f64);
+    }
+    if let Some(leak) = ctx.clients.closed(peer.ip(), served.requests, served.idle_closed) {
+        warn_leak(&leak, ctx);
+    }
+    drop(permit);
 }
 
 fn warn_leak(leak: &Leak, ctx: &Context) {
@@ -152,6 +196,7 @@ fn warn_leak(leak: &Leak, ctx: &Context) {
 }
 
 /// Counts one open connection in a gauge for as long as it lives.
+#[derive(Debug)]
 struct OpenGuard(prometheus_client::metrics::gauge::Gauge);
 
 impl OpenGuard {

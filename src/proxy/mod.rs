@@ -198,7 +198,7 @@ pub(crate) async fn serve_for_test(
         stats: Default::default(),
         metrics: Default::default(),
         clients: Default::default(),
-        idle: Default::default(),
+        parking: Default::default(),
     });
     tokio::spawn(crate::downstream::serve(listener, Entry::Forward, ctx.clone()));
     (me, ctx)

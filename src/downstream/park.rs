@@ -1,0 +1,460 @@
+//! Long-idle keep-alive application connections, parked outside any task.
+//!
+//! A leaking client leaves thousands of keep-alive connections here, each waiting for a request
+//! that never comes. Waiting in a task costs the task, its future, a timer entry and the
+//! runtime's socket registration: about 2 KiB each. So after [`PARK_AFTER`] idle a connection's
+//! task ends, and what remains is its socket, registered with an epoll instance of this module's
+//! own, and a record of about a hundred bytes in the lot.
+//!
+//! One task, started with the first parked connection, wakes for all of them:
+//! - a readable socket (the next request, or the client closing) gets a fresh connection task;
+//! - an idle timeout that runs out closes the connection here, as does
+//!   `downstream.max_idle_connections` (longest idle first, as nginx reuses keep-alive
+//!   connections under `worker_connections` pressure) and draining.
+//!
+//! Under load connections idle for microseconds between requests and never get here; parking
+//! and waking cost four `epoll_ctl` calls, paid only by connections idle for [`PARK_AFTER`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use mio::unix::SourceFd;
+use mio::{Events, Token};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::conn::{self, Connection};
+use super::{finish, spawn_connection, Context, Held, Served};
+use crate::routing::Entry;
+
+/// How long a connection idles in its task before it is parked: under load connections idle
+/// for microseconds between requests and should not pay for parking.
+pub(super) const PARK_AFTER: Duration = Duration::from_millis(100);
+
+/// Readiness events taken from the epoll instance per call.
+const EVENTS: usize = 256;
+
+/// Parked connections and the epoll instance that watches them.
+#[derive(Debug)]
+pub struct Parking {
+    /// Registers sockets with the epoll instance; `None` if it could not be created, and then
+    /// connections wait in their tasks.
+    registry: Option<mio::Registry>,
+    /// The epoll instance, until the parking task takes it.
+    poll: Mutex<Option<mio::Poll>>,
+    lot: Mutex<Lot>,
+    /// Tells the parking task that the earliest deadline moved.
+    rearm: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Lot {
+    next: u64,
+    /// By sequence number, which is the order they were parked in: longest idle first.
+    parked: BTreeMap<u64, Parked>,
+    deadlines: BTreeSet<(Instant, u64)>,
+    task: TaskState,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+enum TaskState {
+    #[default]
+    NotStarted,
+    Running,
+    /// Draining started (or the epoll instance failed): nothing is parked any more.
+    Closed,
+}
+
+/// What a parked connection keeps.
+#[derive(Debug)]
+struct Parked {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    requests: u64,
+    leaky: bool,
+    deadline: Instant,
+    held: Held,
+    entry: Entry,
+}
+
+impl Default for Parking {
+    fn default() -> Self {
+        let poll = mio::Poll::new()
+            .and_then(|poll| Ok((poll.registry().try_clone()?, poll)))
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot create an epoll instance: idle connections stay in their tasks"))
+            .ok();
+        let (registry, poll) = poll.unzip();
+        Parking {
+            registry,
+            poll: Mutex::new(poll),
+            lot: Mutex::default(),
+            rearm: Notify::new(),
+        }
+    }
+}
+
+impl Parking {
+    /// Whether idle connections can be parked.
+    pub(super) fn available(&self) -> bool {
+        self.registry.is_some()
+    }
+
+    /// Connections parked now.
+    pub fn len(&self) -> usize {
+        self.lock().parked.len()
+    }
+
+    /// Whether no connection is parked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes over an idle connection whose task is ending. It has been idle for [`PARK_AFTER`].
+    pub(super) fn park(&self, conn: Connection, held: Held, entry: Entry, ctx: &Arc<Context>) {
+        let Connection {
+            stream,
+            peer,
+            requests,
+            leaky,
+            ..
+        } = conn;
+        let not_parked = |held| {
+            finish(
+                ctx,
+                peer,
+                Served {
+                    requests,
+                    idle_closed: false,
+                },
+                held,
+            )
+        };
+        let Some(registry) = &self.registry else {
+            return not_parked(held);
+        };
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot park an idle connection");
+                return not_parked(held);
+            }
+        };
+        let deadline = Instant::now() + conn::idle_limit(leaky, ctx).saturating_sub(PARK_AFTER);
+        let max_idle = ctx.config.get().max_idle_connections.max(1);
+
+        let mut lot = self.lock();
+        if lot.task == TaskState::Closed {
+            drop(lot);
+            return not_parked(held);
+        }
+        let seq = lot.next;
+        let fd = stream.as_raw_fd();
+        if let Err(e) = registry.register(&mut SourceFd(&fd), token(seq), mio::Interest::READABLE) {
+            drop(lot);
+            tracing::warn!(error = %e, "cannot park an idle connection");
+            return not_parked(held);
+        }
+        lot.next += 1;
+        let parked = Parked {
+            stream,
+            peer,
+            requests,
+            leaky,
+            deadline,
+            held,
+            entry,
+        };
+        lot.deadlines.insert((deadline, seq));
+        lot.parked.insert(seq, parked);
+        let mut evicted = Vec::new();
+        while lot.parked.len() > max_idle {
+            evicted.extend(lot.pop_first());
+        }
+        let earliest = lot.deadlines.first() == Some(&(deadline, seq));
+        let start = lot.task == TaskState::NotStarted;
+        if start {
+            lot.task = TaskState::Running;
+        }
+        drop(lot);
+
+        if start {
+            tokio::spawn(run(ctx.clone()));
+        } else if earliest {
+            self.rearm.notify_one();
+        }
+        for parked in evicted {
+            close_idle(parked, ctx);
+        }
+    }
+
+    /// Hands a connection whose socket turned readable back to a task of its own.
+    fn wake(&self, seq: u64, ctx: &Arc<Context>) {
+        let Some(parked) = self.lock().remove(seq) else {
+            return;
+        };
+        if let Some(registry) = &self.registry {
+            let _ = registry.deregister(&mut SourceFd(&parked.stream.as_raw_fd()));
+        }
+        let Parked {
+            stream,
+            peer,
+            requests,
+            leaky,
+            held,
+            entry,
+            ..
+        } = parked;
+        match tokio::net::TcpStream::from_std(stream) {
+            Ok(stream) => spawn_connection(
+                Connection::resume(stream, peer, requests, leaky),
+                held,
+                entry,
+                ctx.clone(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot resume a parked connection");
+                finish(
+                    ctx,
+                    peer,
+                    Served {
+                        requests,
+                        idle_closed: false,
+                    },
+                    held,
+                );
+            }
+        }
+    }
+
+    /// Wakes every connection the epoll instance reports ready.
+    fn wake_ready(&self, poll: &mut mio::Poll, events: &mut Events, ctx: &Arc<Context>) -> io::Result<()> {
+        loop {
+            match poll.poll(events, Some(Duration::ZERO)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            let mut taken = 0;
+            for event in events.iter() {
+                taken += 1;
+                self.wake(event.token().0 as u64, ctx);
+            }
+            if taken < events.capacity() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Closes the connections whose idle timeout ran out.
+    fn expire(&self, now: Instant, ctx: &Context) {
+        loop {
+            let expired = {
+                let mut lot = self.lock();
+                match lot.deadlines.first() {
+                    Some(&(deadline, seq)) if deadline <= now => lot.remove(seq),
+                    _ => return,
+                }
+            };
+            if let Some(parked) = expired {
+                close_idle(parked, ctx);
+            }
+        }
+    }
+
+    /// Closes every parked connection and parks no more (draining closes idle connections).
+    fn close_all(&self, ctx: &Context) {
+        let parked = {
+            let mut lot = self.lock();
+            lot.task = TaskState::Closed;
+            lot.deadlines.clear();
+            std::mem::take(&mut lot.parked)
+        };
+        for (_, p) in parked {
+            drop(p.stream);
+            let served = Served {
+                requests: p.requests,
+                idle_closed: false,
+            };
+            finish(ctx, p.peer, served, p.held);
+        }
+    }
+
+    fn earliest_deadline(&self) -> Option<Instant> {
+        self.lock().deadlines.first().map(|&(deadline, _)| deadline)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Lot> {
+        self.lot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Lot {
+    fn remove(&mut self, seq: u64) -> Option<Parked> {
+        let parked = self.parked.remove(&seq)?;
+        self.deadlines.remove(&(parked.deadline, seq));
+        Some(parked)
+    }
+
+    fn pop_first(&mut self) -> Option<Parked> {
+        let (seq, parked) = self.parked.pop_first()?;
+        self.deadlines.remove(&(parked.deadline, seq));
+        Some(parked)
+    }
+}
+
+fn token(seq: u64) -> Token {
+    // Sequence numbers stay far below usize::MAX on the 64-bit targets this runs on.
+    Token(seq as usize)
+}
+
+/// Closes a connection that stayed idle too long or was evicted, counted as an idle close.
+fn close_idle(parked: Parked, ctx: &Context) {
+    ctx.count_idle_close(parked.requests);
+    drop(parked.stream);
+    let served = Served {
+        requests: parked.requests,
+        idle_closed: true,
+    };
+    finish(ctx, parked.peer, served, parked.held);
+}
+
+/// The parking task: wakes readable connections, closes expired ones, and closes all of them
+/// when draining starts.
+async fn run(ctx: Arc<Context>) {
+    let parking = &ctx.parking;
+    let Some(poll) = parking.poll.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return;
+    };
+    // SAFETY: `mio::Poll` owns its epoll descriptor, keeps it open until dropped and always
+    // reports the same one, which is all `register_with_interest` asks.
+    #[allow(unsafe_code)]
+    let registered = unsafe { AsyncFd::register_with_interest(poll, tokio::io::Interest::READABLE) };
+    let mut poll = match registered {
+        Ok(poll) => poll,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch parked connections: closing them");
+            return parking.close_all(&ctx);
+        }
+    };
+    let mut events = Events::with_capacity(EVENTS);
+    let mut drain = ctx.drain.clone();
+    loop {
+        let earliest = parking.earliest_deadline();
+        tokio::select! {
+            ready = poll.readable_mut() => {
+                let woken = ready.and_then(|mut guard| {
+                    let woken = parking.wake_ready(guard.get_inner_mut(), &mut events, &ctx);
+                    guard.clear_ready();
+                    woken
+                });
+                if let Err(e) = woken {
+                    tracing::error!(error = %e, "cannot watch parked connections: closing them");
+                    return parking.close_all(&ctx);
+                }
+            }
+            () = tokio::time::sleep_until(earliest.unwrap_or_else(Instant::now)), if earliest.is_some() => {
+                parking.expire(Instant::now(), &ctx);
+            }
+            () = parking.rearm.notified() => {}
+            _ = drain.wait_for(|draining| *draining) => return parking.close_all(&ctx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::proxy::eventually;
+
+    /// A plain upstream answering every request with `ok` (no keep-alive limit).
+    async fn upstream() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn get(client: &mut tokio::net::TcpStream, upstream: std::net::SocketAddr) -> String {
+        let req = format!("GET http://{upstream}/ HTTP/1.1\r\nhost: {upstream}\r\n\r\n");
+        client.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        let mut got = String::new();
+        while !got.ends_with("ok") {
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {got:?}");
+            got.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_parked_and_woken_by_its_next_request() {
+        let up = upstream().await;
+        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
+        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
+        assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
+        assert!(
+            eventually(|| ctx.parking.len() == 1).await,
+            "idle past PARK_AFTER, the connection leaves its task"
+        );
+        for _ in 0..3 {
+            assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
+            assert!(eventually(|| ctx.parking.len() == 1).await, "parked again");
+        }
+        assert_eq!(ctx.open_connections(), 1);
+
+        // The client leaves while parked: the connection is closed and every count returns.
+        drop(client);
+        assert!(eventually(|| ctx.parking.is_empty() && ctx.open_connections() == 0).await);
+        // 16 permits, one held by the accept loop waiting for the next connection.
+        assert_eq!(
+            ctx.limit.available_permits(),
+            15,
+            "the max_connections permit is back"
+        );
+        assert_eq!(ctx.stats.requests.load(std::sync::atomic::Ordering::Relaxed), 4);
+    }
+
+    #[tokio::test]
+    async fn a_parked_connection_closes_at_its_idle_timeout() {
+        let up = upstream().await;
+        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 400ms }\n").await;
+        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
+        get(&mut client, up).await;
+        assert!(eventually(|| ctx.parking.len() == 1).await);
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(2), client.read_to_end(&mut rest)).await;
+        assert!(matches!(closed, Ok(Ok(0))), "closed by the sidecar: {closed:?}");
+        assert!(eventually(|| ctx.open_connections() == 0).await);
+        assert_eq!(
+            ctx.stats.idle_closed.load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert!(ctx.parking.is_empty());
+    }
+}
