@@ -412,6 +412,14 @@ mod tests {
         got
     }
 
+    /// A parked connection costs this record (104 bytes) plus its share of two B-tree nodes:
+    /// keep it from creeping up unnoticed.
+    #[test]
+    fn a_parked_connection_record_stays_small() {
+        let size = std::mem::size_of::<super::Parked>();
+        assert!(size <= 112, "a parked connection grew to {size} bytes");
+    }
+
     #[tokio::test]
     async fn an_idle_connection_is_parked_and_woken_by_its_next_request() {
         let up = upstream().await;
