@@ -123,17 +123,7 @@ impl Parking {
             leaky,
             ..
         } = conn;
-        let not_parked = |held| {
-            finish(
-                ctx,
-                peer,
-                Served {
-                    requests,
-                    idle_closed: false,
-                },
-                held,
-            )
-        };
+        let not_parked = |held| ended(ctx, peer, requests, false, held);
         let Some(registry) = &self.registry else {
             return not_parked(held);
         };
@@ -218,15 +208,7 @@ impl Parking {
             ),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot resume a parked connection");
-                finish(
-                    ctx,
-                    peer,
-                    Served {
-                        requests,
-                        idle_closed: false,
-                    },
-                    held,
-                );
+                ended(ctx, peer, requests, false, held);
             }
         }
     }
@@ -274,13 +256,8 @@ impl Parking {
             lot.deadlines.clear();
             std::mem::take(&mut lot.parked)
         };
-        for (_, p) in parked {
-            drop(p.stream);
-            let served = Served {
-                requests: p.requests,
-                idle_closed: false,
-            };
-            finish(ctx, p.peer, served, p.held);
+        for (_, parked) in parked {
+            parked.close(ctx, false);
         }
     }
 
@@ -315,12 +292,34 @@ fn token(seq: u64) -> Token {
 /// Closes a connection that stayed idle too long or was evicted, counted as an idle close.
 fn close_idle(parked: Parked, ctx: &Context) {
     ctx.count_idle_close(parked.requests);
-    drop(parked.stream);
-    let served = Served {
-        requests: parked.requests,
-        idle_closed: true,
-    };
-    finish(ctx, parked.peer, served, parked.held);
+    parked.close(ctx, true);
+}
+
+impl Parked {
+    fn close(self, ctx: &Context, idle_closed: bool) {
+        let Parked {
+            stream,
+            peer,
+            requests,
+            held,
+            ..
+        } = self;
+        drop(stream);
+        ended(ctx, peer, requests, idle_closed, held);
+    }
+}
+
+/// The accounting for a connection that ends here rather than in its task.
+fn ended(ctx: &Context, peer: SocketAddr, requests: u64, idle_closed: bool, held: Held) {
+    finish(
+        ctx,
+        peer,
+        Served {
+            requests,
+            idle_closed,
+        },
+        held,
+    );
 }
 
 /// The parking task: wakes readable connections, closes expired ones, and closes all of them
