@@ -158,9 +158,8 @@ pub fn reload(source: &Source, ctx: &Context, why: &str) {
         .map_err(|e| e.to_string())
         .and_then(|config| apply(ctx, config));
     match result {
+        // Logged before counted: whoever sees the count can find the log line.
         Ok(summary) => {
-            families.reloads.get_or_create(&outcome("success")).inc();
-            families.last_reload_successful.set(1);
             tracing::info!(
                 trigger = why,
                 kept = summary.kept,
@@ -169,15 +168,17 @@ pub fn reload(source: &Source, ctx: &Context, why: &str) {
                 removed = summary.removed,
                 "config reloaded"
             );
+            families.reloads.get_or_create(&outcome("success")).inc();
+            families.last_reload_successful.set(1);
         }
         Err(problems) => {
-            families.reloads.get_or_create(&outcome("failure")).inc();
-            families.last_reload_successful.set(0);
             tracing::error!(
                 trigger = why,
                 "config reload rejected; the previous config keeps serving: {}",
                 problems.replace('\n', "; ")
             );
+            families.reloads.get_or_create(&outcome("failure")).inc();
+            families.last_reload_successful.set(0);
         }
     }
 }

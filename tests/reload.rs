@@ -25,6 +25,13 @@ async fn reloads(sidecar: &ChildSidecar, result: &str) -> f64 {
     )
 }
 
+/// The log lines containing `text`, once there are at least `n`: the sidecar logs a reload
+/// before counting it, but its stderr is read by another thread.
+async fn logged(sidecar: &ChildSidecar, text: &str, n: usize) -> Vec<String> {
+    eventually(Duration::from_secs(2), || sidecar.logged(text).len() >= n).await;
+    sidecar.logged(text)
+}
+
 /// Waits (up to 5 s) until the sidecar has counted `n` reloads with `result`.
 async fn wait_for_reloads(sidecar: &ChildSidecar, result: &str, n: f64) {
     for _ in 0..100 {
@@ -156,7 +163,7 @@ async fn a_broken_config_is_rejected_and_the_old_one_keeps_serving() {
         upstream.addr
     ));
     wait_for_reloads(&sidecar, "failure", 1.0).await;
-    let rejected = sidecar.logged("config reload rejected");
+    let rejected = logged(&sidecar, "config reload rejected", 1).await;
     assert_eq!(rejected.len(), 1, "{rejected:?}");
     assert!(
         rejected[0].contains("upstreams[0].pool.max_connections"),
@@ -179,7 +186,7 @@ async fn a_broken_config_is_rejected_and_the_old_one_keeps_serving() {
         pool_config(upstream.addr, 2)
     ));
     wait_for_reloads(&sidecar, "failure", 2.0).await;
-    let rejected = sidecar.logged("config reload rejected");
+    let rejected = logged(&sidecar, "config reload rejected", 2).await;
     assert!(rejected[1].contains("listen: changed"), "{}", rejected[1]);
 
     // Still serving, with the old limit.
@@ -258,7 +265,7 @@ async fn removed_and_changed_upstreams_drain_their_pools() {
             "{label}"
         );
     }
-    let reloaded = sidecar.logged("config reloaded");
+    let reloaded = logged(&sidecar, "config reloaded", 1).await;
     assert!(
         reloaded[0].contains("\"replaced\":1") && reloaded[0].contains("\"removed\":1"),
         "{reloaded:?}"
@@ -271,7 +278,7 @@ async fn sighup_reloads_the_file() {
     let sidecar = ChildSidecar::spawn(&pool_config(upstream.addr, 2)).await;
     sidecar.signal("-HUP");
     wait_for_reloads(&sidecar, "success", 1.0).await;
-    assert_eq!(sidecar.logged("\"trigger\":\"SIGHUP\"").len(), 1);
+    assert_eq!(logged(&sidecar, "\"trigger\":\"SIGHUP\"", 1).await.len(), 1);
     let mut client = RawClient::connect(sidecar.addr).await;
     assert_eq!(
         client.get(&format!("http://{}/", upstream.addr)).await.status,

@@ -260,7 +260,8 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
     if method == Method::CONNECT {
         // A tunnel ends HTTP on this connection whatever happens.
         let Connection { stream, buf, .. } = conn;
-        let end = crate::proxy::connect::serve(stream, buf, &uri, framing, ctx).await;
+        // Boxed: a tunnel's state should not weigh on every request's future.
+        let end = Box::pin(crate::proxy::connect::serve(stream, buf, &uri, framing, ctx)).await;
         if end == TunnelEnd::Refused {
             linger(stream).await;
         }
@@ -293,12 +294,18 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
 
     let Connection { stream, buf, .. } = conn;
     let mut pump = pump;
-    let respond = ctx.proxy.handle(req, entry).instrument(span.clone());
-    let Some(mut resp) = await_response(stream, buf, &mut pump, respond, ctx).await else {
+    // Pinned here and lent, in a block of its own: moved into `await_response` it would be
+    // stored twice in this future's state, and alive to the end of the function it could not
+    // share memory with `send_response`.
+    let resp = {
+        let respond = std::pin::pin!(ctx.proxy.handle(req, entry).instrument(span.clone()));
+        await_response(stream, buf, &mut pump, respond, ctx).await
+    };
+    let Some(mut resp) = resp else {
         return false;
     };
     if let Some(pending) = resp.extensions_mut().remove::<upgrade::Switch>() {
-        upgrade::switch(stream, buf, resp, pending, ctx)
+        Box::pin(upgrade::switch(stream, buf, resp, pending, ctx))
             .instrument(span)
             .await;
         return false;
@@ -333,12 +340,11 @@ async fn await_response(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     pump: &mut BodyPump,
-    respond: impl Future<Output = Response<ResponseBody>>,
+    mut respond: Pin<&mut impl Future<Output = Response<ResponseBody>>>,
     ctx: &Context,
 ) -> Option<Response<ResponseBody>> {
     let (mut rd, mut wr) = stream.split();
     let max_head = ctx.config.get().max_header_bytes;
-    tokio::pin!(respond);
     loop {
         tokio::select! {
             resp = &mut respond => return Some(resp),
