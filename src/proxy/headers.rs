@@ -26,7 +26,7 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Removed in both directions.
-const HOP_BY_HOP: [HeaderName; 6] = [
+static HOP_BY_HOP: [HeaderName; 6] = [
     CONNECTION,
     PROXY_CONNECTION,
     KEEP_ALIVE,
@@ -92,20 +92,29 @@ pub fn to_downstream<B>(resp: &mut Response<B>) {
 
 /// Removes `Connection`, the fields it names, the fixed hop-by-hop set, and `also`.
 ///
-/// One pass over the names present finds what to remove: most messages carry few of these, and
-/// a hash lookup per candidate name cost more than the rest of the rewriting (callgrind).
+/// One pass over the names present finds what to remove, without allocating: most messages
+/// carry few of these, and a hash lookup per candidate name cost more than the rest of the
+/// rewriting (callgrind).
 fn strip_hop_by_hop(headers: &mut HeaderMap, also: &[HeaderName]) {
-    let present: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| HOP_BY_HOP.contains(name) || also.contains(name))
-        .cloned()
-        .collect();
-    if present.contains(&CONNECTION) {
+    let candidates = || HOP_BY_HOP.iter().chain(also);
+    debug_assert!(HOP_BY_HOP.len() + also.len() <= 16);
+    // Bit i: the i-th candidate is present.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = candidates().position(|candidate| candidate == name) {
+            present |= 1 << i;
+        }
+    }
+    if present & 1 != 0 {
+        debug_assert_eq!(HOP_BY_HOP[0], CONNECTION);
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)
             .iter()
             .flat_map(|v| v.to_str().unwrap_or("").split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .map(str::trim)
+            // The usual tokens: `close` names no field, `keep-alive` one removed anyway.
+            .filter(|token| !token.eq_ignore_ascii_case("close") && !token.eq_ignore_ascii_case("keep-alive"))
+            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
             // A client must not be able to strip the fields that frame or route the message.
             .filter(|name| *name != HOST && *name != http::header::CONTENT_LENGTH)
             .collect();
@@ -113,8 +122,10 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, also: &[HeaderName]) {
             headers.remove(name);
         }
     }
-    for name in present {
-        headers.remove(name);
+    for (i, name) in candidates().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
 }
 
