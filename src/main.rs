@@ -169,11 +169,7 @@ fn serve(args: &RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match start_runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
-    runtime.block_on(async {
+    on_runtime(async {
         // Signal handlers before the listeners: once applications can connect, a SIGTERM or
         // SIGHUP must not meet the default action (exit).
         let shutdown_signal = shutdown::signal();
@@ -205,11 +201,7 @@ fn serve_injector(args: &InjectArgs) -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
-    let runtime = match start_runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
-    runtime.block_on(async {
+    on_runtime(async {
         let shutdown_signal = shutdown::signal();
         let files = TlsFiles {
             cert: args.tls_cert.clone(),
@@ -237,16 +229,17 @@ fn serve_injector(args: &InjectArgs) -> ExitCode {
     })
 }
 
-/// Logging, then the multi-threaded runtime; a failure is reported and becomes the exit code.
-fn start_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+/// Logging, then `main` on the multi-threaded runtime; a runtime that cannot start is reported
+/// and exits 1.
+fn on_runtime(main: impl std::future::Future<Output = ExitCode>) -> ExitCode {
     init_logging();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(main),
+        Err(e) => {
             eprintln!("cannot start the runtime: {e}");
             ExitCode::FAILURE
-        })
+        }
+    }
 }
 
 fn init_logging() {
