@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::routing::HostPattern;
+use crate::policy::{canonical_host, HostPattern};
 
 /// Forward-proxy listener when nothing else is configured.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:15080";
@@ -162,6 +162,7 @@ struct FilePolicy {
     deny_hosts: Vec<String>,
     connect: Option<bool>,
     connect_ports: Option<Vec<u64>>,
+    deny_private: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -330,10 +331,7 @@ impl Authority {
         if text.contains('@') {
             return Err(format!("{text:?} must not carry user information"));
         }
-        let host = auth.host().trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
-            return Err(format!("{text:?} has no host"));
-        }
+        let host = canonical_host(auth.host()).map_err(|why| format!("{text:?}: {why}"))?;
         let port = match auth.port() {
             Some(p) => p
                 .as_str()
@@ -344,10 +342,7 @@ impl Authority {
         if port == 0 {
             return Err(format!("{text:?} has port 0"));
         }
-        Ok(Authority {
-            host: host.to_ascii_lowercase(),
-            port,
-        })
+        Ok(Authority { host, port })
     }
 }
 
@@ -419,6 +414,9 @@ pub struct PolicyConfig {
     pub connect: bool,
     /// Ports CONNECT may reach.
     pub connect_ports: Vec<u16>,
+    /// Refuse loopback, private, link-local (cloud metadata) and other special-purpose
+    /// addresses unless `allow_hosts` lists them (`policy::special_range`).
+    pub deny_private: bool,
 }
 
 /// Drain behaviour.
@@ -1041,6 +1039,7 @@ fn validate_policy(raw: &FilePolicy, problems: &mut Problems) -> PolicyConfig {
         deny_hosts,
         connect: raw.connect.unwrap_or(true),
         connect_ports,
+        deny_private: raw.deny_private.unwrap_or(false),
     }
 }
 

@@ -33,6 +33,7 @@ pub mod downstream;
 pub mod error;
 pub mod inject;
 pub mod metrics;
+pub mod policy;
 pub mod pool;
 pub mod proxy;
 pub mod reload;
@@ -89,6 +90,14 @@ impl Listeners {
         Ok(Listeners { proxy, admin, routes })
     }
 
+    /// Addresses the applications' requests arrive on: forward proxy, then route listeners.
+    pub fn proxy_addrs(&self) -> Vec<SocketAddr> {
+        std::iter::once(&self.proxy)
+            .chain(self.routes.iter().map(|(_, l)| l))
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
     /// Addresses actually bound: forward proxy, admin, then route listeners in order.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         std::iter::once(&self.proxy)
@@ -134,14 +143,19 @@ pub async fn run_with_reload(
 ) {
     let config = Arc::new(config);
     let local = listeners.local_addrs();
+    let admin_addr = local[1];
+    if let Some(warning) = policy::open_proxy_warning(&listeners.proxy_addrs(), &config.policy) {
+        tracing::warn!("{warning}");
+    }
+    let guard = Arc::new(policy::Guard::new(local, config.policy.clone()));
     let metrics = Arc::new(Metrics::new());
     let clients = Arc::new(clients::Clients::new());
     let upstreams: Vec<Arc<Upstream>> = config
         .upstreams
         .iter()
-        .map(|cfg| Arc::new(Upstream::configured(cfg, &local, &metrics)))
+        .map(|cfg| Arc::new(Upstream::configured(cfg, &guard, &metrics)))
         .collect();
-    let router = Router::new(config.clone(), &upstreams, local.clone(), metrics.clone());
+    let router = Router::new(config.clone(), &upstreams, guard, metrics.clone());
     let (drain_tx, drain_rx) = watch::channel(false);
     let max_connections = config.downstream.max_connections;
     let limit = Arc::new(Semaphore::new(max_connections));
@@ -165,7 +179,7 @@ pub async fn run_with_reload(
         clients,
         admin_stop_rx,
     ));
-    tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %local[1], "forward proxy listening");
+    tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %admin_addr, "forward proxy listening");
     let mut accept_tasks = vec![tokio::spawn(downstream::serve(
         listeners.proxy,
         Entry::Forward,

@@ -15,16 +15,16 @@
 //! bytes (`proxy::connect`), when to reload (`reload`).
 
 use std::collections::HashMap;
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::Uri;
 
-use crate::config::{Authority, Config, PolicyConfig, Scheme};
+use crate::config::{Authority, Config, Scheme};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::Metrics;
+use crate::policy::Guard;
 use crate::reload::Live;
 use crate::upstream::{Spec, Upstream};
 
@@ -47,103 +47,6 @@ pub enum Entry {
 pub struct Target {
     /// Where the request goes.
     pub upstream: Arc<Upstream>,
-}
-
-/// A host pattern in `policy.allow_hosts` / `deny_hosts`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostPattern {
-    /// `api.example.com`
-    Exact(String),
-    /// `*.example.com`: any subdomain (not the apex).
-    Suffix(String),
-    /// `10.0.0.0/8` or a single IP.
-    Net(IpAddr, u8),
-}
-
-impl HostPattern {
-    /// Parses a pattern, naming what is wrong.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        if let Some((ip, len)) = text.split_once('/') {
-            let ip: IpAddr = ip
-                .parse()
-                .map_err(|_| format!("{text:?}: {ip:?} is not an IP address"))?;
-            let max = if ip.is_ipv4() { 32 } else { 128 };
-            let len: u8 = len
-                .parse()
-                .ok()
-                .filter(|l| *l <= max)
-                .ok_or_else(|| format!("{text:?}: prefix length must be 0..={max}"))?;
-            return Ok(HostPattern::Net(ip, len));
-        }
-        if let Ok(ip) = text
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-        {
-            return Ok(HostPattern::Net(ip, if ip.is_ipv4() { 32 } else { 128 }));
-        }
-        let (suffix, name) = match text.strip_prefix("*.") {
-            Some(rest) => (true, rest),
-            None => (false, text),
-        };
-        let valid = !name.is_empty()
-            && name.split('.').all(|l| {
-                !l.is_empty()
-                    && l.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            });
-        if !valid {
-            return Err(format!("{text:?} is not a host name, *.domain, IP or CIDR"));
-        }
-        let name = name.to_ascii_lowercase();
-        Ok(if suffix {
-            HostPattern::Suffix(name)
-        } else {
-            HostPattern::Exact(name)
-        })
-    }
-
-    /// Whether `host` (lower-cased name or IP literal) matches.
-    pub fn matches(&self, host: &str) -> bool {
-        match self {
-            HostPattern::Exact(name) => host == name,
-            HostPattern::Suffix(name) => host
-                .strip_suffix(name.as_str())
-                .is_some_and(|head| head.ends_with('.') && head.len() > 1),
-            HostPattern::Net(net, len) => host.parse::<IpAddr>().is_ok_and(|ip| in_network(ip, *net, *len)),
-        }
-    }
-}
-
-fn in_network(ip: IpAddr, net: IpAddr, len: u8) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(ip), IpAddr::V4(net)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-            u32::from(ip) & mask == u32::from(net) & mask
-        }
-        (IpAddr::V6(ip), IpAddr::V6(net)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-            u128::from(ip) & mask == u128::from(net) & mask
-        }
-        _ => false,
-    }
-}
-
-impl fmt::Display for HostPattern {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HostPattern::Exact(n) => f.write_str(n),
-            HostPattern::Suffix(n) => write!(f, "*.{n}"),
-            HostPattern::Net(ip, len) => write!(f, "{ip}/{len}"),
-        }
-    }
-}
-
-impl serde::Serialize for HostPattern {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
 }
 
 type DynamicKey = (Scheme, Authority);
@@ -194,8 +97,8 @@ pub struct ReloadSummary {
 pub struct Router {
     routes: Live<Arc<Routes>>,
     dynamic: Mutex<HashMap<DynamicKey, DynamicEntry>>,
-    /// The sidecar's own bound listeners, for loop detection.
-    local: Vec<SocketAddr>,
+    /// The policy in force and the sidecar's own listeners, shared with every connector.
+    guard: Arc<Guard>,
     metrics: Arc<Metrics>,
 }
 
@@ -204,13 +107,13 @@ impl Router {
     pub fn new(
         config: Arc<Config>,
         upstreams: &[Arc<Upstream>],
-        local: Vec<SocketAddr>,
+        guard: Arc<Guard>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Router {
             routes: Live::new(Arc::new(Routes::new(config, upstreams))),
             dynamic: Mutex::new(HashMap::new()),
-            local,
+            guard,
             metrics,
         }
     }
@@ -224,9 +127,9 @@ impl Router {
             .sum()
     }
 
-    /// The sidecar's own listener addresses.
-    pub fn local_addrs(&self) -> &[SocketAddr] {
-        &self.local
+    /// The policy in force and the sidecar's own listeners.
+    pub fn guard(&self) -> &Arc<Guard> {
+        &self.guard
     }
 
     /// The configuration in force.
@@ -247,7 +150,7 @@ impl Router {
                 let previous = old.by_name.get(cfg.name.as_str());
                 let up = Upstream::new(
                     Spec::configured(cfg),
-                    &self.local,
+                    &self.guard,
                     &self.metrics,
                     previous.map(|p| &**p),
                 );
@@ -265,17 +168,21 @@ impl Router {
             let mut table = self.dynamic.lock().unwrap_or_else(|p| p.into_inner());
             let entries: Vec<_> = table.drain().collect();
             for ((scheme, authority), (up, used)) in entries {
-                if routes.by_authority.contains_key(&authority) {
-                    unused.push(up); // now a configured upstream
+                // Now a configured upstream, or denied: the pool closes.
+                if routes.by_authority.contains_key(&authority)
+                    || check_policy(&routes.config, &authority).is_err()
+                {
+                    unused.push(up);
                     continue;
                 }
                 let spec = Spec::dynamic(scheme, authority.clone(), &routes.config);
-                let next = Upstream::new(spec, &self.local, &self.metrics, Some(&up));
+                let next = Upstream::new(spec, &self.guard, &self.metrics, Some(&up));
                 if !Arc::ptr_eq(next.pool(), up.pool()) {
                     unused.push(up);
                 }
                 table.insert((scheme, authority), (Arc::new(next), used));
             }
+            self.guard.set_policy(routes.config.policy.clone());
             self.routes.set(routes.clone());
         }
         for (name, up) in &old.by_name {
@@ -327,7 +234,7 @@ impl Router {
                 ),
             ));
         }
-        check_policy(policy, &authority)?;
+        check_policy(&config, &authority)?;
         self.check_loop(&authority)?;
         Ok(authority)
     }
@@ -381,7 +288,7 @@ impl Router {
             }
         };
         self.check_loop(&authority)?;
-        check_policy(&routes.config.policy, &authority)?;
+        check_policy(&routes.config, &authority)?;
         if let Some(up) = routes.by_authority.get(&authority) {
             return Ok(Target { upstream: up.clone() });
         }
@@ -407,7 +314,8 @@ impl Router {
             host => host.parse::<IpAddr>().ok(),
         };
         let is_self = ip.is_some_and(|ip| {
-            self.local
+            self.guard
+                .local_addrs()
                 .iter()
                 .any(|local| is_same_listener(*local, SocketAddr::new(ip, authority.port)))
         });
@@ -449,7 +357,7 @@ impl Router {
             scheme,
             authority.clone(),
             config,
-            &self.local,
+            &self.guard,
             &self.metrics,
         ));
         table.insert((scheme, authority), (up.clone(), now));
@@ -457,15 +365,11 @@ impl Router {
     }
 }
 
-fn check_policy(policy: &PolicyConfig, authority: &Authority) -> Result<(), ProxyError> {
-    if !host_allowed(policy, &authority.host) {
-        return Err(ProxyError::new(
-            ErrorKind::Denied,
-            format!("{} is not allowed by policy", authority.host),
-        )
-        .with_upstream(authority.to_string()));
-    }
-    Ok(())
+fn check_policy(config: &Config, authority: &Authority) -> Result<(), ProxyError> {
+    config
+        .policy
+        .check_host(&authority.host)
+        .map_err(|why| ProxyError::new(ErrorKind::Denied, why).with_upstream(authority.to_string()))
 }
 
 /// Whether two addresses are the same listening socket (a listener on 0.0.0.0 is every
@@ -479,43 +383,16 @@ pub fn is_same_listener(local: SocketAddr, target: SocketAddr) -> bool {
         || (local.ip().is_unspecified() && (target_ip.is_loopback() || target_ip.is_unspecified()))
 }
 
-/// Deny patterns first, then the allow list (empty = any host).
-pub fn host_allowed(policy: &PolicyConfig, host: &str) -> bool {
-    if policy.deny_hosts.iter().any(|p| p.matches(host)) {
-        return false;
-    }
-    policy.allow_hosts.is_empty() || policy.allow_hosts.iter().any(|p| p.matches(host))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn patterns() {
-        let suffix = HostPattern::parse("*.Example.com").unwrap();
-        assert!(suffix.matches("api.example.com"));
-        assert!(!suffix.matches("example.com"));
-        assert!(!suffix.matches("badexample.com"));
-        let net = HostPattern::parse("10.0.0.0/8").unwrap();
-        assert!(net.matches("10.1.2.3"));
-        assert!(!net.matches("11.1.2.3"));
-        assert!(!net.matches("ten.example"));
-        assert!(HostPattern::parse("10.0.0.0/40").is_err());
-        assert!(HostPattern::parse("bad host").is_err());
-        assert_eq!(HostPattern::parse("::1").unwrap().to_string(), "::1/128");
-    }
-
-    #[test]
     fn connect_targets_are_checked_in_order() {
         let router = |yaml: &str| {
             let config = crate::config::parse(yaml, &Default::default()).unwrap();
-            Router::new(
-                Arc::new(config),
-                &[],
-                vec!["127.0.0.1:15080".parse().unwrap()],
-                Default::default(),
-            )
+            let guard = Guard::new(vec!["127.0.0.1:15080".parse().unwrap()], config.policy.clone());
+            Router::new(Arc::new(config), &[], Arc::new(guard), Default::default())
         };
         let kind = |r: &Router, target: &str| r.check_connect_target(target).map_err(|e| e.kind());
         let open = router("policy: { connect_ports: [443, 15080], deny_hosts: [bad.example] }\n");

@@ -347,7 +347,7 @@ async fn refused_connects_get_documented_errors_and_close() {
             &target,
             403,
             "denied",
-            &["not allowed by policy"],
+            &["is denied by policy.deny_hosts"],
         ),
         refusal(
             "host not in allow_hosts",
@@ -355,7 +355,7 @@ async fn refused_connects_get_documented_errors_and_close() {
             &target,
             403,
             "denied",
-            &["not allowed by policy"],
+            &["is not in policy.allow_hosts"],
         ),
         refusal(
             "the sidecar's own listener",

@@ -15,6 +15,8 @@ use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use http_body::Frame;
 
+use crate::proxy::headers::is_credential;
+
 /// Most header fields accepted in one request head.
 pub const MAX_HEADERS: usize = 128;
 /// Longest chunk-size line (size plus extensions) accepted.
@@ -61,6 +63,12 @@ pub enum HeadError {
     Invalid(String),
 }
 
+/// httparse accepts bare LF line endings (RFC 9112 §2.2 allows it); the sidecar does not, since
+/// an upstream that disagrees on where a line ends is how requests get smuggled past a proxy.
+fn has_bare_lf(head: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
+}
+
 /// Parses a request head from the front of `buf`; `Ok(None)` = incomplete. On success the head's
 /// bytes are removed from `buf`.
 pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<RequestHead>, HeadError> {
@@ -86,6 +94,11 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
             "max_header_bytes ({max_header_bytes})"
         )));
     }
+    if has_bare_lf(&buf[..len]) {
+        return Err(HeadError::Invalid(
+            "request head has a line ending in LF without CR".into(),
+        ));
+    }
     let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
         .map_err(|_| HeadError::Invalid("invalid method".into()))?;
     let target = req.path.unwrap_or("");
@@ -102,8 +115,9 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
     for h in req.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| HeadError::Invalid(format!("invalid header name {:?}", truncate(h.name))))?;
-        let value = HeaderValue::from_bytes(h.value)
+        let mut value = HeaderValue::from_bytes(h.value)
             .map_err(|_| HeadError::Invalid(format!("invalid value in header {name}")))?;
+        value.set_sensitive(is_credential(&name));
         headers.append(name, value);
     }
     let head = finish_head(method, uri, version, headers)?;
@@ -231,31 +245,28 @@ fn body_framing(version: Version, headers: &HeaderMap) -> Result<BodyFraming, He
     if !has_cl {
         return Ok(BodyFraming::Empty);
     }
-    let mut length: Option<u64> = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        let text = value
-            .to_str()
-            .map_err(|_| HeadError::Invalid("invalid Content-Length".into()))?;
-        for part in text.split(',') {
-            let part = part.trim();
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) || part.len() > 19 {
-                return Err(HeadError::Invalid(format!(
-                    "invalid Content-Length {:?}",
-                    truncate(part)
-                )));
-            }
-            let n: u64 = part
-                .parse()
-                .map_err(|_| HeadError::Invalid("invalid Content-Length".into()))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(HeadError::Invalid("conflicting Content-Length values".into()));
-            }
-            length = Some(n);
-        }
+    // RFC 9110 §8.6 lets a recipient merge identical repeated values ("5, 5"); the sidecar
+    // refuses any repetition, as nginx does: a proxy and an upstream that merge differently
+    // disagree about where the body ends.
+    let mut values = headers.get_all(CONTENT_LENGTH).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(HeadError::Invalid("more than one Content-Length".into()));
+    };
+    let digits = value.as_bytes();
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(HeadError::Invalid(format!(
+            "invalid Content-Length {:?}",
+            truncate(&String::from_utf8_lossy(digits))
+        )));
     }
-    Ok(match length {
-        Some(0) | None => BodyFraming::Empty,
-        Some(n) => BodyFraming::Length(n),
+    let n: u64 = std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(|| HeadError::Invalid("invalid Content-Length".into()))?;
+    Ok(if n == 0 {
+        BodyFraming::Empty
+    } else {
+        BodyFraming::Length(n)
     })
 }
 
@@ -278,6 +289,17 @@ pub enum Decoder {
     Chunked(ChunkedState),
     /// The body is complete.
     Done,
+}
+
+/// Decodes, on a copy, the part of a chunked body that arrived with its head, so that a request
+/// whose first chunks are already malformed is refused before anything is forwarded. (Chunks
+/// that arrive later can only abort a request already sent, which the upstream sees as an
+/// incomplete body.)
+pub fn check_buffered_chunks(buf: &[u8], max_trailer_bytes: usize) -> Result<(), BodyError> {
+    let mut probe = Decoder::new(BodyFraming::Chunked);
+    let mut copy = BytesMut::from(buf);
+    while probe.decode(&mut copy, max_trailer_bytes)?.is_some() {}
+    Ok(())
 }
 
 /// Where a chunked decoder is.
@@ -544,9 +566,34 @@ mod tests {
             "GET http://exa mple.com/ HTTP/1.1\r\nHost: a\r\n\r\n",
             "GET nothing HTTP/1.1\r\nHost: a\r\n\r\n",
             "GE\x01T / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\nX: b\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\n\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX: b\r\n c\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX: b\r\n\tc\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX: b\x00c\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX: b\rc\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nX : b\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3 3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0x3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3, 3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: identity\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
         ] {
             assert!(matches!(head(bad), Err(HeadError::Invalid(_))), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn credentials_are_read_as_sensitive() {
+        let h = head("GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer x\r\nCookie: c=1\r\nProxy-Authorization: Basic y\r\nX: z\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        for name in ["authorization", "cookie", "proxy-authorization"] {
+            assert!(h.headers[name].is_sensitive(), "{name}");
+            assert_eq!(format!("{:?}", h.headers[name]), "Sensitive");
+        }
+        assert!(!h.headers["x"].is_sensitive());
     }
 
     #[test]

@@ -200,7 +200,14 @@ async fn read_head(conn: &mut Connection, ctx: &Context) -> HeadOutcome {
     loop {
         if !conn.buf.is_empty() {
             match codec::parse_head(&mut conn.buf, max) {
-                Ok(Some(head)) => return HeadOutcome::Head(Box::new(head)),
+                Ok(Some(head)) => {
+                    if head.body == codec::BodyFraming::Chunked && !conn.buf.is_empty() {
+                        if let Err(why) = codec::check_buffered_chunks(&conn.buf, max) {
+                            return HeadOutcome::Refuse(ProxyError::new(ErrorKind::BadRequest, why.0));
+                        }
+                    }
+                    return HeadOutcome::Head(Box::new(head));
+                }
                 Ok(None) => {}
                 Err(HeadError::TooLarge(what)) => {
                     return HeadOutcome::Refuse(ProxyError::new(
@@ -696,7 +703,7 @@ mod tests {
             proxy: crate::proxy::Proxy::new(crate::routing::Router::new(
                 config.clone(),
                 &[],
-                vec![],
+                Arc::new(crate::policy::Guard::new(vec![], config.policy.clone())),
                 Default::default(),
             )),
             drain,

@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::{Context, RequestBody};
+use crate::proxy::headers::mark_credentials;
 use crate::routing::Entry;
 
 /// The client connection preface (RFC 9113 §3.4).
@@ -90,6 +91,7 @@ pub(super) async fn serve(stream: TcpStream, entry: Entry, ctx: Arc<Context>) {
 /// listener the target is that listener's upstream, so the request becomes origin-form.
 fn to_proxy_request(req: Request<Incoming>, entry: &Entry) -> Request<RequestBody> {
     let (mut parts, body) = req.into_parts();
+    mark_credentials(&mut parts.headers);
     if let (Entry::Route(_), Some(path)) = (entry, parts.uri.path_and_query()) {
         let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
         parts.uri = path.as_str().parse().unwrap_or_else(|_| Uri::from_static("/"));

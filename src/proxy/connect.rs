@@ -92,7 +92,7 @@ async fn open(target: &Uri, framing: BodyFraming, ctx: &Context) -> Result<TcpSt
         authority: &authority,
         addresses: &[],
         connect_timeout: router.config().defaults.connect_timeout,
-        local: router.local_addrs(),
+        guard: router.guard(),
     })
     .await
 }

@@ -12,15 +12,24 @@
 //! and goes with `Connection: upgrade`, and a `101` keeps the upstream's `Upgrade` and goes
 //! with `Connection: upgrade`; every other hop-by-hop field is still removed.
 //!
+//! `Max-Forwards` on OPTIONS and TRACE is decremented, and at 0 the sidecar answers itself
+//! ([`take_hop`], [`last_hop_answer`]).
+//!
+//! Credentials (`Authorization`, `Proxy-Authorization`, `Cookie`) are marked sensitive as they
+//! are read ([`is_credential`]): their `Debug` form is `Sensitive`, so no log line at any level
+//! carries them, and HPACK never indexes them on HTTP/2 (RFC 7541 §7.1.3).
+//!
 //! No `Via` or `X-Forwarded-*` is added: egress requests leave the cluster, where they would
 //! leak internal addresses, and a `Via` header turns off compression on many servers (nginx's
 //! `gzip_proxied off` default).
 
+use bytes::Bytes;
 use http::header::{
-    CONNECTION, EXPECT, HOST, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
+    ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, EXPECT, HOST, MAX_FORWARDS,
+    PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
 };
 use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version};
 
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -34,6 +43,71 @@ static HOP_BY_HOP: [HeaderName; 6] = [
     UPGRADE,
     TE,
 ];
+
+/// `Max-Forwards` on OPTIONS and TRACE (RFC 9110 §7.6.2): `Ok(true)` when it is 0 and the
+/// sidecar must answer as the final recipient, else the value is decremented for the next hop.
+/// Other methods ignore the field, as the RFC says.
+pub fn take_hop(req: &mut Request<impl Sized>) -> Result<bool, String> {
+    if req.method() != Method::OPTIONS && req.method() != Method::TRACE {
+        return Ok(false);
+    }
+    let mut values = req.headers().get_all(MAX_FORWARDS).iter();
+    let Some(value) = values.next() else {
+        return Ok(false);
+    };
+    let hops = (values.next().is_none())
+        .then(|| value.to_str().ok()?.parse::<u32>().ok())
+        .flatten()
+        .ok_or_else(|| format!("invalid Max-Forwards {value:?}"))?;
+    if hops == 0 {
+        return Ok(true);
+    }
+    req.headers_mut()
+        .insert(MAX_FORWARDS, HeaderValue::from(hops - 1));
+    Ok(false)
+}
+
+/// The sidecar's own answer to OPTIONS or TRACE with `Max-Forwards: 0`: OPTIONS gets the methods
+/// the sidecar forwards; TRACE gets the request head back as `message/http` (§9.3.8), without
+/// credential fields.
+pub fn last_hop_answer<B>(req: &Request<B>) -> Response<Bytes> {
+    let mut resp = Response::new(Bytes::new());
+    if req.method() == Method::TRACE {
+        let mut echo = format!("{} {} {:?}\r\n", req.method(), req.uri(), req.version()).into_bytes();
+        for (name, value) in req.headers().iter().filter(|(n, _)| !is_credential(n)) {
+            echo.extend_from_slice(name.as_str().as_bytes());
+            echo.extend_from_slice(b": ");
+            echo.extend_from_slice(value.as_bytes());
+            echo.extend_from_slice(b"\r\n");
+        }
+        echo.extend_from_slice(b"\r\n");
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("message/http"));
+        *resp.body_mut() = Bytes::from(echo);
+    } else {
+        resp.headers_mut().insert(
+            ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE, CONNECT"),
+        );
+    }
+    let length = HeaderValue::from(resp.body().len());
+    resp.headers_mut().insert(CONTENT_LENGTH, length);
+    resp
+}
+
+/// Whether a field carries credentials whose values must never be logged.
+pub fn is_credential(name: &HeaderName) -> bool {
+    name == AUTHORIZATION || name == PROXY_AUTHORIZATION || name == COOKIE
+}
+
+/// Marks every credential field in `headers` sensitive (for maps parsed by hyper).
+pub fn mark_credentials(headers: &mut HeaderMap) {
+    for (name, value) in headers.iter_mut() {
+        if is_credential(name) {
+            value.set_sensitive(true);
+        }
+    }
+}
 
 /// Rewrites a downstream request for the upstream named by `host`.
 pub fn to_upstream<B>(req: &mut Request<B>, host: &HeaderValue) {

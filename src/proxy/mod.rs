@@ -82,6 +82,9 @@ impl Proxy {
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok());
         let target = self.router.route(entry, req.uri(), host)?;
+        if headers::take_hop(&mut req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
+            return Ok(headers::last_hop_answer(&req).map(|body| ResponseBody::Full(Some(body))));
+        }
         if upgrade {
             headers::to_upstream_upgrade(&mut req, target.upstream.host_header());
             // Boxed: plain requests should not carry the dial's state in their futures.
@@ -192,7 +195,12 @@ pub(crate) async fn serve_for_test(
     std::mem::forget(drain_tx);
     let ctx = Arc::new(crate::downstream::Context {
         config: crate::reload::Live::new(config.downstream),
-        proxy: Proxy::new(Router::new(config.clone(), &[], vec![me], Default::default())),
+        proxy: Proxy::new(Router::new(
+            config.clone(),
+            &[],
+            Arc::new(crate::policy::Guard::new(vec![me], config.policy.clone())),
+            Default::default(),
+        )),
         drain,
         limit: Arc::new(tokio::sync::Semaphore::new(16)),
         stats: Default::default(),

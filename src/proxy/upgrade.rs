@@ -99,7 +99,7 @@ pub async fn send(
             "upgrades need HTTP/1.1 and this upstream is configured with protocol: http2".into(),
         ));
     }
-    let io = upstream.dial_dedicated(router.local_addrs()).await?;
+    let io = upstream.dial_dedicated(router.guard()).await?;
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake::<_, RequestBody>(TokioIo::new(io))
         .await

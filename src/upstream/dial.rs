@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use crate::config::{Authority, Http2Config, Protocol};
 use crate::error::{ErrorKind, ProxyError};
+use crate::policy::Guard;
 use crate::pool::{Connect, Dialed, Slot};
 use crate::routing::is_same_listener;
 use crate::upstream::tls::TlsConnector;
@@ -53,7 +54,7 @@ pub struct Connector {
     authority: Authority,
     addresses: Vec<SocketAddr>,
     connect_timeout: Duration,
-    local: Vec<SocketAddr>,
+    guard: Arc<Guard>,
     /// `None`: plain TCP. `Some(Err)`: TLS was asked for but cannot be set up (every dial
     /// fails with `tls_failed` saying why).
     tls: Option<Result<TlsConnector, String>>,
@@ -72,8 +73,8 @@ pub struct Target {
     pub addresses: Vec<SocketAddr>,
     /// TCP plus TLS deadline.
     pub connect_timeout: Duration,
-    /// The sidecar's own listeners, never to be dialed.
-    pub local: Vec<SocketAddr>,
+    /// The policy and the sidecar's own listeners, never to be dialed.
+    pub guard: Arc<Guard>,
 }
 
 impl Connector {
@@ -89,7 +90,7 @@ impl Connector {
             authority: target.authority,
             addresses: target.addresses,
             connect_timeout: target.connect_timeout,
-            local: target.local,
+            guard: target.guard,
             tls,
             protocol,
             http2,
@@ -116,7 +117,7 @@ impl Connector {
             authority: &self.authority,
             addresses: &self.addresses,
             connect_timeout: self.connect_timeout,
-            local: &self.local,
+            guard: &self.guard,
         }
     }
 
@@ -249,8 +250,8 @@ pub struct DialTarget<'a> {
     pub addresses: &'a [SocketAddr],
     /// Deadline for resolving and connecting.
     pub connect_timeout: Duration,
-    /// The sidecar's own listeners.
-    pub local: &'a [SocketAddr],
+    /// The policy in force and the sidecar's own listeners.
+    pub guard: &'a Guard,
 }
 
 impl DialTarget<'_> {
@@ -276,10 +277,18 @@ impl DialTarget<'_> {
         )
     }
 
+    /// The addresses to connect to. Static `addresses` are the operator's own choice; the
+    /// policy checks those the request's host names or resolves to, before any is dialed.
     async fn resolve(&self) -> Result<Vec<SocketAddr>, ProxyError> {
         if !self.addresses.is_empty() {
             return Ok(self.addresses.to_vec());
         }
+        let found = self.lookup().await?;
+        self.guard.check_addresses(self.label, self.authority, &found)?;
+        Ok(found)
+    }
+
+    async fn lookup(&self) -> Result<Vec<SocketAddr>, ProxyError> {
         if let Ok(ip) = self.authority.host.parse() {
             return Ok(vec![SocketAddr::new(ip, self.authority.port)]);
         }
@@ -305,7 +314,8 @@ impl DialTarget<'_> {
         };
         let to_self = peer.ip() == me.ip()
             && self
-                .local
+                .guard
+                .local_addrs()
                 .iter()
                 .any(|l| l.port() == peer.port() && (l.ip().is_unspecified() || l.ip() == peer.ip()));
         to_self.then_some(peer)
@@ -320,7 +330,12 @@ pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
         .map_err(|_| target.timeout_error())??;
     let mut last_err: Option<io::Error> = None;
     for addr in &addrs {
-        if target.local.iter().any(|l| is_same_listener(*l, *addr)) {
+        if target
+            .guard
+            .local_addrs()
+            .iter()
+            .any(|l| is_same_listener(*l, *addr))
+        {
             return Err(target.loop_error(*addr));
         }
         match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {

@@ -24,6 +24,7 @@ use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConf
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::policy::Guard;
 use crate::pool::{self, Lease, Pool, PooledBody};
 
 /// How often a request handed back unsent may be tried on yet another connection.
@@ -135,8 +136,8 @@ impl Spec {
 
 impl Upstream {
     /// An upstream from the config file.
-    pub fn configured(cfg: &UpstreamConfig, local: &[SocketAddr], metrics: &Metrics) -> Self {
-        Self::new(Spec::configured(cfg), local, metrics, None)
+    pub fn configured(cfg: &UpstreamConfig, guard: &Arc<Guard>, metrics: &Metrics) -> Self {
+        Self::new(Spec::configured(cfg), guard, metrics, None)
     }
 
     /// An upstream met through an absolute-form request, with `defaults`.
@@ -144,16 +145,16 @@ impl Upstream {
         scheme: Scheme,
         authority: Authority,
         config: &Config,
-        local: &[SocketAddr],
+        guard: &Arc<Guard>,
         metrics: &Metrics,
     ) -> Self {
-        Self::new(Spec::dynamic(scheme, authority, config), local, metrics, None)
+        Self::new(Spec::dynamic(scheme, authority, config), guard, metrics, None)
     }
 
     /// Builds the upstream `spec` describes. When `previous` has the same [`PoolKey`], its pool
     /// (and connections) carry over with the new pool settings applied; otherwise a new pool is
     /// made.
-    pub fn new(spec: Spec, local: &[SocketAddr], metrics: &Metrics, previous: Option<&Upstream>) -> Self {
+    pub fn new(spec: Spec, guard: &Arc<Guard>, metrics: &Metrics, previous: Option<&Upstream>) -> Self {
         let key = spec.pool_key();
         let Spec {
             label,
@@ -172,7 +173,7 @@ impl Upstream {
                 previous.pool.clone()
             }
             None => {
-                let pool = Self::new_pool(&key, &tls, &settings, local, upstream_metrics.clone());
+                let pool = Self::new_pool(&key, &tls, &settings, guard, upstream_metrics.clone());
                 upstream_metrics.watch_pool(&pool);
                 pool
             }
@@ -197,7 +198,7 @@ impl Upstream {
         key: &PoolKey,
         tls: &TlsConfig,
         settings: &UpstreamSettings,
-        local: &[SocketAddr],
+        guard: &Arc<Guard>,
         metrics: UpstreamMetrics,
     ) -> Arc<Pool> {
         let label = &key.label;
@@ -220,7 +221,7 @@ impl Upstream {
             authority: key.authority.clone(),
             addresses: key.addresses.clone(),
             connect_timeout: settings.connect_timeout,
-            local: local.to_vec(),
+            guard: guard.clone(),
         };
         let connector = dial::Connector::new(target, connector_tls, protocol, settings.http2.clone());
         Pool::new(
@@ -280,14 +281,14 @@ impl Upstream {
 
     /// Opens a connection outside the pool that speaks HTTP/1.1 (TLS with ALPN `http/1.1` for
     /// https upstreams), for exchanges that take the connection over (upgrades).
-    pub async fn dial_dedicated(&self, local: &[SocketAddr]) -> Result<Box<dyn Io>, ProxyError> {
+    pub async fn dial_dedicated(&self, guard: &Guard) -> Result<Box<dyn Io>, ProxyError> {
         let deadline = tokio::time::Instant::now() + self.settings.connect_timeout;
         let target = dial::DialTarget {
             label: &self.label,
             authority: &self.authority,
             addresses: &self.addresses,
             connect_timeout: self.settings.connect_timeout,
-            local,
+            guard,
         };
         let tcp = dial::tcp(target).await?;
         let Some(tls_config) = &self.tls else {

@@ -1,0 +1,633 @@
+//! Egress policy: which hosts and addresses the sidecar connects to on an application's behalf.
+//!
+//! Owns three things:
+//! - the canonical spelling of a request's host ([`canonical_host`]): every numeric IPv4 form
+//!   that `inet_aton`, and so getaddrinfo, accepts (`0x7f.1`, `0177.0.0.1`, `2130706433`)
+//!   becomes a dotted quad, IPv6 is compressed and IPv4-mapped IPv6 becomes IPv4, a trailing dot
+//!   goes, and anything that is neither a DNS name nor an IP literal is refused. Patterns, loop
+//!   checks and pool keys then see one spelling per address;
+//! - the host patterns of `policy.allow_hosts` / `deny_hosts` and the special-purpose ranges
+//!   `policy.deny_private` refuses ([`special_range`]);
+//! - the two checks: by name when a request is routed ([`PolicyConfig::check_host`]), and on
+//!   every resolved address before connecting ([`Guard::check_addresses`]). Dialing connects to
+//!   exactly the addresses checked, so a name that re-resolves elsewhere between the check and
+//!   the connect (DNS rebinding) cannot slip through.
+//!
+//! [`Guard`] carries the policy in force (a reload swaps it) together with the sidecar's own
+//! listener addresses, which are never dialed (loops).
+//!
+//! Not handled here: CONNECT's own rules (`routing::Router::check_connect_target`), resolving
+//! and connecting (`upstream::dial`).
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use crate::config::{Authority, PolicyConfig};
+use crate::error::{ErrorKind, ProxyError};
+use crate::reload::Live;
+
+/// Longest DNS name (RFC 1035), without the trailing dot.
+const MAX_NAME_LEN: usize = 253;
+/// Longest DNS label.
+const MAX_LABEL_LEN: usize = 63;
+
+/// A host pattern in `policy.allow_hosts` / `deny_hosts`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// `api.example.com`
+    Exact(String),
+    /// `*.example.com`: any subdomain (not the apex).
+    Suffix(String),
+    /// `10.0.0.0/8` or a single IP.
+    Net(IpAddr, u8),
+}
+
+impl HostPattern {
+    /// Parses a pattern, naming what is wrong.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Some((ip, len)) = text.split_once('/') {
+            let ip: IpAddr = ip
+                .parse()
+                .map_err(|_| format!("{text:?}: {ip:?} is not an IP address"))?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let len: u8 = len
+                .parse()
+                .ok()
+                .filter(|l| *l <= max)
+                .ok_or_else(|| format!("{text:?}: prefix length must be 0..={max}"))?;
+            return Ok(HostPattern::Net(ip, len));
+        }
+        let (suffix, name) = match text.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let host = canonical_host(name)
+            .map_err(|why| format!("{text:?} is not a host name, *.domain, IP or CIDR: {why}"))?;
+        match (suffix, host.parse::<IpAddr>()) {
+            (false, Ok(ip)) => Ok(HostPattern::Net(ip, if ip.is_ipv4() { 32 } else { 128 })),
+            (true, Ok(_)) => Err(format!("{text:?}: *. goes before a domain name, not an IP")),
+            (true, Err(_)) => Ok(HostPattern::Suffix(host)),
+            (false, Err(_)) => Ok(HostPattern::Exact(host)),
+        }
+    }
+
+    /// Whether `host` (in [`canonical_host`] form) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(name) => host == name,
+            HostPattern::Suffix(name) => host
+                .strip_suffix(name.as_str())
+                .is_some_and(|head| head.ends_with('.') && head.len() > 1),
+            HostPattern::Net(..) => host.parse::<IpAddr>().is_ok_and(|ip| self.contains(ip)),
+        }
+    }
+
+    /// Whether this is a network pattern covering `ip`.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match self {
+            HostPattern::Net(net, len) => in_network(canonical_ip(ip), *net, *len),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostPattern::Exact(n) => f.write_str(n),
+            HostPattern::Suffix(n) => write!(f, "*.{n}"),
+            HostPattern::Net(ip, len) => write!(f, "{ip}/{len}"),
+        }
+    }
+}
+
+impl serde::Serialize for HostPattern {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+fn in_network(ip: IpAddr, net: IpAddr, len: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(ip), IpAddr::V4(net)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(net) & mask
+        }
+        (IpAddr::V6(ip), IpAddr::V6(net)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(net) & mask
+        }
+        _ => false,
+    }
+}
+
+/// The one spelling of a host: a lower-case DNS name without a trailing dot, a dotted-quad
+/// IPv4 address, or a compressed IPv6 address without brackets (IPv4-mapped ones as IPv4).
+pub fn canonical_host(text: &str) -> Result<String, String> {
+    if let Some(inner) = text.strip_prefix('[') {
+        let inner = inner
+            .strip_suffix(']')
+            .ok_or_else(|| format!("{text:?} opens a bracket it does not close"))?;
+        let ip: Ipv6Addr = inner
+            .parse()
+            .map_err(|_| format!("[{inner}] is not an IPv6 address (zone ids are not accepted)"))?;
+        return Ok(canonical_ip(IpAddr::V6(ip)).to_string());
+    }
+    if text.contains(':') {
+        let ip: Ipv6Addr = text
+            .parse()
+            .map_err(|_| format!("{text:?} is not a host name or IP address"))?;
+        return Ok(canonical_ip(IpAddr::V6(ip)).to_string());
+    }
+    let name = text.strip_suffix('.').unwrap_or(text);
+    if let Some(ip) = parse_inet_aton(name)? {
+        return Ok(ip.to_string());
+    }
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "{text:?} is not a host name (1 to {MAX_NAME_LEN} characters)"
+        ));
+    }
+    for label in name.split('.') {
+        let valid_chars = label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if label.is_empty() || label.len() > MAX_LABEL_LEN || !valid_chars {
+            return Err(format!(
+                "{text:?} is not a host name (labels of 1 to {MAX_LABEL_LEN} letters, digits, '-' or '_')"
+            ));
+        }
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) as the IPv4 address it reaches.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
+}
+
+/// The numeric IPv4 spellings `inet_aton` accepts: one to four parts, each decimal, `0x` hex or
+/// `0`-prefixed octal, the last filling the remaining bytes. `Ok(None)`: not numeric, a name.
+/// `Err`: numeric but out of range, which getaddrinfo would not take as a name either.
+/// Allocates nothing unless it fails: every request's host passes through here.
+fn parse_inet_aton(text: &str) -> Result<Option<Ipv4Addr>, String> {
+    // No top-level domain is numeric, so a name ending in a number can only be a mistyped or
+    // disguised address (the WHATWG URL parser refuses these too).
+    if !text.rsplit('.').next().is_some_and(is_numeric_part) {
+        return Ok(None);
+    }
+    let out_of_range = || format!("{text:?} is not a valid IPv4 address");
+    let mut values = [0u64; 4];
+    let mut count = 0;
+    for part in text.split('.') {
+        let slot = values.get_mut(count).ok_or_else(out_of_range)?;
+        *slot = parse_ipv4_part(part).ok_or_else(out_of_range)?;
+        count += 1;
+    }
+    let (last, leading) = values[..count].split_last().ok_or_else(out_of_range)?;
+    if leading.iter().any(|v| *v > 0xff) || *last >= 1u64 << (8 * (4 - leading.len() as u32)) {
+        return Err(out_of_range());
+    }
+    let high = leading
+        .iter()
+        .enumerate()
+        .fold(0u64, |acc, (i, v)| acc | (v << (24 - 8 * i as u32)));
+    let value = u32::try_from(high | last).map_err(|_| out_of_range())?;
+    Ok(Some(Ipv4Addr::from(value)))
+}
+
+fn hex_digits(part: &str) -> Option<&str> {
+    part.strip_prefix("0x").or_else(|| part.strip_prefix("0X"))
+}
+
+fn is_numeric_part(part: &str) -> bool {
+    match hex_digits(part) {
+        Some(hex) => hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        None => !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()),
+    }
+}
+
+/// One part's value; `None` when it is not a number or exceeds 32 bits.
+fn parse_ipv4_part(part: &str) -> Option<u64> {
+    if !is_numeric_part(part) {
+        return None;
+    }
+    let (digits, radix) = match hex_digits(part) {
+        Some(hex) => (hex, 16),
+        None if part.len() > 1 && part.starts_with('0') => (&part[1..], 8),
+        None => (part, 10),
+    };
+    if digits.is_empty() {
+        return Some(0); // "0x" alone is 0 to inet_aton
+    }
+    u64::from_str_radix(digits, radix)
+        .ok()
+        .filter(|v| *v <= u64::from(u32::MAX))
+}
+
+/// The special-purpose ranges `deny_private` refuses (IANA's special-purpose registries, as
+/// Smokescreen and Envoy's SSRF filters use them), named for error messages.
+const SPECIAL_V4: &[([u8; 4], u8, &str)] = &[
+    ([0, 0, 0, 0], 8, "\"this network\""),
+    ([10, 0, 0, 0], 8, "private"),
+    (
+        [100, 64, 0, 0],
+        10,
+        "shared address space (carrier-grade NAT, Alibaba Cloud metadata)",
+    ),
+    ([127, 0, 0, 0], 8, "loopback"),
+    ([169, 254, 0, 0], 16, "link-local (cloud metadata services)"),
+    ([172, 16, 0, 0], 12, "private"),
+    ([192, 0, 0, 0], 24, "IETF protocol assignments"),
+    ([192, 0, 2, 0], 24, "documentation"),
+    ([192, 168, 0, 0], 16, "private"),
+    ([198, 18, 0, 0], 15, "benchmarking"),
+    ([198, 51, 100, 0], 24, "documentation"),
+    ([203, 0, 113, 0], 24, "documentation"),
+    ([224, 0, 0, 0], 4, "multicast"),
+    ([240, 0, 0, 0], 4, "reserved and broadcast"),
+];
+
+const SPECIAL_V6: &[(u128, u8, &str)] = &[
+    (0, 96, "unspecified, loopback or IPv4-compatible"),
+    (0x0100_0000_0000_0000_0000_0000_0000_0000, 64, "discard-only"),
+    (0x2001_0000_0000_0000_0000_0000_0000_0000, 32, "Teredo"),
+    (0x2001_0db8_0000_0000_0000_0000_0000_0000, 32, "documentation"),
+    (0x0064_ff9b_0001_0000_0000_0000_0000_0000, 48, "local-use NAT64"),
+    (
+        0xfc00_0000_0000_0000_0000_0000_0000_0000,
+        7,
+        "unique local (AWS IPv6 metadata)",
+    ),
+    (0xfe80_0000_0000_0000_0000_0000_0000_0000, 10, "link-local"),
+    (0xff00_0000_0000_0000_0000_0000_0000_0000, 8, "multicast"),
+];
+
+/// Prefixes whose addresses carry an IPv4 address in their low 32 bits (NAT64) or in bits
+/// 16-48 (6to4): the embedded address is checked like a plain one.
+const NAT64: (u128, u8) = (0x0064_ff9b_0000_0000_0000_0000_0000_0000, 96);
+const SIX_TO_FOUR: (u128, u8) = (0x2002_0000_0000_0000_0000_0000_0000_0000, 16);
+
+/// Which special-purpose range `ip` is in, if any.
+pub fn special_range(ip: IpAddr) -> Option<&'static str> {
+    match canonical_ip(ip) {
+        IpAddr::V4(v4) => SPECIAL_V4
+            .iter()
+            .find(|(net, len, _)| in_network(IpAddr::V4(v4), IpAddr::from(*net), *len))
+            .map(|(_, _, name)| *name),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let embedded = if in_prefix(bits, NAT64) {
+                Some(bits as u32)
+            } else if in_prefix(bits, SIX_TO_FOUR) {
+                Some((bits >> 80) as u32)
+            } else {
+                None
+            };
+            if let Some(v4) = embedded {
+                return special_range(IpAddr::V4(Ipv4Addr::from(v4)));
+            }
+            SPECIAL_V6
+                .iter()
+                .find(|(net, len, _)| in_prefix(bits, (*net, *len)))
+                .map(|(_, _, name)| *name)
+        }
+    }
+}
+
+fn in_prefix(bits: u128, (net, len): (u128, u8)) -> bool {
+    in_network(
+        IpAddr::V6(Ipv6Addr::from(bits)),
+        IpAddr::V6(Ipv6Addr::from(net)),
+        len,
+    )
+}
+
+impl PolicyConfig {
+    /// The check by name, when a request is routed: deny patterns first, then the allow list.
+    /// A name the allow list does not match still passes when the list has networks: its
+    /// resolved addresses must then fall in one ([`Guard::check_addresses`]).
+    pub fn check_host(&self, host: &str) -> Result<(), String> {
+        if let Some(rule) = self.deny_hosts.iter().find(|p| p.matches(host)) {
+            return Err(format!("{host} is denied by policy.deny_hosts {rule}"));
+        }
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return self.check_address(host, ip);
+        }
+        let has_networks = self.allow_hosts.iter().any(|p| matches!(p, HostPattern::Net(..)));
+        if self.allow_hosts.is_empty() || has_networks || self.name_allowed(host) {
+            return Ok(());
+        }
+        Err(format!("{host} is not in policy.allow_hosts"))
+    }
+
+    /// The check of one address `host` resolved to (or is).
+    pub fn check_address(&self, host: &str, ip: IpAddr) -> Result<(), String> {
+        let ip = canonical_ip(ip);
+        self.address_verdict(host, ip).map_err(|why| {
+            if host
+                .parse::<IpAddr>()
+                .is_ok_and(|literal| canonical_ip(literal) == ip)
+            {
+                format!("{ip} {why}")
+            } else {
+                format!("{host} resolves to {ip}, which {why}")
+            }
+        })
+    }
+
+    fn address_verdict(&self, host: &str, ip: IpAddr) -> Result<(), String> {
+        if let Some(rule) = self.deny_hosts.iter().find(|p| p.contains(ip)) {
+            return Err(format!("is denied by policy.deny_hosts {rule}"));
+        }
+        let in_allowed_network = self.allow_hosts.iter().any(|p| p.contains(ip));
+        // Only an exact name or a network lifts deny_private: a wildcard would let any name
+        // under it (wildcard DNS services map names to any address) reach internal ranges.
+        let exempt = in_allowed_network
+            || self
+                .allow_hosts
+                .iter()
+                .any(|p| matches!(p, HostPattern::Exact(name) if name == host));
+        if self.deny_private && !exempt {
+            if let Some(range) = special_range(ip) {
+                return Err(format!(
+                    "is a {range} address, denied by policy.deny_private \
+                     (list it in policy.allow_hosts to allow it)"
+                ));
+            }
+        }
+        if !self.allow_hosts.is_empty() && !in_allowed_network && !self.name_allowed(host) {
+            return Err("is not in policy.allow_hosts".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Whether a name pattern of the allow list matches `host` (networks are matched by address).
+    fn name_allowed(&self, host: &str) -> bool {
+        self.allow_hosts
+            .iter()
+            .any(|p| !matches!(p, HostPattern::Net(..)) && p.matches(host))
+    }
+}
+
+/// The warning due when a proxy listener is reachable from other hosts and nothing limits where
+/// it connects: anyone who can reach the pod can then use it as an open proxy.
+pub fn open_proxy_warning(proxy_listeners: &[SocketAddr], policy: &PolicyConfig) -> Option<String> {
+    let exposed: Vec<String> = proxy_listeners
+        .iter()
+        .filter(|a| !a.ip().is_loopback())
+        .map(SocketAddr::to_string)
+        .collect();
+    if exposed.is_empty() || !policy.allow_hosts.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "open proxy: listening on {} (not loopback) with an empty policy.allow_hosts, so anything \
+         that reaches this address can send requests anywhere; list the upstreams in \
+         policy.allow_hosts or listen on 127.0.0.1",
+        exposed.join(", ")
+    ))
+}
+
+/// What the sidecar may connect to: the policy in force and its own listeners.
+#[derive(Debug)]
+pub struct Guard {
+    local: Vec<SocketAddr>,
+    policy: Live<Arc<PolicyConfig>>,
+}
+
+impl Guard {
+    /// A guard over `policy` that refuses to dial the `local` listeners.
+    pub fn new(local: Vec<SocketAddr>, policy: PolicyConfig) -> Self {
+        Guard {
+            local,
+            policy: Live::new(Arc::new(policy)),
+        }
+    }
+
+    /// The sidecar's own listener addresses.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Arc<PolicyConfig> {
+        self.policy.get()
+    }
+
+    /// Puts a reloaded policy in force for every dial from now on.
+    pub fn set_policy(&self, policy: PolicyConfig) {
+        self.policy.set(Arc::new(policy));
+    }
+
+    /// Checks every address `authority` resolved to: one denied address refuses them all, so a
+    /// name cannot smuggle an internal address in among public ones.
+    pub fn check_addresses(
+        &self,
+        label: &str,
+        authority: &Authority,
+        addrs: &[SocketAddr],
+    ) -> Result<(), ProxyError> {
+        let policy = self.policy();
+        for addr in addrs {
+            policy
+                .check_address(&authority.host, addr.ip())
+                .map_err(|why| ProxyError::new(ErrorKind::Denied, why).with_upstream(label))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(yaml: &str) -> PolicyConfig {
+        crate::config::parse(yaml, &Default::default()).unwrap().policy
+    }
+
+    #[test]
+    fn patterns() {
+        let suffix = HostPattern::parse("*.Example.com").unwrap();
+        assert!(suffix.matches("api.example.com"));
+        assert!(!suffix.matches("example.com"));
+        assert!(!suffix.matches("badexample.com"));
+        let net = HostPattern::parse("10.0.0.0/8").unwrap();
+        assert!(net.matches("10.1.2.3"));
+        assert!(!net.matches("11.1.2.3"));
+        assert!(!net.matches("ten.example"));
+        assert!(net.contains("::ffff:10.9.9.9".parse().unwrap()));
+        assert!(HostPattern::parse("10.0.0.0/40").is_err());
+        assert!(HostPattern::parse("bad host").is_err());
+        assert!(HostPattern::parse("*.10.0.0.1").is_err());
+        assert_eq!(HostPattern::parse("::1").unwrap().to_string(), "::1/128");
+        assert_eq!(HostPattern::parse("[::1]").unwrap().to_string(), "::1/128");
+        assert_eq!(HostPattern::parse("0x7f.1").unwrap().to_string(), "127.0.0.1/32");
+        assert_eq!(
+            HostPattern::parse("Example.COM.").unwrap().to_string(),
+            "example.com"
+        );
+    }
+
+    #[test]
+    fn numeric_hosts_have_one_spelling() {
+        for spelling in [
+            "127.0.0.1",
+            "127.1",
+            "127.0.1",
+            "0x7f.0.0.1",
+            "0X7F.1",
+            "0177.0.0.1",
+            "0177.0.0.01",
+            "2130706433",
+            "0x7f000001",
+            "017700000001",
+            "127.0.0.1.",
+            "[::ffff:127.0.0.1]",
+            "[::ffff:7f00:1]",
+            "::ffff:127.0.0.1",
+        ] {
+            assert_eq!(canonical_host(spelling).as_deref(), Ok("127.0.0.1"), "{spelling}");
+        }
+        assert_eq!(canonical_host("[0:0:0:0:0:0:0:1]").as_deref(), Ok("::1"));
+        assert_eq!(canonical_host("[FE80::1]").as_deref(), Ok("fe80::1"));
+        assert_eq!(
+            canonical_host("API.Example.com.").as_deref(),
+            Ok("api.example.com")
+        );
+        assert_eq!(canonical_host("0").as_deref(), Ok("0.0.0.0"));
+        // Names with numeric labels are names, as long as not every label is numeric.
+        assert_eq!(canonical_host("1.2.3.example").as_deref(), Ok("1.2.3.example"));
+        assert_eq!(canonical_host("0x7f.example").as_deref(), Ok("0x7f.example"));
+        for bad in [
+            "256.0.0.1",
+            "1.2.3.4.5.6",
+            "example.123",
+            "example.0x7f",
+            "0x100000000",
+            "1.2.65536",
+            "08.0.0.1",
+            "[fe80::1%25eth0]",
+            "[::1",
+            "a..b",
+            "",
+            ".",
+            "ex ample.com",
+            "ex%61mple.com",
+            "exa$mple.com",
+        ] {
+            assert!(canonical_host(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert!(canonical_host(&"a".repeat(64)).is_err());
+        assert!(canonical_host(&["a"; 127].join(".")).is_ok(), "253 characters");
+        assert!(canonical_host(&["a"; 128].join(".")).is_err(), "255 characters");
+    }
+
+    #[test]
+    fn special_ranges() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.31.255.255",
+            "192.168.0.1",
+            "169.254.169.254",
+            "100.100.100.200",
+            "0.0.0.0",
+            "255.255.255.255",
+            "224.0.0.1",
+            "::1",
+            "::",
+            "fd00:ec2::254",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::",
+            "::7f00:1",
+        ] {
+            assert!(special_range(ip.parse().unwrap()).is_some(), "{ip}");
+        }
+        for ip in [
+            "8.8.8.8",
+            "172.32.0.1",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "64:ff9b::808:808",
+            "2002:808:808::",
+        ] {
+            assert_eq!(special_range(ip.parse().unwrap()), None, "{ip}");
+        }
+    }
+
+    #[test]
+    fn open_proxy() {
+        let lo: SocketAddr = "127.0.0.1:15080".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:15080".parse().unwrap();
+        let warning = open_proxy_warning(&[lo, any], &policy("")).unwrap();
+        assert!(
+            warning.contains("0.0.0.0:15080") && !warning.contains("127.0.0.1:15080"),
+            "{warning}"
+        );
+        assert_eq!(
+            open_proxy_warning(&[lo, "[::1]:1".parse().unwrap()], &policy("")),
+            None
+        );
+        assert_eq!(
+            open_proxy_warning(&[any], &policy("policy: { allow_hosts: ['*.example'] }\n")),
+            None
+        );
+    }
+
+    #[test]
+    fn names_then_addresses() {
+        let open = policy("");
+        assert_eq!(open.check_host("anything.example"), Ok(()));
+        assert_eq!(
+            open.check_address("anything.example", "10.0.0.1".parse().unwrap()),
+            Ok(())
+        );
+
+        let private = policy("policy: { deny_private: true, allow_hosts: [metadata.internal, 10.9.0.0/16, '*.example.com'] }\n");
+        assert!(private.check_host("127.0.0.1").unwrap_err().contains("loopback"));
+        assert!(
+            private.check_host("other.example").is_ok(),
+            "deferred to the addresses"
+        );
+        let err = private
+            .check_address("api.example.com", "10.0.0.1".parse().unwrap())
+            .unwrap_err();
+        assert!(
+            err.contains("api.example.com resolves to 10.0.0.1, which is a private address"),
+            "{err}"
+        );
+        assert_eq!(
+            private.check_address("api.example.com", "93.184.215.14".parse().unwrap()),
+            Ok(())
+        );
+        assert_eq!(
+            private.check_address("metadata.internal", "169.254.169.254".parse().unwrap()),
+            Ok(())
+        );
+        assert_eq!(
+            private.check_address("svc.local", "10.9.1.1".parse().unwrap()),
+            Ok(())
+        );
+        assert!(private
+            .check_address("other.example", "93.184.215.14".parse().unwrap())
+            .is_err());
+
+        let denied =
+            policy("policy: { deny_hosts: [10.0.0.0/8, evil.example], allow_hosts: ['*.example'] }\n");
+        assert!(denied.check_host("evil.example").is_err());
+        assert!(denied.check_host("good.example").is_ok());
+        assert!(
+            denied.check_host("other.test").is_err(),
+            "no networks in the allow list: refused by name"
+        );
+        assert!(denied
+            .check_address("good.example", "::ffff:10.1.1.1".parse().unwrap())
+            .is_err());
+    }
+}
