@@ -57,7 +57,14 @@ impl HostPattern {
                 .ok()
                 .filter(|l| *l <= max)
                 .ok_or_else(|| format!("{text:?}: prefix length must be 0..={max}"))?;
-            return Ok(HostPattern::Net(ip, len));
+            // Addresses are compared in canonical form, so an IPv4-mapped network must be one
+            // too, or `::ffff:10.0.0.0/104` would never match 10.1.2.3.
+            return Ok(match ip {
+                IpAddr::V6(v6) if len >= 96 && v6.to_ipv4_mapped().is_some() => {
+                    HostPattern::Net(canonical_ip(ip), len - 96)
+                }
+                _ => HostPattern::Net(ip, len),
+            });
         }
         let (suffix, name) = match text.strip_prefix("*.") {
             Some(rest) => (true, rest),
@@ -459,6 +466,9 @@ mod tests {
         assert!(!net.matches("11.1.2.3"));
         assert!(!net.matches("ten.example"));
         assert!(net.contains("::ffff:10.9.9.9".parse().unwrap()));
+        let mapped = HostPattern::parse("::ffff:10.0.0.0/104").unwrap();
+        assert_eq!(mapped.to_string(), "10.0.0.0/8");
+        assert!(mapped.matches("10.1.2.3"));
         assert!(HostPattern::parse("10.0.0.0/40").is_err());
         assert!(HostPattern::parse("bad host").is_err());
         assert!(HostPattern::parse("*.10.0.0.1").is_err());

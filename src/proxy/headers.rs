@@ -184,11 +184,14 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, also: &[HeaderName]) {
         let named: Vec<HeaderName> = headers
             .get_all(CONNECTION)
             .iter()
-            .flat_map(|v| v.to_str().unwrap_or("").split(','))
-            .map(str::trim)
+            // Bytes, not `to_str`: one non-ASCII token must not hide the names beside it.
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
             // The usual tokens: `close` names no field, `keep-alive` one removed anyway.
-            .filter(|token| !token.eq_ignore_ascii_case("close") && !token.eq_ignore_ascii_case("keep-alive"))
-            .filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok())
+            .filter(|token| {
+                !token.eq_ignore_ascii_case(b"close") && !token.eq_ignore_ascii_case(b"keep-alive")
+            })
+            .filter_map(|token| HeaderName::from_bytes(token).ok())
             // A client must not be able to strip the fields that frame or route the message.
             .filter(|name| *name != HOST && *name != http::header::CONTENT_LENGTH)
             .collect();
@@ -292,5 +295,17 @@ mod tests {
             .unwrap();
         to_downstream(&mut resp);
         assert_eq!(resp.headers().len(), 1);
+    }
+
+    #[test]
+    fn a_non_ascii_connection_token_hides_no_other() {
+        let mut req = Request::builder()
+            .uri("/")
+            .header("connection", HeaderValue::from_bytes(b"x-hop, caf\xe9").unwrap())
+            .header("x-hop", "1")
+            .body(())
+            .unwrap();
+        to_upstream(&mut req, &HeaderValue::from_static("a.example"));
+        assert!(!req.headers().contains_key("x-hop"));
     }
 }
