@@ -31,6 +31,8 @@ pub mod clients;
 pub mod config;
 pub mod downstream;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inject;
 pub mod metrics;
 pub mod policy;

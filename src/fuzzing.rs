@@ -1,0 +1,194 @@
+//! Fuzz entry points: each takes arbitrary bytes, drives one parser the way the request path
+//! does, and asserts the invariants the rest of the sidecar relies on (a panic is a finding).
+//!
+//! `fuzz/` runs them under libFuzzer (cargo-fuzz, which needs a nightly toolchain);
+//! `tests/fuzz_corpus.rs` replays the committed corpus (`tests/fuzz_corpus/<target>/`) through
+//! them on stable in every `cargo test`, so each input that once found a bug stays a regression
+//! test.
+//!
+//! Not a public API: hidden from the docs, kept in the library only so that both runners share
+//! one definition of each target.
+
+use std::net::IpAddr;
+
+use bytes::BytesMut;
+use http::header::{
+    CONNECTION, CONTENT_LENGTH, EXPECT, HOST, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
+};
+use http::{HeaderMap, HeaderValue, Request, Response};
+
+use crate::config::{self, Authority};
+use crate::downstream::codec::{self, BodyFraming, Decoder};
+use crate::policy::{canonical_host, HostPattern};
+use crate::proxy::headers;
+
+const PROXY_CONNECTION: http::HeaderName = http::HeaderName::from_static("proxy-connection");
+const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
+
+/// Largest head the targets accept, as `downstream.max_header_bytes` defaults to.
+const MAX_HEAD: usize = 64 * 1024;
+
+/// A fuzz target: arbitrary bytes in, a panic on a broken invariant.
+pub type Target = fn(&[u8]);
+
+/// The fuzz targets by name, for runners that take the name from a directory.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("request_head", request_head),
+    ("host", host),
+    ("header_rewrite", header_rewrite),
+    ("config", config),
+];
+
+/// A request head as the downstream codec reads it, then its body as far as it arrived: a
+/// parsed head carries no CR, LF or NUL in any value and exactly one framing, and the body
+/// decoder never yields more bytes than it was given.
+pub fn request_head(data: &[u8]) {
+    let mut buf = BytesMut::from(data);
+    let Ok(Some(head)) = codec::parse_head(&mut buf, MAX_HEAD) else {
+        return;
+    };
+    for (name, value) in &head.headers {
+        let bytes = value.as_bytes();
+        assert!(
+            !bytes.iter().any(|b| matches!(b, b'\r' | b'\n' | 0)),
+            "{name} carries CR, LF or NUL"
+        );
+    }
+    let lengths = head.headers.get_all(CONTENT_LENGTH).iter().count();
+    let codings = head.headers.get_all(TRANSFER_ENCODING).iter().count();
+    assert!(lengths <= 1, "{lengths} Content-Length fields accepted");
+    assert!(
+        lengths == 0 || codings == 0,
+        "Content-Length with Transfer-Encoding accepted"
+    );
+    if head.body == BodyFraming::Chunked {
+        let _ = codec::check_buffered_chunks(&buf, MAX_HEAD);
+    }
+    let given = buf.len();
+    let mut decoder = Decoder::new(head.body);
+    let mut decoded = 0;
+    while let Ok(Some(frame)) = decoder.decode(&mut buf, MAX_HEAD) {
+        decoded += frame.data_ref().map_or(0, |d| d.len());
+    }
+    assert!(decoded <= given, "decoded {decoded} body bytes from {given}");
+    if let Some(authority) = head.uri.authority() {
+        authority_round_trips(authority.as_str());
+    }
+}
+
+/// A host as requests, `Host` headers and the policy lists spell it: canonical forms are
+/// canonical (parsing one again changes nothing, IPs print as Rust prints them), and patterns
+/// and authorities survive printing and parsing again.
+pub fn host(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(host) = canonical_host(text) {
+        assert_eq!(
+            canonical_host(&host).as_ref(),
+            Ok(&host),
+            "canonical form of {text:?} is not canonical"
+        );
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            assert_eq!(ip.to_canonical().to_string(), host);
+        } else {
+            assert!(host
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b)));
+        }
+    }
+    if let Ok(pattern) = HostPattern::parse(text) {
+        assert_eq!(
+            HostPattern::parse(&pattern.to_string()),
+            Ok(pattern.clone()),
+            "{pattern} from {text:?}"
+        );
+    }
+    authority_round_trips(text);
+}
+
+fn authority_round_trips(text: &str) {
+    if let Ok(authority) = Authority::parse(text, 80) {
+        let again = Authority::parse(&authority.to_string(), 80);
+        assert_eq!(again, Ok(authority), "from {text:?}");
+    }
+}
+
+/// A parsed request rewritten for an upstream, and the same fields as a response rewritten for
+/// the application: no hop-by-hop field survives, nor any field `Connection` names (except
+/// `Host` and `Content-Length`, which frame and route the message), `TE` is at most
+/// `trailers`, and `Host` is the upstream's.
+pub fn header_rewrite(data: &[u8]) {
+    let mut buf = BytesMut::from(data);
+    let Ok(Some(head)) = codec::parse_head(&mut buf, MAX_HEAD) else {
+        return;
+    };
+    let named = connection_names(&head.headers);
+    let upstream_host = HeaderValue::from_static("upstream.example:8080");
+    let mut req = Request::new(());
+    *req.method_mut() = head.method;
+    *req.uri_mut() = head.uri;
+    *req.headers_mut() = head.headers.clone();
+    headers::to_upstream(&mut req, &upstream_host);
+    let sent = req.headers();
+    assert_eq!(sent.get_all(HOST).iter().collect::<Vec<_>>(), [&upstream_host]);
+    assert!(req.uri().scheme().is_none(), "{} is not origin-form", req.uri());
+    for gone in [
+        CONNECTION,
+        TRANSFER_ENCODING,
+        UPGRADE,
+        PROXY_AUTHORIZATION,
+        EXPECT,
+        PROXY_CONNECTION,
+        KEEP_ALIVE,
+    ] {
+        assert!(!sent.contains_key(&gone), "{gone} forwarded");
+    }
+    assert!(sent.get_all(TE).iter().all(|te| te == "trailers"), "TE forwarded");
+    assert_removed(sent, &named);
+
+    let mut resp = Response::new(());
+    *resp.headers_mut() = head.headers;
+    headers::to_downstream(&mut resp);
+    for gone in [
+        CONNECTION,
+        TRANSFER_ENCODING,
+        UPGRADE,
+        TE,
+        PROXY_CONNECTION,
+        KEEP_ALIVE,
+    ] {
+        assert!(!resp.headers().contains_key(&gone), "{gone} returned");
+    }
+    assert_removed(resp.headers(), &named);
+}
+
+fn connection_names(headers: &HeaderMap) -> Vec<http::HeaderName> {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        // `close` is the connection option, never taken as a field name.
+        .filter(|token| !token.eq_ignore_ascii_case(b"close"))
+        .filter_map(|token| http::HeaderName::from_bytes(token).ok())
+        .filter(|name| *name != HOST && *name != CONTENT_LENGTH)
+        .collect()
+}
+
+fn assert_removed(headers: &HeaderMap, named: &[http::HeaderName]) {
+    for name in named {
+        assert!(!headers.contains_key(name), "{name}, named by Connection, kept");
+    }
+}
+
+/// A config file: any text is either a config or a config error, and a config serializes (what
+/// `egress-sidecar check` prints).
+pub fn config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(config) = config::parse(text, &Default::default()) {
+        serde_json::to_string(&config).expect("a valid config serializes");
+    }
+}
