@@ -687,6 +687,127 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
     }
 }
 
+// === a fault-injecting upstream, and what a faulted sidecar should return to ===
+
+/// What the fault upstream promises in `Content-Length` before it breaks off.
+pub const FAULT_BODY_LEN: usize = 1000;
+
+/// A fault-injecting HTTP/1.1 upstream. Answers by path: `/reset-before-head`, `/reset-mid-body` and `/truncated` (a 1000-byte
+/// promise, 100 bytes, then an RST or a FIN), `/lie-long` (`Content-Length: 5` followed by
+/// more bytes than that), anything else "ok". Keeps connections alive otherwise.
+pub async fn fault_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve_faults(stream));
+        }
+    });
+    addr
+}
+
+async fn serve_faults(mut stream: TcpStream) {
+    let mut buf = Vec::new();
+    loop {
+        let Some(path) = read_request_path(&mut stream, &mut buf).await else {
+            return;
+        };
+        let partial = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {FAULT_BODY_LEN}\r\n\r\n{}",
+            "x".repeat(100)
+        );
+        match path.as_str() {
+            "/reset-before-head" => return reset(stream),
+            "/reset-mid-body" => {
+                let _ = stream.write_all(partial.as_bytes()).await;
+                return reset(stream);
+            }
+            "/truncated" => {
+                let _ = stream.write_all(partial.as_bytes()).await;
+                let _ = stream.shutdown().await;
+                return;
+            }
+            "/lie-long" => {
+                let lie = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nsmuggle";
+                if stream.write_all(lie).await.is_err() {
+                    return;
+                }
+            }
+            _ => {
+                if stream
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Closes with an RST instead of a FIN.
+fn reset(stream: TcpStream) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+}
+
+/// Reads one request head (these requests have no body) and returns its path.
+async fn read_request_path(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..end + 4);
+            return head.split(' ').nth(1).map(str::to_owned);
+        }
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+pub fn open_fds(sidecar: &ChildSidecar) -> usize {
+    let pid = sidecar.child.id().expect("running");
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// Upstream connections (every pool, every state) and application connections open.
+pub async fn connections(sidecar: &ChildSidecar) -> (f64, f64) {
+    let scrape = scrape(sidecar.admin).await;
+    let sum = |metric: &str| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == metric)
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    (
+        sum("egress_upstream_connections"),
+        sum("egress_downstream_connections"),
+    )
+}
+
+/// Waits (up to 10 s) until no connection is open either side and, when given, the fd count
+/// is `expected`; returns (upstream connections, downstream connections, fds).
+pub async fn settle(sidecar: &ChildSidecar, expected: Option<usize>) -> (f64, f64, usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (up, down) = connections(sidecar).await;
+        let fds = open_fds(sidecar);
+        let quiet = up == 0.0 && down == 0.0 && expected.is_none_or(|e| e == fds);
+        if quiet || tokio::time::Instant::now() > deadline {
+            return (up, down, fds);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 // === the sidecar, as a child process ===
 
 /// The `egress-sidecar` binary running with a config file; killed on drop.
