@@ -431,6 +431,37 @@ impl Collector for GaugeCollector {
             };
             ConstGauge::new(*waiting).encode(pending.encode_family(&labels)?)?;
         }
-        Ok(())
+        encode_process_gauges(&mut encoder)
     }
+}
+
+/// What a soak run or an operator watches for leaks: tasks alive in the runtime, open file
+/// descriptors and resident memory, read at scrape time (Linux `/proc/self`; a gauge whose
+/// source cannot be read is left out rather than reported as 0).
+fn encode_process_gauges(encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let tasks = tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|h| h.metrics().num_alive_tasks());
+    let fds = std::fs::read_dir("/proc/self/fd").ok().map(Iterator::count);
+    let rss = resident_bytes();
+    let gauges = [
+        ("runtime_tasks", "Tasks alive in the sidecar's runtime", tasks),
+        ("process_open_fds", "Open file descriptors", fds),
+        ("process_resident_memory_bytes", "Resident memory (VmRSS)", rss),
+    ];
+    for (name, help, value) in gauges {
+        let Some(value) = value else { continue };
+        let gauge = ConstGauge::new(value as i64);
+        let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+        gauge.encode(metric)?;
+    }
+    Ok(())
+}
+
+/// VmRSS from `/proc/self/status`, which is in KiB whatever the page size.
+fn resident_bytes() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
