@@ -1,0 +1,189 @@
+//! Differential test against nginx: the same raw requests go through the sidecar and through
+//! nginx, each in front of its own counting upstream. Wherever the two disagree about
+//! forwarding a request, the sidecar must be the one that refused it.
+//!
+//! Needs `nginx` (Debian's package; .ci/run installs it). Without it the test says so and
+//! passes, except under CI (`CI` set), where it fails.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use support::{FakeUpstream, RawClient, Sidecar, TempDir};
+
+/// nginx as a plain reverse proxy to `upstream`, one worker, keep-alive upstream connections:
+/// the closest nginx comes to a route-mode listener.
+struct Nginx {
+    addr: SocketAddr,
+    child: std::process::Child,
+    _dir: TempDir,
+}
+
+impl Nginx {
+    fn start(upstream: SocketAddr) -> Option<Nginx> {
+        let binary = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())?;
+        let dir = TempDir::new();
+        // nginx cannot bind port 0: take a free port from the kernel and hand it over.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let prefix = dir.path.display();
+        let conf = format!(
+            // One process, no master: killing the child then leaves no orphaned worker holding
+            // the test's pipes.
+            "user root;\nmaster_process off;\npid {prefix}/nginx.pid;\nerror_log {prefix}/error.log;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {prefix}/body;\n  proxy_temp_path {prefix}/proxy;\n\
+             \x20 fastcgi_temp_path {prefix}/fastcgi;\n  uwsgi_temp_path {prefix}/uwsgi;\n  scgi_temp_path {prefix}/scgi;\n\
+             \x20 upstream up {{ server {upstream}; keepalive 8; }}\n\
+             \x20 server {{\n    listen {addr};\n    location / {{\n      proxy_pass http://up;\n\
+             \x20     proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n    }}\n  }}\n}}\n"
+        );
+        let path = dir.path.join("nginx.conf");
+        std::fs::write(&path, conf).unwrap();
+        let child = std::process::Command::new(binary)
+            .arg("-p")
+            .arg(&dir.path)
+            .arg("-c")
+            .arg(&path)
+            .args(["-g", "daemon off;"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        Some(Nginx {
+            addr,
+            child,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Raw requests in origin-form (both proxies route them to their one upstream); `{host}` is
+/// replaced by the upstream's address.
+fn cases() -> Vec<(&'static str, String)> {
+    let raw: &[(&str, &str)] = &[
+        ("plain GET", "GET / HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+        ("POST with Content-Length", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5\r\n\r\nhello"),
+        ("POST chunked", "POST /drain HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+        ("CL and TE", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        ("two identical CL", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"),
+        ("two different CL", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
+        ("CL list", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5, 5\r\n\r\nhello"),
+        ("CL with plus", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: +5\r\n\r\nhello"),
+        ("CL hex", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0x5\r\n\r\nhello"),
+        ("CL negative", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: -5\r\n\r\n"),
+        ("CL with a space inside", "POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Length: 5 5\r\n\r\nhello"),
+        ("TE chunked, identity", "POST /drain HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n"),
+        ("TE gzip, chunked", "POST /drain HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"),
+        ("TE twice", "POST /drain HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        ("TE with a vertical tab", "POST /drain HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: \x0bchunked\r\n\r\n0\r\n\r\n"),
+        ("TE on HTTP/1.0", "POST /drain HTTP/1.0\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        ("invalid chunk size", "POST /drain HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"),
+        ("chunk size overflow", "POST /drain HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000\r\nhello\r\n0\r\n\r\n"),
+        ("chunk data overrun", "POST /drain HTTP/1.1\r\nHost: {host}\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhello\r\n0\r\n\r\n"),
+        ("bare LF", "GET / HTTP/1.1\nHost: {host}\n\n"),
+        ("obs-fold", "GET / HTTP/1.1\r\nHost: {host}\r\nX: a\r\n b\r\n\r\n"),
+        ("NUL in a value", "GET / HTTP/1.1\r\nHost: {host}\r\nX: a\0b\r\n\r\n"),
+        ("CR in a value", "GET / HTTP/1.1\r\nHost: {host}\r\nX: a\rb\r\n\r\n"),
+        ("space before colon", "GET / HTTP/1.1\r\nHost: {host}\r\nX : a\r\n\r\n"),
+        ("no Host", "GET / HTTP/1.1\r\n\r\n"),
+        ("two Hosts", "GET / HTTP/1.1\r\nHost: {host}\r\nHost: other.example\r\n\r\n"),
+        ("bad version", "GET / HTTP/9.9\r\nHost: {host}\r\n\r\n"),
+        ("control byte in the method", "G\x01T / HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+        ("space in the target", "GET /a b HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+        ("oversized header", "GET / HTTP/1.1\r\nHost: {host}\r\nX: {big}\r\n\r\n"),
+    ];
+    raw.iter()
+        .map(|(what, text)| (*what, text.replace("{big}", &"a".repeat(70 * 1024))))
+        .collect()
+}
+
+/// Sends `raw` to `proxy` and returns once it answered or closed (5 s at most).
+async fn send(proxy: SocketAddr, raw: &[u8]) {
+    let mut client = RawClient::connect(proxy).await;
+    client.send_raw(raw).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.read_response(false)).await;
+}
+
+#[tokio::test]
+async fn where_the_sidecar_and_nginx_disagree_the_sidecar_refuses() {
+    let to_nginx = FakeUpstream::start().await;
+    let Some(nginx) = Nginx::start(to_nginx.addr) else {
+        assert!(std::env::var_os("CI").is_none(), "nginx is required under CI");
+        println!("SKIPPED: nginx is not installed (apt-get install nginx)");
+        return;
+    };
+    assert!(
+        support::eventually(Duration::from_secs(10), || std::net::TcpStream::connect(
+            nginx.addr
+        )
+        .is_ok())
+        .await
+    );
+    let to_sidecar = FakeUpstream::start().await;
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - {{ name: up, url: 'http://{}', listen: '127.0.0.1:0' }}\n",
+        to_sidecar.addr
+    ))
+    .await;
+    let route = sidecar.routes[0];
+
+    let mut report = Vec::new();
+    let mut laxer = Vec::new();
+    for (what, template) in cases() {
+        let forwarded = |upstream: &FakeUpstream| upstream.requests();
+        let (sidecar_before, nginx_before) = (forwarded(&to_sidecar), forwarded(&to_nginx));
+        send(
+            route,
+            template
+                .replace("{host}", &to_sidecar.addr.to_string())
+                .as_bytes(),
+        )
+        .await;
+        send(
+            nginx.addr,
+            template.replace("{host}", &to_nginx.addr.to_string()).as_bytes(),
+        )
+        .await;
+        // A forwarded request may still be on its way when the proxy answers.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let by_sidecar = forwarded(&to_sidecar) > sidecar_before;
+        let by_nginx = forwarded(&to_nginx) > nginx_before;
+        report.push(format!(
+            "{what:<28} sidecar {:<9} nginx {}",
+            verdict(by_sidecar),
+            verdict(by_nginx)
+        ));
+        if by_sidecar && !by_nginx {
+            laxer.push(what);
+        }
+    }
+    println!("{}", report.join("\n"));
+    assert!(
+        laxer.is_empty(),
+        "the sidecar forwarded what nginx refused: {laxer:?}"
+    );
+    // The corpus must exercise both sides: plain requests pass both, smuggling shapes neither.
+    assert!(report[0].contains("sidecar forwarded") && report[0].contains("nginx forwarded"));
+    assert!(report.iter().filter(|r| r.contains("sidecar refused")).count() > 20);
+}
+
+fn verdict(forwarded: bool) -> &'static str {
+    if forwarded {
+        "forwarded"
+    } else {
+        "refused"
+    }
+}
