@@ -692,9 +692,17 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
 /// What the fault upstream promises in `Content-Length` before it breaks off.
 pub const FAULT_BODY_LEN: usize = 1000;
 
-/// A fault-injecting HTTP/1.1 upstream. Answers by path: `/reset-before-head`, `/reset-mid-body` and `/truncated` (a 1000-byte
-/// promise, 100 bytes, then an RST or a FIN), `/lie-long` (`Content-Length: 5` followed by
-/// more bytes than that), anything else "ok". Keeps connections alive otherwise.
+/// A fault-injecting HTTP/1.1 upstream. Answers by path:
+/// - `/reset-before-head`: an RST instead of a response;
+/// - `/reset-mid-body` and `/truncated`: a 1000-byte promise, 100 bytes, then an RST or a FIN;
+/// - `/lie-long`: `Content-Length: 5` followed by more bytes than that;
+/// - `/slow-head`: the status line, then the rest of the head 3 s later;
+/// - `/never`: nothing, ever (the connection stays open until the other side closes it);
+/// - `/arm-close`: "ok", and the next request on this connection is met with a FIN and no
+///   response: an idle keep-alive connection closed exactly as it is reused;
+/// - anything else: "ok".
+///
+/// Keeps connections alive otherwise.
 pub async fn fault_upstream() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -708,10 +716,15 @@ pub async fn fault_upstream() -> SocketAddr {
 
 async fn serve_faults(mut stream: TcpStream) {
     let mut buf = Vec::new();
+    let mut armed = false;
     loop {
         let Some(path) = read_request_path(&mut stream, &mut buf).await else {
             return;
         };
+        if armed {
+            let _ = stream.shutdown().await;
+            return;
+        }
         let partial = format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {FAULT_BODY_LEN}\r\n\r\n{}",
             "x".repeat(100)
@@ -727,6 +740,19 @@ async fn serve_faults(mut stream: TcpStream) {
                 let _ = stream.shutdown().await;
                 return;
             }
+            "/slow-head" => {
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\n").await;
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                if stream.write_all(b"Content-Length: 2\r\n\r\nok").await.is_err() {
+                    return;
+                }
+            }
+            "/never" => {
+                // Holds the connection until the sidecar gives up on it.
+                let mut sink = [0u8; 1024];
+                while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+                return;
+            }
             "/lie-long" => {
                 let lie = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nsmuggle";
                 if stream.write_all(lie).await.is_err() {
@@ -734,6 +760,7 @@ async fn serve_faults(mut stream: TcpStream) {
                 }
             }
             _ => {
+                armed = path == "/arm-close";
                 if stream
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                     .await
