@@ -567,13 +567,22 @@ fn response_framing<B: Body>(resp: &Response<B>, head_only: bool, client: Versio
 }
 
 /// Writes a response; returns whether the connection may be reused afterwards.
-async fn write_response(
+///
+/// The head and small body frames are held back to go out in one write. If the body fails,
+/// what was held back still goes out before the error ends the connection: the application
+/// sees the upstream's head and a body cut short, whether the failure came with the first
+/// frame or a later one, never a bare close.
+async fn write_response<B>(
     wr: &mut WriteHalf<'_>,
-    resp: Response<ResponseBody>,
+    resp: Response<B>,
     head_only: bool,
     client: Version,
     keep_alive: bool,
-) -> io::Result<bool> {
+) -> io::Result<bool>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     let mut framing = response_framing(&resp, head_only, client);
     let (mut parts, mut body) = resp.into_parts();
     if framing == ResponseFraming::Chunked && body.is_end_stream() {
@@ -624,7 +633,10 @@ async fn write_response(
                 wr.write_all(&out).await?;
                 return Ok(keep_alive);
             }
-            Some(Err(e)) => return Err(io::Error::other(format!("upstream body: {e}"))),
+            Some(Err(e)) => {
+                let _ = wr.write_all(&out).await;
+                return Err(io::Error::other(format!("upstream body: {e}")));
+            }
             Some(Ok(frame)) => frame,
         };
         match frame.into_data() {
@@ -671,10 +683,10 @@ async fn write_data(
     Ok(())
 }
 
-type FrameResult = Option<Result<Frame<Bytes>, <ResponseBody as Body>::Error>>;
+type FrameResult<B> = Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>;
 
 /// Polls the body once without waiting.
-fn poll_now(mut body: Pin<&mut ResponseBody>) -> Option<FrameResult> {
+fn poll_now<B: Body>(mut body: Pin<&mut B>) -> Option<FrameResult<B>> {
     let waker = std::task::Waker::noop();
     let mut cx = std::task::Context::from_waker(waker);
     match body.as_mut().poll_frame(&mut cx) {
@@ -718,5 +730,50 @@ mod tests {
         let serve = super::serve(conn, &entry, &ctx);
         let size = std::mem::size_of_val(&serve);
         assert!(size <= 800, "idle connection future grew to {size} bytes");
+    }
+
+    /// A body that yields its frames, then fails, all at once (an upstream whose reset arrived
+    /// with its first bytes).
+    struct FailsAfter(std::collections::VecDeque<bytes::Bytes>);
+
+    impl http_body::Body for FailsAfter {
+        type Data = bytes::Bytes;
+        type Error = &'static str;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, &'static str>>> {
+            std::task::Poll::Ready(Some(match self.0.pop_front() {
+                Some(data) => Ok(http_body::Frame::data(data)),
+                None => Err("connection reset"),
+            }))
+        }
+    }
+
+    /// The soak run caught a bare close here: the head and first bytes were held back for one
+    /// write, and a body failing before that write dropped them.
+    #[tokio::test]
+    async fn a_body_failing_before_the_first_write_still_sends_the_head() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let body = FailsAfter([bytes::Bytes::from_static(b"partial")].into());
+        let resp = http::Response::builder()
+            .header("content-length", "1000")
+            .body(body)
+            .unwrap();
+        let (_, mut wr) = server.split();
+        let written = super::write_response(&mut wr, resp, false, http::Version::HTTP_11, true).await;
+        assert!(written.is_err(), "a failed body must end the connection");
+        drop(server);
+        let mut received = Vec::new();
+        client.read_to_end(&mut received).await.unwrap();
+        let text = String::from_utf8_lossy(&received);
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text:?}");
+        assert!(text.ends_with("\r\n\r\npartial"), "{text:?}");
     }
 }
