@@ -169,31 +169,24 @@ async fn failing(sidecar: SocketAddr, faults: SocketAddr, dead: SocketAddr, unti
 /// A 200 whose body stops short of its `Content-Length`, then the connection closes.
 async fn truncated(client: &mut RawClient) -> Result<(), String> {
     let read = async {
-        let (status, _) = client.read_head().await;
+        let (status, _) = client.try_read_head().await?;
         let mut received = client.take_buffered().len();
         while let Some(chunk) = client.read_chunk().await {
             received += chunk.len();
         }
-        (status, received)
+        Some((status, received))
     };
     match tokio::time::timeout(Duration::from_secs(10), read).await {
-        Ok((200, received)) if received < support::FAULT_BODY_LEN => Ok(()),
-        Ok((status, received)) => Err(format!("{status} with {received} body bytes")),
+        Ok(Some((200, received))) if received < support::FAULT_BODY_LEN => Ok(()),
+        Ok(Some((status, received))) => Err(format!("{status} with {received} body bytes")),
+        Ok(None) => Err("closed before a response head".into()),
         Err(_) => Err("the truncated response did not end within 10 s".into()),
     }
 }
 
 /// A gauge from a scrape, 0 when absent.
 fn gauge(scrape: &prometheus_parse::Scrape, name: &str) -> f64 {
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == name)
-        .map(|s| match s.value {
-            prometheus_parse::Value::Gauge(v) => v,
-            _ => 0.0,
-        })
-        .sum()
+    support::value(scrape, name, &[])
 }
 
 /// One second's record.

@@ -610,7 +610,7 @@ impl RawClient {
     }
 
     /// Reads a response head; None if the connection closed first.
-    async fn try_read_head(&mut self) -> Option<(u16, HeaderMap)> {
+    pub async fn try_read_head(&mut self) -> Option<(u16, HeaderMap)> {
         let head_end = loop {
             if let Some(pos) = find(&self.buf, b"\r\n\r\n") {
                 break pos + 4;
@@ -803,20 +803,9 @@ pub fn open_fds(sidecar: &ChildSidecar) -> usize {
 /// Upstream connections (every pool, every state) and application connections open.
 pub async fn connections(sidecar: &ChildSidecar) -> (f64, f64) {
     let scrape = scrape(sidecar.admin).await;
-    let sum = |metric: &str| -> f64 {
-        scrape
-            .samples
-            .iter()
-            .filter(|s| s.metric == metric)
-            .map(|s| match s.value {
-                prometheus_parse::Value::Gauge(v) => v,
-                _ => 0.0,
-            })
-            .sum()
-    };
     (
-        sum("egress_upstream_connections"),
-        sum("egress_downstream_connections"),
+        value(&scrape, "egress_upstream_connections", &[]),
+        value(&scrape, "egress_downstream_connections", &[]),
     )
 }
 
