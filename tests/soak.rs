@@ -1,4 +1,5 @@
-//! The soak run (ignored by default; `SOAK_SECONDS`, default 600):
+//! The soak run (ignored by default; `SOAK_SECONDS`, default 600; `SOAK_TRAFFIC`, a part of
+//! the mix such as `failing` or `keepalive,h2`, to tell which traffic a trend comes from):
 //!
 //! ```text
 //! cargo test --release --test soak -- --ignored --nocapture
@@ -269,7 +270,11 @@ async fn soak() {
     let started = Instant::now();
     let until = started + Duration::from_secs(seconds);
     let mut loops = Vec::new();
-    for _ in 0..KEEPALIVE_CLIENTS {
+    // SOAK_TRAFFIC picks part of the mix (`keepalive,h2,leaky,failing`), to tell which traffic
+    // a trend in the samples comes from.
+    let mix = std::env::var("SOAK_TRAFFIC").unwrap_or_else(|_| "keepalive,h2,leaky,failing".into());
+    let runs = |kind: &str| mix.split(',').any(|k| k == kind);
+    for _ in 0..KEEPALIVE_CLIENTS * usize::from(runs("keepalive")) {
         loops.push(tokio::spawn(keepalive(
             sidecar.addr,
             format!("http://{}/bytes/1024", h1.addr),
@@ -277,7 +282,7 @@ async fn soak() {
             until,
         )));
     }
-    for _ in 0..H2_CLIENTS {
+    for _ in 0..H2_CLIENTS * usize::from(runs("h2")) {
         loops.push(tokio::spawn(keepalive(
             sidecar.addr,
             format!("http://{}/", h2.addr),
@@ -285,12 +290,16 @@ async fn soak() {
             until,
         )));
     }
-    loops.push(tokio::spawn(leaky(
-        sidecar.addr,
-        format!("http://{}/", h1.addr),
-        until,
-    )));
-    loops.push(tokio::spawn(failing(sidecar.addr, faults, dead, until)));
+    if runs("leaky") {
+        loops.push(tokio::spawn(leaky(
+            sidecar.addr,
+            format!("http://{}/", h1.addr),
+            until,
+        )));
+    }
+    if runs("failing") {
+        loops.push(tokio::spawn(failing(sidecar.addr, faults, dead, until)));
+    }
 
     let warmup = Duration::from_secs((seconds / 5).clamp(1, 30));
     let mut samples = Vec::new();
@@ -347,8 +356,9 @@ async fn soak() {
         "unexplained: {:#?}",
         tally.unexplained
     );
+    // Each part of the mix alone answers at least 10 requests a second.
     assert!(
-        tally.ok > seconds * 100,
+        tally.ok > seconds * 10,
         "only {} requests in {seconds} s",
         tally.ok
     );
