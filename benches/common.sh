@@ -117,16 +117,16 @@ proc_tree() { # pid
     pgrep -P "$1" || true
 }
 
-# utime+stime of a process and its direct children, in clock ticks.
+# "utime stime" of a process and its direct children, in clock ticks.
 cpu_ticks() { # pid
-    local total=0 p f
+    local user=0 sys=0 p f
     for p in $(proc_tree "$1"); do
         # Fields after the ")" of comm: state is field 3, utime 14, stime 15.
         f=$(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null) || continue
         set -- $f
-        total=$((total + ${12} + ${13}))
+        user=$((user + ${12})) sys=$((sys + ${13}))
     done
-    echo "$total"
+    echo "$user $sys"
 }
 
 # Sum of one /proc/PID/status field (VmRSS, VmHWM: KiB) over a process and its direct children.
@@ -199,12 +199,13 @@ wrk_warm() { # url connections duration [absolute-form target]
 }
 
 # One measured wrk run on LOAD_CPU (1 thread). Sets W_REQUESTS W_DURATION_US W_P50_US W_P99_US
-# W_ERRORS (socket errors + non-2xx), W_CPU (ticks of process PID and its children; 0 for "-"),
+# W_ERRORS (socket errors + non-2xx), W_CPU (ticks of process PID and its children; 0 for "-")
+# and W_SYS (the part of them spent in the kernel),
 # W_BUSY_PROXY / W_BUSY_LOAD (busy ticks of PROXY_CPU / LOAD_CPU), W_STEAL (PROXY_CPU's steal);
 # wrk's output goes to OUTFILE.
 wrk_measure() { # url connections duration pid(or -) outfile [absolute-form target]
     local url=$1 conns=$2 dur=$3 pid=$4 outfile=$5 target=${6:-}
-    local t0=0 t1=0 bp0 bp1 bl0 bl1 st0 st1 out line
+    local t0="0 0" t1="0 0" bp0 bp1 bl0 bl1 st0 st1 out line
     [[ $pid != - ]] && t0=$(cpu_ticks "$pid")
     bp0=$(core_busy "$PROXY_CPU"); bl0=$(core_busy "$LOAD_CPU"); st0=$(core_steal "$PROXY_CPU")
     out=$(BENCH_PATH=$target taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" -d"$dur" --latency \
@@ -216,7 +217,10 @@ wrk_measure() { # url connections duration pid(or -) outfile [absolute-form targ
     local requests duration_us p50_us p99_us sock_errors non2xx
     eval "$(sed 's/^RESULT //; s/ /\n/g' <<<"$line" | sed 's/^/local /')"
     W_REQUESTS=$requests W_DURATION_US=$duration_us W_P50_US=$p50_us W_P99_US=$p99_us
-    W_ERRORS=$((sock_errors + non2xx)) W_CPU=$((t1 - t0))
+    local u0 s0 u1 s1
+    read -r u0 s0 <<<"$t0"
+    read -r u1 s1 <<<"$t1"
+    W_ERRORS=$((sock_errors + non2xx)) W_CPU=$((u1 + s1 - u0 - s0)) W_SYS=$((s1 - s0))
     W_BUSY_PROXY=$((bp1 - bp0)) W_BUSY_LOAD=$((bl1 - bl0)) W_STEAL=$((st1 - st0))
 }
 

@@ -179,7 +179,7 @@ median() { # printf-format numbers...
 # ROUNDS rounds, the targets in turn within each (drift on a shared VM spreads over all of them);
 # each run on a fresh process. The table shows medians over the rounds and every round's value.
 W1="1 keep-alive, $CONNECTIONS conns:"
-declare -A RPS CPU P99 ERR TICKS
+declare -A RPS CPU SYS P99 ERR TICKS
 for ((round = 1; round <= ROUNDS; round++)); do
     for t in "${TARGETS[@]}"; do
         log "workload 1, round $round/$ROUNDS, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
@@ -190,6 +190,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
         RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
         CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+        SYS[$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
         P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
         ERR[$t]=$(( ${ERR[$t]:-0} + W_ERRORS ))
         read -r a b c d <<<"${TICKS[$t]:-0 0 0 0}"
@@ -207,6 +208,8 @@ for t in "${TARGETS[@]}"; do
         [[ $t != direct ]] || continue
         put "$W1 proxy CPU µs/request (median)" "$t" "$(median %.1f ${CPU[$t]})"
         ((ROUNDS == 1)) || put "$W1 proxy CPU µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${CPU[$t]}")"
+        # The kernel's part (stime): what trimming our own code cannot reach.
+        put "$W1 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${SYS[$t]})"
         put "$W1 $BUSY" "$t" "$(busy_cell ${TICKS[$t]})"
     }
 done
