@@ -338,11 +338,12 @@ impl Upstream {
         loop {
             let mut lease = self.pool.checkout().await?;
             self.fit_request(&mut req, lease.is_http2());
-            // Only a reused connection can be stale and only HTTP/2 refuses streams, so only
-            // then is a copy worth its cost.
+            // Only HTTP/2 refuses streams (any method may go again), and only an idempotent
+            // request on a reused connection is sent again after a stale close: only then is
+            // a copy worth its cost.
             let reused = lease.is_reused();
             let http2 = lease.is_http2();
-            let replay = if !retried && (reused || http2) {
+            let replay = if !retried && (http2 || (reused && idempotent)) {
                 bodyless_copy(&req)
             } else {
                 None
