@@ -19,20 +19,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use support::{fault_upstream, settle, ChildSidecar, RawClient, RawResponse, FAULT_BODY_LEN};
 
-/// Reads a response head and then the body until the connection ends; returns the status and
-/// the body bytes received.
-async fn read_until_closed(client: &mut RawClient) -> (u16, usize) {
-    let (status, _) = client.read_head().await;
-    let mut received = client.take_buffered().len();
-    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(5), client.read_chunk())
-        .await
-        .expect("the truncated response ends within 5s")
-    {
-        received += chunk.len();
-    }
-    (status, received)
-}
-
 /// Warms up what the process keeps for its lifetime (the parking epoll instance, runtime
 /// threads) with one request to `url`, lets the pool empty, and returns the fd count then.
 async fn baseline_fds(sidecar: &ChildSidecar, url: &str) -> usize {
@@ -97,7 +83,10 @@ async fn each_upstream_fault_ends_as_documented_and_leaks_nothing() {
         client
             .send_raw(format!("GET http://{up}{path} HTTP/1.1\r\nHost: {up}\r\n\r\n").as_bytes())
             .await;
-        let (status, received) = read_until_closed(&mut client).await;
+        let (status, received) = tokio::time::timeout(Duration::from_secs(5), client.read_until_closed())
+            .await
+            .expect("the truncated response ends within 5s")
+            .expect("a response head");
         assert_eq!(status, 200, "{path}");
         assert!(
             received < FAULT_BODY_LEN,

@@ -169,15 +169,7 @@ async fn failing(sidecar: SocketAddr, faults: SocketAddr, dead: SocketAddr, unti
 
 /// A 200 whose body stops short of its `Content-Length`, then the connection closes.
 async fn truncated(client: &mut RawClient) -> Result<(), String> {
-    let read = async {
-        let (status, _) = client.try_read_head().await?;
-        let mut received = client.take_buffered().len();
-        while let Some(chunk) = client.read_chunk().await {
-            received += chunk.len();
-        }
-        Some((status, received))
-    };
-    match tokio::time::timeout(Duration::from_secs(10), read).await {
+    match tokio::time::timeout(Duration::from_secs(10), client.read_until_closed()).await {
         Ok(Some((200, received))) if received < support::FAULT_BODY_LEN => Ok(()),
         Ok(Some((status, received))) => Err(format!("{status} with {received} body bytes")),
         Ok(None) => Err("closed before a response head".into()),

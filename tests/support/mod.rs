@@ -604,13 +604,22 @@ impl RawClient {
         Some(data)
     }
 
+    /// A response whose body the connection's end cuts short: its status and the body bytes
+    /// that arrived before the close, whatever the framing promised. None if the connection
+    /// closed before a head.
+    pub async fn read_until_closed(&mut self) -> Option<(u16, usize)> {
+        let (status, _) = self.try_read_head().await?;
+        while self.fill().await {}
+        Some((status, std::mem::take(&mut self.buf).len()))
+    }
+
     /// Reads the head of a response only (the body is left for `read_chunk`).
     pub async fn read_head(&mut self) -> (u16, HeaderMap) {
         self.try_read_head().await.expect("closed before head")
     }
 
     /// Reads a response head; None if the connection closed first.
-    pub async fn try_read_head(&mut self) -> Option<(u16, HeaderMap)> {
+    async fn try_read_head(&mut self) -> Option<(u16, HeaderMap)> {
         let head_end = loop {
             if let Some(pos) = find(&self.buf, b"\r\n\r\n") {
                 break pos + 4;
