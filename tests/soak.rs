@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{connections, fault_upstream, open_fds, ChildSidecar, FakeUpstream, RawClient, RawResponse};
+use support::{fault_upstream, open_fds, ChildSidecar, FakeUpstream, RawClient, RawResponse};
 use tokio::time::Instant;
 
 /// Requests each traffic loop sends per second at most: enough to keep every path busy for ten
@@ -342,7 +342,6 @@ async fn soak() {
         baseline.tasks,
         end.tasks,
     );
-    let (up, down) = connections(&sidecar).await;
     assert!(
         tally.unexplained.is_empty(),
         "unexplained: {:#?}",
@@ -354,7 +353,11 @@ async fn soak() {
         "only {} requests in {seconds} s",
         tally.ok
     );
-    assert_eq!((up, down), (0.0, 0.0), "connections left open");
+    assert_eq!(
+        (end.upstream, end.downstream),
+        (0.0, 0.0),
+        "connections left open"
+    );
     assert_eq!(end.fds, baseline.fds, "fds");
     assert!(
         end.tasks <= baseline.tasks,
