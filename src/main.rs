@@ -229,17 +229,34 @@ fn serve_injector(args: &InjectArgs) -> ExitCode {
     })
 }
 
-/// Logging, then `main` on the multi-threaded runtime; a runtime that cannot start is reported
-/// and exits 1.
+/// Logging, then `main` on the runtime; a runtime that cannot start is reported and exits 1.
 fn on_runtime(main: impl std::future::Future<Output = ExitCode>) -> ExitCode {
     init_logging();
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = if worker_threads() == 1 {
+        // One core (a CPU limit of 1, or TOKIO_WORKER_THREADS=1): everything on the main thread,
+        // as nginx's single worker does. The multi-threaded scheduler would add a thread, its
+        // work-stealing queues, and a cross-thread wake for everything the main thread does.
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    match builder.enable_all().build() {
         Ok(runtime) => runtime.block_on(main),
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The worker threads tokio would start: `TOKIO_WORKER_THREADS`, else the cores this process
+/// may use (`available_parallelism` reads the cgroup CPU quota too).
+fn worker_threads() -> usize {
+    std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 fn init_logging() {
