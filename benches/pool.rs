@@ -25,7 +25,6 @@ use egress_sidecar::downstream::RequestBody;
 use egress_sidecar::error::ProxyError;
 use egress_sidecar::metrics::Metrics;
 use egress_sidecar::pool::{Connect, Dialed, Pool, Protocol, Slot};
-use http_body_util::BodyExt;
 
 /// Dials an in-memory HTTP/1.1 server answering every request with an empty 200.
 #[derive(Debug, Default)]
@@ -73,7 +72,7 @@ async fn checkout_request_release(pool: &Arc<Pool>) {
         .body(RequestBody::Empty)
         .expect("request");
     let resp = lease.send(req).await.expect("response");
-    let _ = resp.into_body().collect().await.expect("body");
+    lease.read_to_end(resp.into_body()).await.expect("body");
     lease.release();
 }
 

@@ -12,7 +12,8 @@
 //!                            upstream (retry, response deadline) ─▶ pool (cap, FIFO queue, MRU idle)
 //!                                 │                                    │ dial (resolve, connect, handshake)
 //!                                 ▼                                    ▼
-//!  application ◀──stream── PooledBody ◀──────────────────── hyper HTTP/1.1 client connection ──▶ upstream
+//!  application ◀──stream── PooledBody ◀── upstream::h1 (HTTP/1.1, run by the request's task) ──▶ upstream
+//!                                        ◀── hyper HTTP/2 client connection (its own task) ──▶ upstream
 //! ```
 //!
 //! CONNECT tunnels (`proxy::connect`) and protocol upgrades such as WebSocket (`proxy::upgrade`)

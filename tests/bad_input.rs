@@ -121,7 +121,8 @@ async fn a_broken_chunked_body_aborts_the_upstream_request() {
     // The upstream saw an aborted request, never a complete one, and its connection was
     // closed rather than pooled.
     assert!(support::eventually(Duration::from_secs(3), || upstream.open() == 0).await);
-    assert!(upstream.seen().iter().all(|s| s.body_len < 5));
+    // (The chunk that arrived whole, "hel" + "lo", may have been forwarded; its body's end was not.)
+    assert!(upstream.seen().iter().all(|s| !s.body_complete));
 }
 
 #[tokio::test]

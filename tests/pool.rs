@@ -467,3 +467,42 @@ async fn a_dial_that_hangs_answers_504_connect_timeout() {
     assert!(started.elapsed() < Duration::from_secs(3));
     drop(blackhole);
 }
+
+#[tokio::test]
+async fn an_upstream_closing_an_idle_connection_frees_its_place_at_once() {
+    let upstream = FakeUpstream::start().await;
+    let sidecar = Sidecar::start(&one_upstream(&upstream, "max_connections: 2, idle_timeout: 60s")).await;
+    let mut a = RawClient::connect(sidecar.addr).await;
+    let mut b = RawClient::connect(sidecar.addr).await;
+    let url = format!("http://{}/sleep/100", upstream.addr);
+    let (ra, rb) = tokio::join!(a.get(&url), b.get(&url));
+    assert_eq!((ra.status, rb.status), (200, 200));
+    let idle = |m: &prometheus_parse::Scrape| {
+        support::value(
+            m,
+            "egress_upstream_connections",
+            &[("upstream", "up"), ("state", "idle")],
+        )
+    };
+    assert_eq!(idle(&support::scrape(sidecar.admin).await), 2.0);
+
+    // The upstream drops both idle connections; no request comes to notice it, yet the pool
+    // closes them within moments (not at idle_timeout) and counts why.
+    upstream.counters.kill.notify_waiters();
+    let mut closed = false;
+    for _ in 0..50 {
+        let m = support::scrape(sidecar.admin).await;
+        let reason = [("upstream", "up"), ("reason", "upstream_close")];
+        if idle(&m) == 0.0 && support::value(&m, "egress_upstream_connections_closed_total", &reason) == 2.0 {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(closed, "idle connections the upstream closed are still pooled");
+    let pool = support::debug_pool(sidecar.admin, "up").await;
+    assert_eq!(pool["open"], 0, "{pool}");
+    // And the next request dials afresh without an error.
+    assert_eq!(a.get(&format!("http://{}/", upstream.addr)).await.status, 200);
+    assert_eq!(upstream.accepted(), 3);
+}

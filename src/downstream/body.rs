@@ -3,7 +3,7 @@
 //!
 //! The channel holds at most [`BODY_CHANNEL_FRAMES`] frames, so an upload moves at the pace of
 //! the upstream with flat memory. The first poll signals the connection task, which is the
-//! moment to answer `Expect: 100-continue`: the upstream connection exists and hyper wants the
+//! moment to answer `Expect: 100-continue`: the upstream connection exists and the client wants the
 //! body.
 
 use std::pin::Pin;

@@ -1,8 +1,10 @@
 //! The upstream response body, which gives its connection back to the pool when it ends.
 //!
 //! An HTTP/1.1 connection is reusable only once the response body has been read to its end;
-//! returning it when the head arrives would hand the next request a busy connection. Dropping
-//! the body early (the application went away) drops the lease, which closes the connection.
+//! returning it when the head arrives would hand the next request a busy connection. Its body
+//! is read off the socket by whoever polls this body (the downstream connection's task), which
+//! also finishes sending the request body. Dropping the body early (the application went away)
+//! drops the lease, which closes the connection.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -12,17 +14,38 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::Lease;
+use crate::downstream::RequestBody;
+use crate::proxy::BoxError;
+use crate::upstream::h1;
+
+/// The body of a response as [`Lease::send`] returns it, before it is tied to its lease.
+#[derive(Debug)]
+pub enum UpstreamBody {
+    /// HTTP/1.1: the rest of the exchange, run on the leased connection.
+    Http1(h1::Transfer),
+    /// HTTP/2: hyper's stream.
+    Http2(Incoming),
+}
+
+/// Why [`Lease::send`] got no response head.
+#[derive(Debug)]
+pub enum SendError {
+    /// On HTTP/1.1.
+    Http1(h1::Error),
+    /// On HTTP/2; hyper hands back a request it never sent.
+    Http2(Box<hyper::client::conn::TrySendError<http::Request<RequestBody>>>),
+}
 
 /// A response body from a pooled connection.
 #[derive(Debug)]
 pub struct PooledBody {
-    inner: Incoming,
+    inner: UpstreamBody,
     lease: Option<Lease>,
 }
 
 impl PooledBody {
-    /// Wraps `inner`; `lease` returns to the pool when the body ends.
-    pub fn new(inner: Incoming, lease: Lease) -> Self {
+    /// Ties `inner` to `lease`, which returns to the pool when the body ends.
+    pub fn new(inner: UpstreamBody, lease: Lease) -> Self {
         let mut body = PooledBody {
             inner,
             lease: Some(lease),
@@ -32,9 +55,21 @@ impl PooledBody {
     }
 
     fn release_if_done(&mut self) {
-        if self.inner.is_end_stream() {
+        if self.is_end_stream() {
             if let Some(lease) = self.lease.take() {
                 lease.release();
+            }
+        }
+    }
+
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.inner {
+            UpstreamBody::Http2(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Http1(transfer) => {
+                let Some(conn) = self.lease.as_mut().and_then(Lease::h1_mut) else {
+                    return Poll::Ready(None);
+                };
+                transfer.poll_frame(conn, cx).map_err(Into::into)
             }
         }
     }
@@ -42,14 +77,14 @@ impl PooledBody {
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let polled = this.poll_inner(cx);
         match &polled {
             Poll::Ready(None) => {
                 if let Some(lease) = this.lease.take() {
@@ -64,10 +99,16 @@ impl Body for PooledBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            UpstreamBody::Http1(transfer) => transfer.is_end_stream(),
+            UpstreamBody::Http2(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            UpstreamBody::Http1(transfer) => transfer.size_hint(),
+            UpstreamBody::Http2(body) => body.size_hint(),
+        }
     }
 }

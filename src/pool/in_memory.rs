@@ -1,12 +1,13 @@
 //! An upstream connection without sockets, for tests and benches that exercise the pool itself:
-//! a hyper HTTP/1.1 client over an in-memory pipe to an in-process server answering every request
+//! the sidecar's HTTP/1.1 client over an in-memory pipe to an in-process server answering every request
 //! with an empty `200`.
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
 use super::{Dialed, Slot};
-use crate::error::{ErrorKind, ProxyError};
+use crate::error::ProxyError;
+use crate::upstream::h1;
 
 /// Dials an in-memory connection with `buffer` bytes each way; `slot` lives as long as it does.
 pub async fn dial(slot: Slot, buffer: usize) -> Result<Dialed, ProxyError> {
@@ -21,12 +22,8 @@ pub async fn dial(slot: Slot, buffer: usize) -> Result<Dialed, ProxyError> {
             .serve_connection(TokioIo::new(server), svc)
             .await;
     });
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
-        .await
-        .map_err(|e| ProxyError::new(ErrorKind::ProtocolError, e.to_string()))?;
-    tokio::spawn(async move {
-        let _slot = slot;
-        let _ = conn.await;
-    });
-    Ok(Dialed::Http1(sender))
+    Ok(Dialed::Http1(h1::Connection::new(
+        h1::Stream::Memory(client),
+        slot,
+    )))
 }

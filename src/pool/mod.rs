@@ -5,7 +5,8 @@
 //! this one is ours. One [`Pool`] per upstream holds:
 //! - `open`: connections dialing, in use or idle. It never exceeds `max_connections`. A
 //!   connection counts until its socket is closed: the [`Slot`] guard travels from the dial
-//!   into the connection's driver task and gives the place back when that task ends.
+//!   into the HTTP/1.1 connection itself (or the HTTP/2 connection's driver task) and gives the
+//!   place back when that is dropped.
 //! - `idle`: connections ready for a request, most recently used last (checked out first),
 //!   each closed after `idle_timeout` (sooner when the upstream's `Keep-Alive: timeout=N` says
 //!   so) or, once idle, after `max_lifetime`. Beyond `max_idle`, the oldest idle connections are
@@ -33,9 +34,10 @@
 //! timeouts of a request on its connection ([`crate::upstream`]).
 //!
 //! # Race window
-//! A connection checked out idle may be closed by the upstream at the same instant. Checkout
-//! only hands out connections hyper reports open and ready; the remaining window (the upstream's
-//! FIN in flight while the request is written) is closed by the retry in `upstream`.
+//! A connection checked out idle may be closed by the upstream at the same instant. Idle
+//! HTTP/1.1 sockets carry the reaper's waker, so a close that arrives is noticed at once, and
+//! checkout looks again before handing one out; the remaining window (the upstream's FIN in
+//! flight while the request is written) is closed by the retry in `upstream`.
 
 mod body;
 pub mod in_memory;
@@ -47,34 +49,34 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
-pub use body::PooledBody;
+pub use body::{PooledBody, SendError, UpstreamBody};
 
 use crate::config::PoolConfig;
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::UpstreamMetrics;
+use crate::upstream::h1;
 
 /// Idle connections beyond `max_idle` are closed once idle this long, rather than at once: under
 /// steady load the idle count swings past `max_idle` for microseconds as requests complete
 /// together, and closing then would churn connections (HAProxy's `pool-purge-delay` idea).
 const IDLE_SURPLUS_GRACE: Duration = Duration::from_secs(1);
 
-/// The request handle of one upstream HTTP/1.1 connection.
-pub type Sender = http1::SendRequest<RequestBody>;
 /// The request handle of one upstream HTTP/2 connection (cloned per stream).
 pub type H2Sender = http2::SendRequest<RequestBody>;
 
 /// A freshly dialed connection, by the protocol it speaks.
 #[derive(Debug)]
 pub enum Dialed {
-    /// HTTP/1.1: one request at a time.
-    Http1(Sender),
+    /// HTTP/1.1: one request at a time, run by the task of the request it carries.
+    Http1(h1::Connection),
     /// HTTP/2: many streams, up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, which the
     /// connection's driver task keeps current in the shared counter.
     Http2(H2Sender, Arc<AtomicUsize>),
@@ -93,7 +95,7 @@ pub enum Protocol {
 
 /// Dials a new connection for a pool; the `Slot` must live as long as the connection's socket.
 pub trait Connect: Send + Sync + fmt::Debug + 'static {
-    /// Opens a connection and spawns its driver task holding `slot`.
+    /// Opens a connection that holds `slot` (in its driver task, for HTTP/2).
     fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>>;
 }
 
@@ -173,7 +175,7 @@ impl Tracker {
 /// An upstream connection with its bookkeeping.
 #[derive(Debug)]
 pub struct Conn {
-    sender: Sender,
+    io: h1::Connection,
     track: Tracker,
     id: u64,
     created: Instant,
@@ -238,6 +240,9 @@ struct State {
     next_waiter: u64,
     reaper_running: bool,
     reaper_deadline: Option<Instant>,
+    /// The reaper task's waker, registered on the socket of every idle HTTP/1.1 connection so
+    /// that an upstream closing one wakes it (`None` while no reaper has run).
+    idle_waker: Option<Waker>,
     /// Every connection counted in `open`, by id: what `/debug/pools` lists.
     conns: BTreeMap<u64, Tracked>,
     next_conn_id: u64,
@@ -393,6 +398,7 @@ impl Pool {
             next_waiter: 0,
             reaper_running: false,
             reaper_deadline: None,
+            idle_waker: None,
             conns: BTreeMap::new(),
             next_conn_id: 0,
             config,
@@ -583,29 +589,18 @@ impl Pool {
 
     async fn checkout_inner(self: &Arc<Self>, started: Instant) -> Result<Lease, ProxyError> {
         let deadline = started + self.config().pending_timeout;
-        loop {
-            let grant = match self.take_or_enqueue()? {
-                Ok(grant) => grant,
-                Err(waiting) => waiting.wait(deadline).await?,
-            };
-            match grant {
-                Grant::H2(stream) => {
-                    if stream.reused {
-                        self.stats.reused.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Ok(Lease::new(self.clone(), LeaseKind::H2(Some(stream))));
-                }
-                Grant::H1(conn) => {
-                    if let Some(conn) = Self::ensure_ready(conn).await {
-                        if conn.track.requests() > 0 {
-                            self.stats.reused.fetch_add(1, Ordering::Relaxed);
-                        }
-                        return Ok(Lease::new(self.clone(), LeaseKind::H1(Some(conn))));
-                    }
-                    // The connection died between check-in and now; nothing was sent on it.
-                }
-            }
+        let grant = match self.take_or_enqueue()? {
+            Ok(grant) => grant,
+            Err(waiting) => waiting.wait(deadline).await?,
+        };
+        let (reused, kind) = match grant {
+            Grant::H2(stream) => (stream.reused, LeaseKind::H2(Some(stream))),
+            Grant::H1(conn) => (conn.track.requests() > 0, LeaseKind::H1(Some(conn))),
+        };
+        if reused {
+            self.stats.reused.fetch_add(1, Ordering::Relaxed);
         }
+        Ok(Lease::new(self.clone(), kind))
     }
 
     /// The fast path (a free HTTP/2 stream or a usable idle connection, no one waiting) or a
@@ -619,11 +614,12 @@ impl Pool {
             if let Some(stream) = self.take_stream(&mut st) {
                 return Ok(Ok(Grant::H2(stream)));
             }
-            while let Some(idle) = st.idle.pop() {
-                if is_usable(&st.config, &idle, now) {
+            while let Some(mut idle) = st.idle.pop() {
+                let closed = idle.conn.io.is_closed();
+                if !closed && now < idle_deadline(&st.config, &idle.conn, idle.since) {
                     return Ok(Ok(Grant::H1(idle.conn)));
                 }
-                idle.conn.track.set(if idle.conn.sender.is_closed() {
+                idle.conn.track.set(if closed {
                     "upstream_close"
                 } else {
                     expiry_reason(&st.config, &idle.conn, now)
@@ -668,17 +664,6 @@ impl Pool {
             .iter_mut()
             .find_map(|c| c.takes_streams(&cfg, max_streams, now).then_some(c))?;
         Some(conn.grant_stream())
-    }
-
-    async fn ensure_ready(mut conn: Conn) -> Option<Conn> {
-        if conn.sender.is_ready() {
-            return Some(conn);
-        }
-        // Just checked in: hyper finishes reading the previous response in its own task.
-        match conn.sender.ready().await {
-            Ok(()) => Some(conn),
-            Err(_) => None,
-        }
     }
 
     /// Starts dials while more requests wait than the dials in flight will serve, within both
@@ -729,12 +714,12 @@ impl Pool {
             tracked.since = now;
         }
         match result {
-            Ok(Dialed::Http1(sender)) => {
+            Ok(Dialed::Http1(io)) => {
                 if st.protocol == Protocol::Unknown {
                     st.protocol = Protocol::Http1;
                 }
                 let conn = Conn {
-                    sender,
+                    io,
                     track,
                     id,
                     created: now,
@@ -742,9 +727,11 @@ impl Pool {
                     remaining_hint: None,
                     retire: false,
                 };
-                self.hand_over(&mut st, conn);
+                let closing = self.hand_over(&mut st, conn);
                 // Requests that arrived while every allowed dial was in flight still wait.
                 self.start_dials(&mut st);
+                drop(st);
+                drop(closing);
             }
             Ok(Dialed::Http2(sender, server_max_streams)) => {
                 let conn = H2Conn {
@@ -789,27 +776,37 @@ impl Pool {
         }
     }
 
-    /// Gives a ready connection to the oldest live waiter, else keeps it idle.
-    fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Conn) {
+    /// Gives a ready connection to the oldest live waiter, else keeps it idle; returns it when
+    /// it is to be closed, which the caller does after unlocking `st` (closing frees its slot,
+    /// which takes the lock).
+    #[must_use]
+    fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Conn) -> Option<Conn> {
         if st.over_cap() > 0 {
             // A reload lowered the cap below what is open: shrink as connections free up.
             conn.track.set("reload");
-            return;
+            return Some(conn);
         }
         while let Some(waiter) = st.waiters.pop_front() {
             match waiter.tx.send(Ok(Grant::H1(conn))) {
-                Ok(()) => return,
+                Ok(()) => return None,
                 Err(Ok(Grant::H1(back))) => conn = back,
                 Err(_) => unreachable!("sent an HTTP/1.1 grant"),
             }
         }
         if let Some(reason) = st.retired {
             conn.track.set(reason);
-            return;
+            return Some(conn);
         }
         if st.config.max_idle == 0 {
             conn.track.set("max_idle");
-            return;
+            return Some(conn);
+        }
+        // From now on the reaper hears of the upstream closing it.
+        if let Some(waker) = &st.idle_waker {
+            if conn.io.poll_closed(&mut Context::from_waker(waker)).is_ready() {
+                conn.track.set("upstream_close");
+                return Some(conn);
+            }
         }
         let now = Instant::now();
         let mut deadline = idle_deadline(&st.config, &conn, now);
@@ -818,6 +815,7 @@ impl Pool {
             deadline = deadline.min(st.idle[0].since + IDLE_SURPLUS_GRACE);
         }
         self.schedule_reaper(st, deadline);
+        None
     }
 
     /// Makes sure the reaper wakes by `deadline`.
@@ -892,7 +890,7 @@ impl Pool {
             .max_requests_per_connection
             .is_some_and(|max| conn.track.requests() >= max)
             || conn.remaining_hint == Some(0);
-        let reason = if conn.retire || conn.sender.is_closed() {
+        let reason = if conn.retire || !conn.io.is_reusable() {
             Some("upstream_close")
         } else if spent {
             Some("max_requests")
@@ -904,10 +902,14 @@ impl Pool {
         match reason {
             Some(reason) => {
                 drop(st);
-                // Dropping the sender closes the connection; its slot frees when it is gone.
+                // Dropped below, which closes it and frees its slot.
                 conn.track.set(reason);
             }
-            None => self.hand_over(&mut st, conn),
+            None => {
+                let closing = self.hand_over(&mut st, conn);
+                drop(st);
+                drop(closing);
+            }
         }
     }
 
@@ -924,9 +926,7 @@ impl Pool {
         while i < st.idle.len() {
             let idle = &st.idle[i];
             let surplus = i < st.idle.len().saturating_sub(max_idle);
-            let reason = if idle.conn.sender.is_closed() {
-                Some("upstream_close")
-            } else if idle_deadline(&cfg, &idle.conn, idle.since) <= now {
+            let reason = if idle_deadline(&cfg, &idle.conn, idle.since) <= now {
                 Some(expiry_reason(&cfg, &idle.conn, now))
             } else if over_cap > 0 {
                 over_cap -= 1;
@@ -965,6 +965,7 @@ impl Pool {
         st.reaper_deadline = next;
         if next.is_none() {
             st.reaper_running = false;
+            st.idle_waker = None;
         }
         drop(st);
         drop(expired);
@@ -1004,16 +1005,48 @@ impl Pool {
     }
 }
 
-/// Runs while the pool has idle connections, closing each at its deadline.
+/// Runs while the pool has idle connections, closing each at its deadline, or as soon as the
+/// upstream closes it.
 async fn reap(pool: Arc<Pool>) {
     loop {
         let Some(deadline) = pool.reap_once(Instant::now()) else {
             return;
         };
-        tokio::select! {
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = pool.reaper_wake.notified() => {}
+        let sleep = std::pin::pin!(tokio::time::sleep_until(deadline));
+        let notified = std::pin::pin!(pool.reaper_wake.notified());
+        let (mut sleep, mut notified) = (sleep, notified);
+        std::future::poll_fn(|cx| {
+            if sleep.as_mut().poll(cx).is_ready() || notified.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            pool.watch_idle(cx);
+            Poll::Pending
+        })
+        .await;
+    }
+}
+
+impl Pool {
+    /// Registers the reaper's waker on every idle HTTP/1.1 connection and closes those the
+    /// upstream closed. Only readable sockets cost a syscall.
+    fn watch_idle(&self, cx: &mut Context<'_>) {
+        let mut closed = Vec::new();
+        let mut st = self.lock();
+        if !st.idle_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            st.idle_waker = Some(cx.waker().clone());
         }
+        let mut i = 0;
+        while i < st.idle.len() {
+            if st.idle[i].conn.io.poll_closed(cx).is_ready() {
+                let idle = st.idle.remove(i);
+                idle.conn.track.set("upstream_close");
+                closed.push(idle);
+            } else {
+                i += 1;
+            }
+        }
+        drop(st);
+        drop(closed);
     }
 }
 
@@ -1034,10 +1067,6 @@ fn idle_deadline(cfg: &PoolConfig, conn: &Conn, since: Instant) -> Instant {
         Some(life) => by_idle.min(conn.created + life),
         None => by_idle,
     }
-}
-
-fn is_usable(cfg: &PoolConfig, idle: &Idle, now: Instant) -> bool {
-    !idle.conn.sender.is_closed() && now < idle_deadline(cfg, &idle.conn, idle.since)
 }
 
 /// Why an idle HTTP/1.1 connection past its deadline closes.
@@ -1224,14 +1253,13 @@ impl Lease {
         }
     }
 
-    /// Sends a request; hyper hands it back in the error when it was never sent.
+    /// Sends a request and waits for the response head. On HTTP/1.1 the request's own task
+    /// writes it and reads the response; on HTTP/2 hyper hands the request back in the error
+    /// when it was never sent.
     pub async fn send(
         &mut self,
         req: http::Request<RequestBody>,
-    ) -> Result<
-        http::Response<hyper::body::Incoming>,
-        hyper::client::conn::TrySendError<http::Request<RequestBody>>,
-    > {
+    ) -> Result<http::Response<UpstreamBody>, SendError> {
         match &mut self.kind {
             LeaseKind::H1(conn) => {
                 let conn = conn.as_mut().expect("present until release");
@@ -1239,12 +1267,49 @@ impl Lease {
                 if let Some(left) = conn.remaining_hint.as_mut() {
                     *left = left.saturating_sub(1);
                 }
-                conn.sender.try_send_request(req).await
+                let resp = conn.io.send(req).await.map_err(SendError::Http1)?;
+                Ok(resp.map(UpstreamBody::Http1))
             }
             LeaseKind::H2(stream) => {
                 let stream = stream.as_mut().expect("present until release");
-                stream.sender.try_send_request(req).await
+                let resp = stream
+                    .sender
+                    .try_send_request(req)
+                    .await
+                    .map_err(|e| SendError::Http2(Box::new(e)))?;
+                Ok(resp.map(UpstreamBody::Http2))
             }
+        }
+    }
+
+    /// Reads a response body from [`Lease::send`] to its end on this lease. The proxy streams
+    /// bodies through [`PooledBody`] instead; this is for tests and benches of the pool.
+    pub async fn read_to_end(&mut self, body: UpstreamBody) -> Result<u64, crate::proxy::BoxError> {
+        use http_body::Body as _;
+        let mut body = body;
+        let mut read = 0;
+        loop {
+            let frame = std::future::poll_fn(|cx| match &mut body {
+                UpstreamBody::Http2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+                UpstreamBody::Http1(transfer) => match self.h1_mut() {
+                    Some(conn) => transfer.poll_frame(conn, cx).map_err(Into::into),
+                    None => Poll::Ready(None),
+                },
+            })
+            .await;
+            match frame {
+                None => return Ok(read),
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len() as u64),
+                Some(Err(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// The HTTP/1.1 connection, while held.
+    fn h1_mut(&mut self) -> Option<&mut h1::Connection> {
+        match &mut self.kind {
+            LeaseKind::H1(Some(conn)) => Some(&mut conn.io),
+            _ => None,
         }
     }
 

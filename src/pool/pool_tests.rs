@@ -1,4 +1,4 @@
-//! The pool's queueing and dial rules, against real hyper connections over in-memory pipes whose
+//! The pool's queueing and dial rules, against real HTTP/1.1 connections over in-memory pipes whose
 //! dials the test releases one by one.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,13 +71,12 @@ fn pool(config: PoolConfig, connector: &Arc<GatedConnector>) -> Arc<Pool> {
 
 /// Sends one real request on the lease and reads the response to its end.
 async fn use_once(lease: &mut Lease) {
-    use http_body_util::BodyExt;
     let req = http::Request::builder()
         .uri("/")
         .body(RequestBody::Empty)
         .unwrap();
     let resp = lease.send(req).await.expect("response");
-    let _ = resp.into_body().collect().await;
+    lease.read_to_end(resp.into_body()).await.expect("body");
 }
 
 async fn settle() {

@@ -133,6 +133,9 @@ pub(crate) fn error_bytes(err: &ProxyError) -> Vec<u8> {
 }
 
 /// A response body: from an upstream, or made by the sidecar.
+// Not boxed: `Upstream` is what nearly every response carries, and a box would cost an
+// allocation per request to save bytes on rare error responses.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum ResponseBody {
     /// Streams from a pooled upstream connection.

@@ -1,5 +1,6 @@
 //! Dialing an upstream: resolve, TCP connect and TLS handshake within `connect_timeout`, socket
-//! options, the HTTP/1.1 or HTTP/2 handshake, and the connection's driver task.
+//! options, then an HTTP/1.1 connection (`h1`), or the HTTP/2 handshake and the connection's
+//! driver task.
 //!
 //! Which HTTP: `protocol: http1` always HTTP/1.1; `http2` always HTTP/2 (h2c with prior
 //! knowledge on plain TCP, ALPN `h2` on TLS); `auto` follows ALPN on TLS and is HTTP/1.1 on
@@ -32,6 +33,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::policy::Guard;
 use crate::pool::{Connect, Dialed, Slot};
 use crate::routing::is_same_listener;
+use crate::upstream::h1::{self, Stream};
 use crate::upstream::tls::TlsConnector;
 
 /// TCP keepalive probes on upstream sockets find peers that vanished without a FIN.
@@ -41,11 +43,6 @@ const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// Shortest wait for an HTTP/2 server's SETTINGS after the handshake: loopback round trips are
 /// microseconds, but hyper's connection task must also get scheduled on a busy runtime.
 const MIN_SETTINGS_WAIT: Duration = Duration::from_millis(20);
-
-/// Cap on hyper's per-connection read buffer. It grows to fit large bodies and never shrinks, so
-/// hyper's default (~400 KiB) would leave every pooled connection that once carried a download
-/// holding that much; 64 KiB keeps bulk throughput and bounds the pool's memory.
-const UPSTREAM_MAX_BUF: usize = 64 * 1024;
 
 /// Dials connections, over TCP or TLS, to one upstream.
 #[derive(Debug)]
@@ -129,7 +126,7 @@ impl Connector {
         let rtt = started.elapsed();
         match &self.tls {
             None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, slot, rtt, deadline).await,
-            None => self.handshake_http1(tcp, slot).await,
+            None => Ok(self.http1(Stream::Plain(tcp), slot)),
             Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
             Some(Ok(tls)) => {
                 let stream = handshake_tls(&self.dial_target(), tls, tcp, deadline).await?;
@@ -141,23 +138,15 @@ impl Connector {
                         "the upstream did not agree to h2 in ALPN",
                     ))
                 } else {
-                    self.handshake_http1(stream, slot).await
+                    Ok(self.http1(Stream::Tls(Box::new(stream)), slot))
                 }
             }
         }
     }
 
-    async fn handshake_http1<T>(&self, io: T, slot: Slot) -> Result<Dialed, ProxyError>
-    where
-        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-    {
-        let (sender, conn) = hyper::client::conn::http1::Builder::new()
-            .max_buf_size(UPSTREAM_MAX_BUF)
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/1.1 handshake: {e}")))?;
-        self.drive(slot, conn);
-        Ok(Dialed::Http1(sender))
+    /// HTTP/1.1 needs no handshake, and no task: the requests it carries run it.
+    fn http1(&self, stream: Stream, slot: Slot) -> Dialed {
+        Dialed::Http1(h1::Connection::new(stream, slot))
     }
 
     async fn handshake_h2<T>(

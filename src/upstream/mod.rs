@@ -2,7 +2,7 @@
 //! request on a pooled connection with the response-head deadline and the stale-connection
 //! retry.
 //!
-//! The retry rule: a request that hyper hands back unsent is always sent again on another
+//! The retry rule: a request that hyper hands back unsent (HTTP/2) is always sent again on another
 //! connection. A request that was written on a *reused* connection which then failed before any
 //! response arrived is sent once more only if it is idempotent (GET, HEAD, OPTIONS, TRACE, PUT,
 //! DELETE, or any request with `Idempotency-Key`) and its body can be replayed (it has none);
@@ -11,6 +11,7 @@
 //! Not handled here: header rewriting (`proxy::headers`), the pool itself (`pool`).
 
 pub mod dial;
+pub mod h1;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -18,14 +19,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response};
-use hyper::body::Incoming;
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::policy::Guard;
-use crate::pool::{self, Lease, Pool, PooledBody};
+use crate::pool::{self, Lease, Pool, PooledBody, SendError, UpstreamBody};
 
 /// How often a request handed back unsent may be tried on yet another connection.
 const MAX_UNSENT_ATTEMPTS: usize = 3;
@@ -421,7 +421,7 @@ impl Upstream {
         &self,
         lease: &mut Lease,
         req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<Response<UpstreamBody>, Failure> {
         let started = tokio::time::Instant::now();
         let sending = lease.send(req);
         let result = match self.settings.response_header_timeout {
@@ -442,15 +442,33 @@ impl Upstream {
         if result.is_ok() {
             self.metrics.duration.observe(started.elapsed().as_secs_f64());
         }
-        result.map_err(|mut e| {
-            let unsent = e.take_message();
-            let (err, refused) = self.classify(e.error());
-            match (unsent, refused) {
-                (Some(req), _) => Failure::Unsent(Box::new(req), err),
-                (None, true) => Failure::Refused(err),
-                (None, false) => Failure::Sent(err),
+        result.map_err(|e| match e {
+            SendError::Http1(e) => Failure::Sent(self.classify_h1(&e)),
+            SendError::Http2(mut e) => {
+                let unsent = e.take_message();
+                let (err, refused) = self.classify(e.error());
+                match (unsent, refused) {
+                    (Some(req), _) => Failure::Unsent(Box::new(req), err),
+                    (None, true) => Failure::Refused(err),
+                    (None, false) => Failure::Sent(err),
+                }
             }
         })
+    }
+
+    /// Maps an HTTP/1.1 exchange error to the contract's kinds.
+    fn classify_h1(&self, e: &h1::Error) -> ProxyError {
+        match e {
+            h1::Error::Invalid(_) => self.error(ErrorKind::ProtocolError, e.to_string()),
+            h1::Error::RequestBody(_) => self.error(ErrorKind::BadRequest, e.to_string()),
+            h1::Error::Closed | h1::Error::Truncated(_) => {
+                self.error(ErrorKind::UpstreamReset, e.to_string())
+            }
+            h1::Error::Io(io) => self.error(
+                ErrorKind::UpstreamReset,
+                format!("connection closed before a response: {io}"),
+            ),
+        }
     }
 
     /// Maps a hyper client error to the contract's kinds; `true` when an HTTP/2 upstream

@@ -30,6 +30,8 @@ pub struct Seen {
     pub uri: String,
     pub headers: HeaderMap,
     pub body_len: u64,
+    /// The request body ended as framed (`/drain` only); false when it was cut off.
+    pub body_complete: bool,
 }
 
 #[derive(Default)]
@@ -214,6 +216,7 @@ async fn handle(
         uri: req.uri().to_string(),
         headers: req.headers().clone(),
         body_len: 0,
+        body_complete: false,
     };
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let resp = match segments.as_slice() {
@@ -253,13 +256,18 @@ async fn handle(
         ["drain"] => {
             let mut body = req.into_body();
             let mut len = 0u64;
+            let mut complete = true;
             while let Some(frame) = body.frame().await {
                 match frame {
                     Ok(f) => len += f.data_ref().map_or(0, |d| d.len() as u64),
-                    Err(_) => break,
+                    Err(_) => {
+                        complete = false;
+                        break;
+                    }
                 }
             }
             record.body_len = len;
+            record.body_complete = complete;
             Response::new(full(len.to_string()))
         }
         ["bytes", n] => {

@@ -1,0 +1,764 @@
+//! HTTP/1.1 on a pooled upstream connection, run by the task of the request it carries.
+//!
+//! hyper's client connection is a task of its own: a request crosses a channel into it and the
+//! response head and body frames cross channels back, each crossing a task wake-up. Callgrind
+//! put that task at a third of the sidecar's instructions per proxied request. Here the
+//! downstream connection's task writes the request and reads the response off the upstream
+//! socket itself ([`Connection::send`], then [`Transfer::poll_frame`] through the response
+//! body). Between exchanges a connection is its socket and a read buffer in the pool, and
+//! [`Connection::poll_closed`] tells the pool when the upstream closes it.
+//!
+//! Request framing: a body of known length goes with `Content-Length`, any other with chunked
+//! coding; an empty body with neither (unless the application sent `Content-Length: 0`).
+//! Response framing follows RFC 9112 §6.3: no body for HEAD, 1xx, 204 and 304; chunked when
+//! `Transfer-Encoding` ends in `chunked` (a `Content-Length` beside it is dropped); any other
+//! transfer coding, or neither field, means the body runs to the close; differing
+//! `Content-Length` values are a protocol error. Interim 1xx responses are skipped.
+//!
+//! A connection is reused only when the response ended cleanly, the whole request was sent, and
+//! no byte arrived past the response: anything else closes it.
+//!
+//! Not handled here: which connection a request gets and keep-alive hints (`pool`), retries
+//! and deadlines (`upstream`).
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future as _};
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, DuplexStream, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::downstream::codec::{self, BodyFraming, Decoder};
+use crate::downstream::RequestBody;
+use crate::pool::Slot;
+
+/// Largest response head (and trailer section) accepted: the read buffer's cap.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most header fields in a response head.
+const MAX_RESPONSE_HEADERS: usize = 128;
+/// Bytes asked of the socket per read.
+const READ_SIZE: usize = 16 * 1024;
+/// Body frames up to this size are copied next to their chunk framing (one slice to write).
+const COPY_LIMIT: usize = 4 * 1024;
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The upstream closed the connection before a complete response head.
+    #[error("connection closed before a response")]
+    Closed,
+    /// Reading or writing the socket failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The response head or body is not valid HTTP/1.1.
+    #[error("invalid response: {0}")]
+    Invalid(String),
+    /// The response body ended before its framing said it would.
+    #[error("response body cut short: {0}")]
+    Truncated(&'static str),
+    /// The request body failed on the downstream side.
+    #[error("request body: {0}")]
+    RequestBody(String),
+}
+
+/// The byte stream of an upstream connection.
+#[derive(Debug)]
+pub enum Stream {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS originated by the sidecar.
+    Tls(Box<TlsStream<TcpStream>>),
+    /// An in-memory pipe (tests and benches of the pool).
+    Memory(DuplexStream),
+}
+
+impl Stream {
+    /// The TCP socket underneath, whose readiness costs no syscall to ask.
+    fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Stream::Plain(tcp) => Some(tcp),
+            Stream::Tls(tls) => Some(tls.get_ref().0),
+            Stream::Memory(_) => None,
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Memory(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Memory(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+            Stream::Memory(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s).poll_flush(cx),
+            Stream::Memory(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Memory(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// An HTTP/1.1 upstream connection. It holds its pool [`Slot`], so it counts under
+/// `max_connections` until it is dropped, which closes the socket.
+#[derive(Debug)]
+pub struct Connection {
+    stream: Stream,
+    buf: BytesMut,
+    /// Set when the last exchange left it unusable.
+    broken: bool,
+    _slot: Slot,
+}
+
+impl Connection {
+    /// A connection over `stream`, freshly dialed.
+    pub fn new(stream: Stream, slot: Slot) -> Self {
+        Connection {
+            stream,
+            buf: BytesMut::new(),
+            broken: false,
+            _slot: slot,
+        }
+    }
+
+    /// `Ready` when the connection can no longer carry a request: the upstream closed or reset
+    /// it, or sent bytes nobody asked for. `Pending` registers `cx` to be woken when that
+    /// happens. Costs no syscall while the socket has not become readable.
+    pub fn poll_closed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.broken {
+            return Poll::Ready(());
+        }
+        if let Some(tcp) = self.stream.tcp() {
+            match tcp.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(_)) => {
+                    self.broken = true;
+                    return Poll::Ready(());
+                }
+            }
+        }
+        // Readable: end of stream, a reset, stray bytes, or (TLS) a post-handshake message
+        // such as a session ticket, which the read consumes without producing data.
+        let mut probe = [0u8; 64];
+        let mut probe = ReadBuf::new(&mut probe);
+        match Pin::new(&mut self.stream).poll_read(cx, &mut probe) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => {
+                self.broken = true;
+                Poll::Ready(())
+            }
+        }
+    }
+
+    /// Whether the connection is known to be unusable, without waiting.
+    pub fn is_closed(&mut self) -> bool {
+        self.poll_closed(&mut Context::from_waker(std::task::Waker::noop()))
+            .is_ready()
+    }
+
+    /// Whether the last exchange left the connection fit for another.
+    pub fn is_reusable(&self) -> bool {
+        !self.broken && self.buf.is_empty()
+    }
+
+    /// Writes `req` and reads the response head; the body is read through the returned
+    /// [`Transfer`], which also finishes sending the request body.
+    pub async fn send(&mut self, req: Request<RequestBody>) -> Result<Response<Transfer>, Error> {
+        let mut transfer = Transfer::start(req);
+        self.broken = true; // until the exchange ends cleanly
+        let head = poll_fn(|cx| {
+            // Write what can go now. A failed write still leaves the response to read: an
+            // upstream may answer early (413) and close before taking the whole body.
+            if let Poll::Ready(Err(e)) = transfer.poll_send(&mut self.stream, cx) {
+                if let Error::RequestBody(_) = e {
+                    return Poll::Ready(Err(e));
+                }
+            }
+            transfer.poll_head(self, cx)
+        })
+        .await?;
+        transfer.finish_if_done(self);
+        Ok(head.map(|()| transfer))
+    }
+
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
+            self.buf.reserve(READ_SIZE);
+        }
+        let read = self.stream.read_buf(&mut self.buf);
+        std::pin::pin!(read).poll(cx)
+    }
+
+    /// After a clean exchange: the read buffer goes, so that an idle pooled connection holds
+    /// its socket and nothing else (hyper's kept two 8 KiB buffers per connection).
+    fn finish_exchange(&mut self) {
+        self.broken = false;
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+    }
+}
+
+/// The part of one exchange after the response head: the rest of the request body going up
+/// and the response body coming down.
+#[derive(Debug)]
+pub struct Transfer {
+    /// Encoded bytes waiting to be written, in order.
+    out: VecDeque<Bytes>,
+    /// The request body still to encode; `None` once its end is queued.
+    body: Option<RequestBody>,
+    chunked: bool,
+    /// Written but not yet flushed (TLS keeps records back until flushed).
+    unflushed: bool,
+    /// A write failed: nothing more goes out, and the connection is not reused.
+    send_failed: bool,
+    head_request: bool,
+    response: ResponseBody,
+}
+
+#[derive(Debug)]
+enum ResponseBody {
+    /// The head is not in yet.
+    Head,
+    /// Framed by `Content-Length` or chunked coding.
+    Framed(Decoder),
+    /// Runs until the upstream closes.
+    UntilClose,
+    /// Complete.
+    Done,
+}
+
+impl Transfer {
+    fn start(req: Request<RequestBody>) -> Self {
+        let (parts, body) = req.into_parts();
+        let mut head = Vec::with_capacity(256);
+        head.extend_from_slice(parts.method.as_str().as_bytes());
+        head.push(b' ');
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        head.extend_from_slice(target.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        for (name, value) in &parts.headers {
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        let mut chunked = false;
+        let body = match body.size_hint().exact() {
+            _ if body.is_end_stream() => None,
+            Some(len) => {
+                if !parts.headers.contains_key(CONTENT_LENGTH) {
+                    head.extend_from_slice(format!("content-length: {len}\r\n").as_bytes());
+                }
+                Some(body)
+            }
+            None => {
+                head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                chunked = true;
+                Some(body)
+            }
+        };
+        head.extend_from_slice(b"\r\n");
+        Transfer {
+            out: VecDeque::from([Bytes::from(head)]),
+            body,
+            chunked,
+            unflushed: false,
+            send_failed: false,
+            head_request: parts.method == Method::HEAD,
+            response: ResponseBody::Head,
+        }
+    }
+
+    /// Writes queued bytes and encodes more of the request body; `Ready(Ok)` once the whole
+    /// request is written.
+    fn poll_send(&mut self, stream: &mut Stream, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if self.send_failed {
+            return Poll::Ready(Err(Error::Closed));
+        }
+        loop {
+            if !self.out.is_empty() {
+                let mut slices = [IoSlice::new(&[]); 8];
+                let n = self
+                    .out
+                    .iter()
+                    .zip(&mut slices)
+                    .map(|(b, s)| *s = IoSlice::new(b))
+                    .count();
+                match Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..n]) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(0)) => {
+                        self.send_failed = true;
+                        return Poll::Ready(Err(Error::Io(io::ErrorKind::WriteZero.into())));
+                    }
+                    Poll::Ready(Ok(written)) => {
+                        self.consume(written);
+                        self.unflushed = true;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        self.send_failed = true;
+                        return Poll::Ready(Err(e.into()));
+                    }
+                }
+                continue;
+            }
+            if self.unflushed {
+                if let Err(e) = ready!(Pin::new(&mut *stream).poll_flush(cx)) {
+                    self.send_failed = true;
+                    return Poll::Ready(Err(e.into()));
+                }
+                self.unflushed = false;
+            }
+            let Some(body) = self.body.as_mut() else {
+                return Poll::Ready(Ok(()));
+            };
+            match ready!(Pin::new(body).poll_frame(cx)) {
+                Some(Ok(frame)) => self.queue_frame(frame),
+                Some(Err(e)) => {
+                    self.body = None;
+                    self.send_failed = true;
+                    return Poll::Ready(Err(Error::RequestBody(e.to_string())));
+                }
+                None => {
+                    self.body = None;
+                    if self.chunked {
+                        let mut last = Vec::new();
+                        codec::encode_last_chunk(None, &mut last);
+                        self.out.push_back(last.into());
+                    }
+                }
+            }
+        }
+    }
+
+    fn consume(&mut self, mut written: usize) {
+        while written > 0 {
+            let front = self.out.front_mut().expect("wrote no more than queued");
+            if written >= front.len() {
+                written -= front.len();
+                self.out.pop_front();
+            } else {
+                front.advance(written);
+                written = 0;
+            }
+        }
+    }
+
+    fn queue_frame(&mut self, frame: Frame<Bytes>) {
+        let frame = match frame.into_data() {
+            Ok(data) if data.is_empty() => return,
+            Ok(data) if !self.chunked => return self.out.push_back(data),
+            Ok(data) if data.len() <= COPY_LIMIT => {
+                let mut chunk = Vec::with_capacity(data.len() + 24);
+                codec::encode_chunk_header(data.len(), &mut chunk);
+                chunk.extend_from_slice(&data);
+                chunk.extend_from_slice(b"\r\n");
+                return self.out.push_back(chunk.into());
+            }
+            Ok(data) => {
+                let mut header = Vec::with_capacity(20);
+                codec::encode_chunk_header(data.len(), &mut header);
+                self.out.push_back(header.into());
+                self.out.push_back(data);
+                return self.out.push_back(Bytes::from_static(b"\r\n"));
+            }
+            Err(frame) => frame,
+        };
+        // Trailers end a chunked body; a body of known length has nowhere to put them.
+        if let (Ok(trailers), true) = (frame.into_trailers(), self.chunked) {
+            let mut last = Vec::new();
+            codec::encode_last_chunk(Some(&trailers), &mut last);
+            self.out.push_back(last.into());
+            self.body = None;
+        }
+    }
+
+    /// Reads until a final response head is parsed.
+    fn poll_head(
+        &mut self,
+        conn: &mut Connection,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<()>, Error>> {
+        loop {
+            if let Some(resp) = self.parse_head(&mut conn.buf)? {
+                return Poll::Ready(Ok(resp));
+            }
+            if conn.buf.len() >= MAX_HEAD_BYTES {
+                return Poll::Ready(Err(Error::Invalid(format!(
+                    "response head larger than {MAX_HEAD_BYTES} bytes"
+                ))));
+            }
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) => return Poll::Ready(Err(Error::Closed)),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    /// A final response head from the front of `buf`, interim (1xx) ones skipped; `None`:
+    /// incomplete.
+    fn parse_head(&mut self, buf: &mut BytesMut) -> Result<Option<Response<()>>, Error> {
+        loop {
+            let Some(resp) = parse_response_head(buf)? else {
+                return Ok(None);
+            };
+            let status = resp.status();
+            if status.is_informational() {
+                if status == StatusCode::SWITCHING_PROTOCOLS {
+                    return Err(Error::Invalid(
+                        "101 Switching Protocols to a pooled request".into(),
+                    ));
+                }
+                continue;
+            }
+            self.response = self.body_framing(&resp)?;
+            return Ok(Some(resp));
+        }
+    }
+
+    fn body_framing(&self, resp: &Response<()>) -> Result<ResponseBody, Error> {
+        let status = resp.status();
+        if self.head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            return Ok(ResponseBody::Done);
+        }
+        let headers = resp.headers();
+        if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
+            let final_coding = last.as_bytes().rsplit(|b| *b == b',').next().unwrap_or(b"");
+            return Ok(if final_coding.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                ResponseBody::Framed(Decoder::new(BodyFraming::Chunked))
+            } else {
+                ResponseBody::UntilClose
+            });
+        }
+        match content_length(headers)? {
+            Some(0) => Ok(ResponseBody::Done),
+            Some(n) => Ok(ResponseBody::Framed(Decoder::new(BodyFraming::Length(n)))),
+            None => Ok(ResponseBody::UntilClose),
+        }
+    }
+
+    /// Whether the response body is complete.
+    pub fn is_end_stream(&self) -> bool {
+        matches!(self.response, ResponseBody::Done)
+    }
+
+    /// The response body's size, when framed by `Content-Length`.
+    pub fn size_hint(&self) -> SizeHint {
+        match &self.response {
+            ResponseBody::Done => SizeHint::with_exact(0),
+            ResponseBody::Framed(Decoder::Length { remaining }) => SizeHint::with_exact(*remaining),
+            _ => SizeHint::default(),
+        }
+    }
+
+    /// Whether `conn` may carry another exchange now that this one ended.
+    fn ended_cleanly(&self) -> bool {
+        matches!(self.response, ResponseBody::Done)
+            && self.body.is_none()
+            && self.out.is_empty()
+            && !self.unflushed
+            && !self.send_failed
+    }
+
+    /// The next response body frame, read off `conn`; the request body keeps going up
+    /// meanwhile (an upstream may answer while it reads, as an echo does).
+    pub fn poll_frame(
+        &mut self,
+        conn: &mut Connection,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        if let Poll::Ready(Err(Error::RequestBody(e))) = self.poll_send(&mut conn.stream, cx) {
+            self.response = ResponseBody::Done;
+            return Poll::Ready(Some(Err(Error::RequestBody(e))));
+        }
+        loop {
+            match &mut self.response {
+                ResponseBody::Head | ResponseBody::Done => return Poll::Ready(None),
+                ResponseBody::Framed(decoder) => match decoder.decode(&mut conn.buf, MAX_HEAD_BYTES) {
+                    Ok(Some(frame)) => {
+                        if decoder.is_done() {
+                            self.end(conn);
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    Ok(None) if decoder.is_done() => {
+                        self.end(conn);
+                        return Poll::Ready(None);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.response = ResponseBody::Done;
+                        return Poll::Ready(Some(Err(Error::Invalid(e.0))));
+                    }
+                },
+                ResponseBody::UntilClose => {
+                    if !conn.buf.is_empty() {
+                        let data = conn.buf.split().freeze();
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                }
+            }
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) => {
+                    return match std::mem::replace(&mut self.response, ResponseBody::Done) {
+                        ResponseBody::UntilClose => Poll::Ready(None),
+                        _ => Poll::Ready(Some(Err(Error::Truncated("the upstream closed the connection")))),
+                    };
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.response = ResponseBody::Done;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+        }
+    }
+
+    fn end(&mut self, conn: &mut Connection) {
+        self.response = ResponseBody::Done;
+        if self.ended_cleanly() {
+            conn.finish_exchange();
+        }
+    }
+
+    /// For a response complete at its head (HEAD, 204, `Content-Length: 0`): marks `conn`
+    /// reusable if the request went out whole.
+    fn finish_if_done(&mut self, conn: &mut Connection) {
+        if self.is_end_stream() && self.ended_cleanly() {
+            conn.finish_exchange();
+        }
+    }
+}
+
+/// `Content-Length`, if any; differing values are an error.
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|b| *b == b',') {
+            let part = part.trim_ascii();
+            let n = std::str::from_utf8(part)
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| Error::Invalid("malformed Content-Length".into()))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Error::Invalid("differing Content-Length values".into()));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
+/// Parses a response head off the front of `buf`; `Ok(None)`: incomplete. Header values share
+/// the head's memory instead of being copied one by one.
+fn parse_response_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, Error> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut parsed = httparse::Response::new(&mut slots);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(Error::Invalid(e.to_string())),
+    };
+    let code = parsed.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| Error::Invalid(format!("status {code}")))?;
+    let version = match parsed.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let base = buf.as_ptr() as usize;
+    let mut fields: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(parsed.headers.len());
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| Error::Invalid(format!("header name {:?}", h.name)))?;
+        let start = h.value.as_ptr() as usize - base;
+        fields.push((name, start, h.value.len()));
+    }
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    let chunked = fields.iter().any(|(name, _, _)| name == TRANSFER_ENCODING);
+    for (name, start, len) in fields {
+        if chunked && name == CONTENT_LENGTH {
+            // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3); passing both on
+            // would let the application frame the body differently.
+            continue;
+        }
+        let value = HeaderValue::from_maybe_shared(head.slice(start..start + len))
+            .map_err(|_| Error::Invalid(format!("value of {name}")))?;
+        headers.append(name, value);
+    }
+    let mut resp = Response::new(());
+    *resp.status_mut() = status;
+    *resp.version_mut() = version;
+    *resp.headers_mut() = headers;
+    Ok(Some(resp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> Result<Option<Response<()>>, Error> {
+        parse_response_head(&mut BytesMut::from(text))
+    }
+
+    fn framing(req_method: Method, text: &str) -> Result<ResponseBody, Error> {
+        let mut req = Request::new(RequestBody::Empty);
+        *req.method_mut() = req_method;
+        let transfer = Transfer::start(req);
+        let resp = head(text)?.expect("complete");
+        transfer.body_framing(&resp)
+    }
+
+    #[test]
+    fn response_heads_parse_with_their_framing() {
+        assert!(head("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n")
+            .unwrap()
+            .is_none());
+        let resp = head("HTTP/1.0 404 Nope\r\nA: b\r\nA: c\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(resp.status(), 404);
+        assert_eq!(resp.version(), Version::HTTP_10);
+        assert_eq!(resp.headers().get_all("a").iter().count(), 2);
+        assert!(matches!(
+            framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+            Ok(ResponseBody::Framed(Decoder::Length { remaining: 5 }))
+        ));
+        assert!(matches!(
+            framing(Method::HEAD, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
+            Ok(ResponseBody::Done)
+        ));
+        assert!(matches!(
+            framing(
+                Method::GET,
+                "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"
+            ),
+            Ok(ResponseBody::Done)
+        ));
+        assert!(matches!(
+            framing(
+                Method::GET,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+            ),
+            Ok(ResponseBody::Framed(Decoder::Chunked(_)))
+        ));
+        assert!(matches!(
+            framing(Method::GET, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            Ok(ResponseBody::UntilClose)
+        ));
+        assert!(matches!(
+            framing(Method::GET, "HTTP/1.1 200 OK\r\n\r\n"),
+            Ok(ResponseBody::UntilClose)
+        ));
+        assert!(matches!(
+            framing(
+                Method::GET,
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"
+            ),
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(
+            framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n"),
+            Ok(ResponseBody::Framed(Decoder::Length { remaining: 5 }))
+        ));
+        assert!(matches!(
+            framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"),
+            Err(Error::Invalid(_))
+        ));
+        assert!(head("HTTP/1.1 2000 OK\r\n\r\n").is_err());
+        assert!(head("NOT HTTP\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn chunked_response_drops_content_length() {
+        let resp = head("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!resp.headers().contains_key(CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn interim_responses_are_skipped() {
+        let mut transfer = Transfer::start(Request::new(RequestBody::Empty));
+        let mut buf = BytesMut::from("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early\r\nLink: x\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
+        let resp = transfer.parse_head(&mut buf).unwrap().unwrap();
+        assert_eq!(resp.status(), 201);
+        assert!(transfer.is_end_stream());
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn request_heads_carry_their_body_framing() {
+        let encoded = |req: Request<RequestBody>| {
+            let transfer = Transfer::start(req);
+            String::from_utf8(transfer.out[0].to_vec()).unwrap()
+        };
+        let mut get = Request::new(RequestBody::Empty);
+        *get.uri_mut() = "/a?b=c".parse().unwrap();
+        get.headers_mut().insert("host", HeaderValue::from_static("up"));
+        assert_eq!(encoded(get), "GET /a?b=c HTTP/1.1\r\nhost: up\r\n\r\n");
+
+        let (body, _tx) = RequestBody::channel(Some(7));
+        let mut post = Request::new(body);
+        *post.method_mut() = Method::POST;
+        assert_eq!(encoded(post), "POST / HTTP/1.1\r\ncontent-length: 7\r\n\r\n");
+
+        let (body, _tx) = RequestBody::channel(None);
+        let mut post = Request::new(body);
+        *post.method_mut() = Method::POST;
+        assert_eq!(
+            encoded(post),
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+    }
+}
