@@ -1,5 +1,6 @@
 //! HTTP/1.1 wire format on the downstream side: parsing request heads, decoding request bodies
-//! (Content-Length and chunked), and encoding response heads and chunked bodies.
+//! (Content-Length and chunked; `upstream::h1` decodes response bodies with the same
+//! [`Decoder`]), and encoding response heads and chunked bodies.
 //!
 //! Framing follows RFC 9112 §6 strictly, because a proxy that disagrees with its upstream about
 //! where a request ends is a request-smuggling proxy: both `Transfer-Encoding` and
@@ -270,14 +271,14 @@ fn body_framing(version: Version, headers: &HeaderMap) -> Result<BodyFraming, He
     })
 }
 
-// === request body decoding ===
+// === body decoding (request bodies here, response bodies in `upstream::h1`) ===
 
-/// Why a request body could not be decoded.
+/// Why a body could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct BodyError(pub String);
 
-/// Decodes a request body from the bytes that follow its head.
+/// Decodes a `Content-Length` or chunked body from the bytes that follow its head.
 #[derive(Debug)]
 pub enum Decoder {
     /// `remaining` bytes to go.

@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future as _};
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write as _};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -296,7 +296,7 @@ impl Transfer {
             _ if body.is_end_stream() => None,
             Some(len) => {
                 if !parts.headers.contains_key(CONTENT_LENGTH) {
-                    head.extend_from_slice(format!("content-length: {len}\r\n").as_bytes());
+                    let _ = write!(head, "content-length: {len}\r\n");
                 }
                 Some(body)
             }
