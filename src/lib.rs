@@ -40,6 +40,7 @@ pub mod policy;
 pub mod pool;
 pub mod proxy;
 pub mod reload;
+pub mod resident;
 pub mod routing;
 pub mod shutdown;
 pub mod upstream;

@@ -8,7 +8,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use egress_sidecar::config::{self, Overrides};
 use egress_sidecar::inject::{self, server::TlsFiles};
-use egress_sidecar::{admin, reload, shutdown, Listeners};
+use egress_sidecar::{admin, reload, resident, shutdown, Listeners};
+
+/// How long after the listeners are bound the start-up pages are released.
+const RELEASE_AFTER: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -132,10 +135,12 @@ impl RunArgs {
 }
 
 fn main() -> ExitCode {
+    // Before anything can load a library: only what is mapped now is released later.
+    let startup = resident::StartupMappings::snapshot().unwrap_or_default();
     let cli = Cli::parse();
     match cli.command {
-        None => serve(&cli.run),
-        Some(Command::Run(args)) => serve(&args),
+        None => serve(&cli.run, startup),
+        Some(Command::Run(args)) => serve(&args, startup),
         Some(Command::Check(args)) => match args.load() {
             Ok(config) => {
                 print!("{}", config::to_yaml(&config));
@@ -161,7 +166,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(args: &RunArgs) -> ExitCode {
+fn serve(args: &RunArgs, startup: resident::StartupMappings) -> ExitCode {
     let config = match args.load() {
         Ok(config) => config,
         Err(e) => {
@@ -190,9 +195,26 @@ fn serve(args: &RunArgs) -> ExitCode {
                 std::process::exit(130);
             });
         };
+        tokio::spawn(release_startup_pages(startup));
         egress_sidecar::run_with_reload(config, listeners, first_signal, Some(watcher)).await;
         ExitCode::SUCCESS
     })
+}
+
+/// Once the listeners serve, the code that parsed the command line and the config, built the
+/// TLS roots and started the runtime will not run again: its pages go (see `resident`).
+async fn release_startup_pages(startup: resident::StartupMappings) {
+    // Set-up in `run_with_reload` (routers, pools, accept tasks) runs before this first poll
+    // on the single-thread runtime; the delay covers the multi-threaded one.
+    tokio::time::sleep(RELEASE_AFTER).await;
+    match startup.release() {
+        Ok(released) => tracing::debug!(
+            mappings = released.mappings,
+            kib = released.bytes / 1024,
+            "released start-up pages"
+        ),
+        Err(e) => tracing::debug!(error = %e, "start-up pages not released"),
+    }
 }
 
 fn serve_injector(args: &InjectArgs) -> ExitCode {

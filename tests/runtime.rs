@@ -2,6 +2,9 @@
 //! its main thread, as nginx's single worker does, and still serves every kind of exchange:
 //! concurrent keep-alive requests, streamed bodies both ways, and idle connections that were
 //! parked and come back.
+//!
+//! Once started, the sidecar releases the pages of code that start-up touched (`resident`), and
+//! keeps serving with what comes back on use.
 
 mod support;
 
@@ -71,5 +74,98 @@ async fn two_workers_run_beside_the_main_thread() {
         threads(&sidecar) >= 3,
         "main thread and two workers: {}",
         threads(&sidecar)
+    );
+}
+
+/// Resident kB of the mappings `resident` may release: private, read-only, file-backed, without
+/// anonymous pages.
+fn releasable_rss_kib(pid: u32) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut total = 0;
+    let mut eligible = false;
+    let mut rss = 0;
+    for line in smaps.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let first = fields.next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            let perms = fields.next().unwrap_or("");
+            let path = fields.nth(3).unwrap_or("");
+            eligible =
+                perms.as_bytes().get(1) == Some(&b'-') && perms.ends_with('p') && path.starts_with('/');
+        } else if first == "Rss:" {
+            rss = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        } else if first == "Anonymous:" && eligible && fields.next() == Some("0") {
+            total += rss;
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_pages_are_released_and_serving_brings_back_less() {
+    let upstream = FakeUpstream::start().await;
+    let up = upstream.addr;
+    let sidecar = ChildSidecar::spawn_with_env(
+        "",
+        &[
+            ("EGRESS_LOG", "info,egress_sidecar=debug"),
+            ("TOKIO_WORKER_THREADS", "1"),
+        ],
+    )
+    .await;
+    let logs = sidecar.logs.clone();
+    let find = || {
+        logs.lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("released start-up pages"))
+            .cloned()
+    };
+    assert!(
+        support::eventually(Duration::from_secs(5), || find().is_some()).await,
+        "no release logged: {:?}",
+        logs.lock().unwrap()
+    );
+    let line = find().unwrap();
+    let number = |key: &str| -> u64 {
+        let at = line
+            .find(&format!("\"{key}\":"))
+            .unwrap_or_else(|| panic!("{key} in {line}"));
+        line[at + key.len() + 3..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    };
+    let released_kib = number("kib");
+    assert!(
+        number("mappings") >= 2,
+        "the executable's code and read-only data: {line}"
+    );
+    assert!(
+        released_kib > 1024,
+        "start-up touches more than 1 MiB of code: {line}"
+    );
+
+    // Serving runs code that was released: it comes back, and works.
+    for _ in 0..4 {
+        let mut client = RawClient::connect(sidecar.addr).await;
+        for _ in 0..25 {
+            let resp = client.get(&format!("http://{up}/")).await;
+            assert_eq!(resp.status, 200);
+            assert_eq!(resp.text(), "ok");
+        }
+    }
+    let resp = RawClient::connect(sidecar.addr)
+        .await
+        .get(&format!("http://{up}/bytes/1000000"))
+        .await;
+    assert_eq!(resp.body.len(), 1_000_000);
+
+    let back_kib = releasable_rss_kib(sidecar.child.id().expect("running"));
+    assert!(
+        back_kib < released_kib,
+        "serving brought back {back_kib} kB, start-up held {released_kib} kB"
     );
 }
