@@ -66,12 +66,12 @@ async fn checkout_release(pool: &Arc<Pool>) {
 
 async fn checkout_request_release(pool: &Arc<Pool>) {
     let mut lease = pool.checkout().await.expect("checkout");
-    let req = http::Request::builder()
+    let mut req = http::Request::builder()
         .uri("/")
         .header(http::header::HOST, "bench.internal")
         .body(RequestBody::Empty)
         .expect("request");
-    let resp = lease.send(req).await.expect("response");
+    let resp = lease.send(&mut req).await.expect("response");
     lease.read_to_end(resp.into_body()).await.expect("body");
     lease.release();
 }

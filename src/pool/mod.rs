@@ -1254,11 +1254,12 @@ impl Lease {
     }
 
     /// Sends a request and waits for the response head. On HTTP/1.1 the request's own task
-    /// writes it and reads the response; on HTTP/2 hyper hands the request back in the error
-    /// when it was never sent.
+    /// writes it and reads the response, taking only the body out of `req`: the rest stays for
+    /// a retry. HTTP/2 takes the whole request, and hyper hands it back in the error when it
+    /// was never sent.
     pub async fn send(
         &mut self,
-        req: http::Request<RequestBody>,
+        req: &mut http::Request<RequestBody>,
     ) -> Result<http::Response<UpstreamBody>, SendError> {
         match &mut self.kind {
             LeaseKind::H1(conn) => {
@@ -1272,6 +1273,7 @@ impl Lease {
             }
             LeaseKind::H2(stream) => {
                 let stream = stream.as_mut().expect("present until release");
+                let req = std::mem::replace(req, http::Request::new(RequestBody::Empty));
                 let resp = stream
                     .sender
                     .try_send_request(req)

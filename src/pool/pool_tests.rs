@@ -71,11 +71,11 @@ fn pool(config: PoolConfig, connector: &Arc<GatedConnector>) -> Arc<Pool> {
 
 /// Sends one real request on the lease and reads the response to its end.
 async fn use_once(lease: &mut Lease) {
-    let req = http::Request::builder()
+    let mut req = http::Request::builder()
         .uri("/")
         .body(RequestBody::Empty)
         .unwrap();
-    let resp = lease.send(req).await.expect("response");
+    let resp = lease.send(&mut req).await.expect("response");
     lease.read_to_end(resp.into_body()).await.expect("body");
 }
 

@@ -211,7 +211,10 @@ impl Connection {
 
     /// Writes `req` and reads the response head; the body is read through the returned
     /// [`Transfer`], which also finishes sending the request body.
-    pub async fn send(&mut self, req: Request<RequestBody>) -> Result<Response<Transfer>, Error> {
+    ///
+    /// `req` is lent, not given: its body is taken and the rest stays with the caller, so that
+    /// a request without a body can go again on another connection without a copy.
+    pub async fn send(&mut self, req: &mut Request<RequestBody>) -> Result<Response<Transfer>, Error> {
         let mut transfer = Transfer::start(req);
         self.broken = true; // until the exchange ends cleanly
         let head = poll_fn(|cx| {
@@ -251,7 +254,10 @@ impl Connection {
 /// and the response body coming down.
 #[derive(Debug)]
 pub struct Transfer {
-    /// Encoded bytes waiting to be written, in order.
+    /// The request head, written from `head_sent` on before anything in `out`.
+    head: Vec<u8>,
+    head_sent: usize,
+    /// Encoded body bytes waiting to be written, in order.
     out: VecDeque<Bytes>,
     /// The request body still to encode; `None` once its end is queued.
     body: Option<RequestBody>,
@@ -277,15 +283,15 @@ enum ResponseBody {
 }
 
 impl Transfer {
-    fn start(req: Request<RequestBody>) -> Self {
-        let (parts, body) = req.into_parts();
+    fn start(req: &mut Request<RequestBody>) -> Self {
+        let body = std::mem::replace(req.body_mut(), RequestBody::Empty);
         let mut head = Vec::with_capacity(256);
-        head.extend_from_slice(parts.method.as_str().as_bytes());
+        head.extend_from_slice(req.method().as_str().as_bytes());
         head.push(b' ');
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
         head.extend_from_slice(target.as_bytes());
         head.extend_from_slice(b" HTTP/1.1\r\n");
-        for (name, value) in &parts.headers {
+        for (name, value) in req.headers() {
             head.extend_from_slice(name.as_str().as_bytes());
             head.extend_from_slice(b": ");
             head.extend_from_slice(value.as_bytes());
@@ -295,7 +301,7 @@ impl Transfer {
         let body = match body.size_hint().exact() {
             _ if body.is_end_stream() => None,
             Some(len) => {
-                if !parts.headers.contains_key(CONTENT_LENGTH) {
+                if !req.headers().contains_key(CONTENT_LENGTH) {
                     let _ = write!(head, "content-length: {len}\r\n");
                 }
                 Some(body)
@@ -308,12 +314,14 @@ impl Transfer {
         };
         head.extend_from_slice(b"\r\n");
         Transfer {
-            out: VecDeque::from([Bytes::from(head)]),
+            head,
+            head_sent: 0,
+            out: VecDeque::new(),
             body,
             chunked,
             unflushed: false,
             send_failed: false,
-            head_request: parts.method == Method::HEAD,
+            head_request: req.method() == Method::HEAD,
             response: ResponseBody::Head,
         }
     }
@@ -325,11 +333,12 @@ impl Transfer {
             return Poll::Ready(Err(Error::Closed));
         }
         loop {
-            if !self.out.is_empty() {
+            if self.has_unwritten() {
                 let mut slices = [IoSlice::new(&[]); 8];
-                let n = self
-                    .out
-                    .iter()
+                let head = Some(&self.head[self.head_sent..]).filter(|h| !h.is_empty());
+                let n = head
+                    .into_iter()
+                    .chain(self.out.iter().map(|b| &b[..]))
                     .zip(&mut slices)
                     .map(|(b, s)| *s = IoSlice::new(b))
                     .count();
@@ -379,7 +388,18 @@ impl Transfer {
         }
     }
 
+    fn has_unwritten(&self) -> bool {
+        self.head_sent < self.head.len() || !self.out.is_empty()
+    }
+
     fn consume(&mut self, mut written: usize) {
+        let from_head = written.min(self.head.len() - self.head_sent);
+        self.head_sent += from_head;
+        written -= from_head;
+        if self.head_sent == self.head.len() && !self.head.is_empty() {
+            self.head = Vec::new();
+            self.head_sent = 0;
+        }
         while written > 0 {
             let front = self.out.front_mut().expect("wrote no more than queued");
             if written >= front.len() {
@@ -504,7 +524,7 @@ impl Transfer {
     fn ended_cleanly(&self) -> bool {
         matches!(self.response, ResponseBody::Done)
             && self.body.is_none()
-            && self.out.is_empty()
+            && !self.has_unwritten()
             && !self.unflushed
             && !self.send_failed
     }
@@ -654,7 +674,7 @@ mod tests {
     fn framing(req_method: Method, text: &str) -> Result<ResponseBody, Error> {
         let mut req = Request::new(RequestBody::Empty);
         *req.method_mut() = req_method;
-        let transfer = Transfer::start(req);
+        let transfer = Transfer::start(&mut req);
         let resp = head(text)?.expect("complete");
         transfer.body_framing(&resp)
     }
@@ -729,7 +749,7 @@ mod tests {
 
     #[test]
     fn interim_responses_are_skipped() {
-        let mut transfer = Transfer::start(Request::new(RequestBody::Empty));
+        let mut transfer = Transfer::start(&mut Request::new(RequestBody::Empty));
         let mut buf = BytesMut::from("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early\r\nLink: x\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
         let resp = transfer.parse_head(&mut buf).unwrap().unwrap();
         assert_eq!(resp.status(), 201);
@@ -739,9 +759,11 @@ mod tests {
 
     #[test]
     fn request_heads_carry_their_body_framing() {
-        let encoded = |req: Request<RequestBody>| {
-            let transfer = Transfer::start(req);
-            String::from_utf8(transfer.out[0].to_vec()).unwrap()
+        let encoded = |mut req: Request<RequestBody>| {
+            let transfer = Transfer::start(&mut req);
+            assert!(req.body().is_empty(), "the body went with the transfer");
+            assert!(transfer.out.is_empty(), "no body bytes before the body is polled");
+            String::from_utf8(transfer.head).unwrap()
         };
         let mut get = Request::new(RequestBody::Empty);
         *get.uri_mut() = "/a?b=c".parse().unwrap();

@@ -338,17 +338,18 @@ impl Upstream {
         loop {
             let mut lease = self.pool.checkout().await?;
             self.fit_request(&mut req, lease.is_http2());
-            // Only HTTP/2 refuses streams (any method may go again), and only an idempotent
-            // request on a reused connection is sent again after a stale close: only then is
-            // a copy worth its cost.
             let reused = lease.is_reused();
             let http2 = lease.is_http2();
-            let replay = if !retried && (http2 || (reused && idempotent)) {
+            let bodyless = req.body().is_empty();
+            // HTTP/1.1 gives back all of the request but its body, so a bodyless one can go
+            // again as it is. HTTP/2 takes the request: a copy is kept for the one retry a
+            // refused or reset stream may get (any method, since only HTTP/2 refuses streams).
+            let replay = if http2 && !retried {
                 bodyless_copy(&req)
             } else {
                 None
             };
-            match self.exchange(&mut lease, req).await {
+            match self.exchange(&mut lease, &mut req).await {
                 Ok(resp) => {
                     lease.observe_response(resp.version(), resp.headers());
                     return Ok(resp.map(|body| PooledBody::new(body, lease)));
@@ -376,18 +377,22 @@ impl Upstream {
                 }
                 // A reused HTTP/1.1 connection may have been closed by the upstream as the
                 // request went out; an HTTP/2 connection that dies takes streams with it. Either
-                // way an idempotent request without a response may go again.
-                Err(Failure::Sent(err)) => match replay {
-                    Some(copy)
-                        if (reused || http2) && idempotent && err.kind() == ErrorKind::UpstreamReset =>
-                    {
-                        tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
-                        retried = true;
-                        self.metrics.retries.inc();
-                        req = copy;
+                // way an idempotent request without a body and without a response may go again.
+                Err(Failure::Sent(err)) => {
+                    let again = !retried
+                        && bodyless
+                        && idempotent
+                        && (reused || http2)
+                        && err.kind() == ErrorKind::UpstreamReset;
+                    match (again, replay) {
+                        (true, _) if !http2 => {}
+                        (true, Some(copy)) => req = copy,
+                        _ => return Err(err),
                     }
-                    _ => return Err(err),
-                },
+                    tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
+                    retried = true;
+                    self.metrics.retries.inc();
+                }
             }
         }
     }
@@ -420,7 +425,7 @@ impl Upstream {
     async fn exchange(
         &self,
         lease: &mut Lease,
-        req: Request<RequestBody>,
+        req: &mut Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, Failure> {
         let started = tokio::time::Instant::now();
         let sending = lease.send(req);
@@ -549,7 +554,8 @@ fn is_idempotent(req: &Request<RequestBody>) -> bool {
     ) || req.headers().contains_key("idempotency-key")
 }
 
-/// A copy to send again, for requests without a body (a streamed body cannot be replayed).
+/// A copy to send again on HTTP/2, for requests without a body (a streamed body cannot be
+/// replayed).
 fn bodyless_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
     if !req.body().is_empty() {
         return None;
