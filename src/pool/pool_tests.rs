@@ -219,3 +219,44 @@ async fn idle_connections_beyond_max_idle_close_after_a_grace() {
     assert!(lease.is_reused());
     assert_eq!(connector.dials.load(Ordering::SeqCst), 4);
 }
+
+/// Where the response head of one exchange sat in memory; the head is dropped before this
+/// returns, so that the read buffer behind it is the connection's alone again.
+async fn exchange_head_address(pool: &Arc<Pool>) -> usize {
+    let mut lease = pool.checkout().await.expect("lease");
+    let mut req = http::Request::builder()
+        .uri("/")
+        .body(RequestBody::Empty)
+        .unwrap();
+    let resp = lease.send(&mut req).await.expect("response");
+    let (parts, body) = resp.into_parts();
+    let date = parts.headers.get(http::header::DATE).expect("hyper sends Date");
+    let address = date.as_bytes().as_ptr() as usize;
+    drop(parts);
+    lease.read_to_end(body).await.expect("body");
+    lease.release();
+    address
+}
+
+#[tokio::test]
+async fn a_finished_exchange_leaves_its_read_buffer_for_the_next_one() {
+    let connector = Arc::new(GatedConnector::new());
+    connector.gate.add_permits(10);
+    let pool = pool(config(2, 2), &connector);
+    assert_eq!(crate::upstream::h1::spare_buffers(), 0, "a fresh test thread");
+    let first = exchange_head_address(&pool).await;
+    assert_eq!(
+        crate::upstream::h1::spare_buffers(),
+        1,
+        "the buffer went to the thread's spares, not to the idle connection"
+    );
+    // Had the buffer been freed, an allocation of its size would likely take its memory.
+    let hog = Vec::<u8>::with_capacity(16 * 1024);
+    let second = exchange_head_address(&pool).await;
+    assert!(
+        (first..first + 16 * 1024).contains(&second),
+        "the second head ({second:#x}) is not in the first one's buffer ({first:#x})"
+    );
+    assert_eq!(crate::upstream::h1::spare_buffers(), 1);
+    drop(hog);
+}
