@@ -43,6 +43,7 @@ pub mod reload;
 pub mod resident;
 pub mod routing;
 pub mod shutdown;
+pub mod spare;
 pub mod upstream;
 
 use std::future::Future;

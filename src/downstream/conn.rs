@@ -123,7 +123,8 @@ pub(super) async fn serve(mut conn: Connection, entry: &Entry, ctx: &Arc<Context
             return served(&conn, false);
         }
         if conn.buf.is_empty() {
-            conn.buf = BytesMut::new();
+            // Waiting for the next request holds no buffer (see `spare`).
+            crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
         }
     }
 }
@@ -219,6 +220,9 @@ async fn read_head(conn: &mut Connection, ctx: &Context) -> HeadOutcome {
                     return HeadOutcome::Refuse(ProxyError::new(ErrorKind::BadRequest, why))
                 }
             }
+        }
+        if conn.buf.capacity() == 0 {
+            conn.buf = crate::spare::DOWNSTREAM.take();
         }
         let want = if conn.buf.capacity() == 0 {
             HEAD_BUF_INITIAL

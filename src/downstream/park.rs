@@ -447,6 +447,25 @@ mod tests {
         assert_eq!(ctx.stats.requests.load(std::sync::atomic::Ordering::Relaxed), 4);
     }
 
+    /// The sidecar and this test share the thread, so the thread's spare buffers are the ones
+    /// the exchanges used.
+    #[tokio::test]
+    async fn keep_alive_exchanges_reuse_the_threads_spare_buffers() {
+        use crate::spare::{DOWNSTREAM, UPSTREAM};
+        let up = upstream().await;
+        let (sidecar, _ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
+        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
+        for _ in 0..4 {
+            assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
+            assert!(
+                eventually(|| DOWNSTREAM.kept() == 1 && UPSTREAM.kept() == 1).await,
+                "one of each, taken and given back again: {} downstream, {} upstream",
+                DOWNSTREAM.kept(),
+                UPSTREAM.kept()
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_parked_connection_closes_at_its_idle_timeout() {
         let up = upstream().await;

@@ -243,10 +243,10 @@ async fn a_finished_exchange_leaves_its_read_buffer_for_the_next_one() {
     let connector = Arc::new(GatedConnector::new());
     connector.gate.add_permits(10);
     let pool = pool(config(2, 2), &connector);
-    assert_eq!(crate::upstream::h1::spare_buffers(), 0, "a fresh test thread");
+    assert_eq!(crate::spare::UPSTREAM.kept(), 0, "a fresh test thread");
     let first = exchange_head_address(&pool).await;
     assert_eq!(
-        crate::upstream::h1::spare_buffers(),
+        crate::spare::UPSTREAM.kept(),
         1,
         "the buffer went to the thread's spares, not to the idle connection"
     );
@@ -257,6 +257,6 @@ async fn a_finished_exchange_leaves_its_read_buffer_for_the_next_one() {
         (first..first + 16 * 1024).contains(&second),
         "the second head ({second:#x}) is not in the first one's buffer ({first:#x})"
     );
-    assert_eq!(crate::upstream::h1::spare_buffers(), 1);
+    assert_eq!(crate::spare::UPSTREAM.kept(), 1);
     drop(hog);
 }

@@ -39,6 +39,7 @@ use tokio_rustls::client::TlsStream;
 use crate::downstream::codec::{self, BodyFraming, Decoder};
 use crate::downstream::RequestBody;
 use crate::pool::Slot;
+use crate::spare;
 
 /// Largest response head (and trailer section) accepted: the read buffer's cap.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -235,7 +236,7 @@ impl Connection {
 
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.buf.capacity() == 0 {
-            self.buf = spare::take();
+            self.buf = spare::UPSTREAM.take();
         }
         if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
             self.buf.reserve(READ_SIZE);
@@ -244,68 +245,15 @@ impl Connection {
         std::pin::pin!(read).poll(cx)
     }
 
-    /// After a clean exchange: the read buffer goes back to the thread's spares, so that an
-    /// idle pooled connection holds its socket and nothing else (hyper's kept two 8 KiB
+    /// After a clean exchange: the read buffer goes back to the thread's spares (`spare`), so
+    /// that an idle pooled connection holds its socket and nothing else (hyper's kept two 8 KiB
     /// buffers per connection).
     fn finish_exchange(&mut self) {
         self.broken = false;
         if self.buf.is_empty() {
-            spare::give_back(std::mem::take(&mut self.buf));
+            spare::UPSTREAM.give_back(std::mem::take(&mut self.buf));
         }
     }
-}
-
-/// Read buffers between exchanges, a few per thread. A 16 KiB buffer is past what glibc's
-/// per-thread cache serves, so allocating and freeing one per exchange went through its slow
-/// paths (about 740 instructions per request in callgrind). The next exchange on the thread
-/// takes one back instead; once the previous response's head, which borrows its memory, is
-/// gone, `BytesMut::reserve` reuses the allocation from its start.
-mod spare {
-    use std::cell::RefCell;
-
-    use bytes::BytesMut;
-
-    /// At most this many spares per thread: one per exchange in flight at once is all that is
-    /// ever reused, and a burst leaves no more than this behind.
-    const PER_THREAD: usize = 4;
-
-    thread_local! {
-        static SPARES: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
-    }
-
-    /// A spare buffer, or an empty one (which allocates on first use).
-    pub(super) fn take() -> BytesMut {
-        SPARES
-            .try_with(|spares| spares.borrow_mut().pop())
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-    }
-
-    /// Keeps `buf` (emptied) for the next exchange on this thread, unless enough are kept.
-    pub(super) fn give_back(mut buf: BytesMut) {
-        if buf.capacity() == 0 {
-            return;
-        }
-        buf.clear();
-        let _ = SPARES.try_with(|spares| {
-            let mut spares = spares.borrow_mut();
-            if spares.len() < PER_THREAD {
-                spares.push(buf);
-            }
-        });
-    }
-
-    #[cfg(test)]
-    pub(crate) fn count() -> usize {
-        SPARES.with(|spares| spares.borrow().len())
-    }
-}
-
-/// Read buffers kept by this thread for the next exchange.
-#[cfg(test)]
-pub(crate) fn spare_buffers() -> usize {
-    spare::count()
 }
 
 /// The part of one exchange after the response head: the rest of the request body going up
@@ -823,19 +771,6 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!resp.headers().contains_key(CONTENT_LENGTH));
-    }
-
-    #[test]
-    fn a_thread_keeps_a_few_spare_buffers_and_no_empty_ones() {
-        spare::give_back(BytesMut::new());
-        assert_eq!(spare::count(), 0, "nothing allocated, nothing kept");
-        for _ in 0..6 {
-            spare::give_back(BytesMut::with_capacity(READ_SIZE));
-        }
-        assert_eq!(spare::count(), 4, "a burst leaves at most four");
-        let taken: Vec<BytesMut> = (0..6).map(|_| spare::take()).collect();
-        assert_eq!(taken.iter().filter(|b| b.capacity() >= READ_SIZE).count(), 4);
-        assert_eq!(spare::count(), 0);
     }
 
     #[test]
