@@ -9,7 +9,8 @@ Question answered:
 Method (user-space memory only: VmRSS from /proc/PID/status, nginx = master + workers):
     A Python asyncio upstream (`upstream` subcommand) answers `ok\\n`, after 1 s on /sleep.
     Each measurement gets a fresh proxy process, configured to keep everything that is opened
-    (sidecar: downstream.idle_timeout 5m, pool max_connections/max_idle 1000, pool idle_timeout
+    (sidecar: downstream.idle_timeout 5m, max_idle_connections and leaky_idle_timeout lifted so that
+    the leak detector does not close the probe's one-request connections, pool max_connections/max_idle 1000, pool idle_timeout
     5m; nginx: keepalive_timeout 300s, `upstream { keepalive 1000; keepalive_timeout 300s; }`).
 
     downstream: warm up with 64 connections (one request each, then closed) so that one-time
@@ -253,7 +254,7 @@ def start_sidecar(args, up_port):
             f"""listen: 127.0.0.1:{fwd}
 admin: 127.0.0.1:{admin}
 shutdown: {{ drain_timeout: 1s }}
-downstream: {{ idle_timeout: 5m, max_connections: {args.downstream + 1000}, max_idle_connections: {args.downstream + 1000} }}
+downstream: {{ idle_timeout: 5m, max_connections: {args.downstream + 1000}, max_idle_connections: {args.downstream + 1000}, leaky_idle_timeout: 5m }}
 upstreams:
   - name: bench
     url: http://127.0.0.1:{up_port}

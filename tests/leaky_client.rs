@@ -155,6 +155,30 @@ impl Leaky {
     }
 }
 
+/// The sidecar's connection counters and the sockets on its port that are not yet closed.
+async fn leftover_diagnostics(sidecar: &Sidecar) -> String {
+    let metrics = support::admin_get(sidecar.admin, "/metrics").await.text();
+    let counters: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("egress_downstream_") && !l.contains("_bucket"))
+        .collect();
+    let ss = std::process::Command::new("ss")
+        .args(["-tanoi"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("ss: {e}"));
+    let port = format!(":{}", sidecar.addr.port());
+    let sockets: Vec<&str> = ss
+        .lines()
+        .filter(|l| l.contains(&port) && !l.starts_with("TIME-WAIT"))
+        .collect();
+    format!(
+        "sidecar counters:\n  {}\nsockets on {port}:\n  {}",
+        counters.join("\n  "),
+        sockets.join("\n  ")
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaky_go_client_is_contained_by_the_sidecar() {
     let Some(bin) = support::build_go("tests/leaky/main.go", "leaky").await else {
@@ -184,6 +208,11 @@ async fn leaky_go_client_is_contained_by_the_sidecar() {
     let base = client.next("baseline").await;
     let after = client.next("after_requests").await;
     let waited = client.next("after_wait").await;
+    if waited.sockets != base.sockets {
+        // Flaky once in a while on this machine, not reproduced on demand: record what the
+        // sidecar and the kernel say about the connection that is still open.
+        println!("{}", leftover_diagnostics(&sidecar).await);
+    }
     client.finish().await;
     println!(
         "via sidecar: {}\n             {}\n             {}",
