@@ -15,13 +15,17 @@ use tokio::io::AsyncWriteExt;
 
 /// `Threads:` of /proc/PID/status.
 fn threads(sidecar: &ChildSidecar) -> usize {
-    let pid = sidecar.child.id().expect("running");
+    status_number(sidecar.child.id().expect("running"), "Threads") as usize
+}
+
+/// The number in a field of /proc/PID/status (`kB` fields in KiB).
+fn status_number(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("Threads in /proc/PID/status")
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/{pid}/status"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,23 +174,6 @@ async fn start_up_pages_are_released_and_serving_brings_back_less() {
     );
 }
 
-/// A `kB` field of /proc/PID/status.
-fn status_kib(pid: u32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| {
-            v.trim_start_matches(':')
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("{key} in /proc/{pid}/status"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heap_freed_after_a_burst_goes_back_to_the_kernel() {
     let upstream = FakeUpstream::start().await;
@@ -200,19 +187,19 @@ async fn heap_freed_after_a_burst_goes_back_to_the_kernel() {
     for resp in support::spawn_gets(sidecar.addr, &format!("http://{up}/"), 8) {
         assert_eq!(resp.await.unwrap().status, 200);
     }
-    let before = status_kib(pid, "VmRSS");
+    let before = status_number(pid, "VmRSS");
 
     // 400 requests in flight at once, each with its connection task, request state and
     // buffers; the pool dials 400 upstream connections, which stay pooled afterwards.
     for resp in support::spawn_gets(sidecar.addr, &format!("http://{up}/sleep/1000"), 400) {
         assert_eq!(resp.await.unwrap().status, 200);
     }
-    let grown = status_kib(pid, "VmHWM").saturating_sub(before);
+    let grown = status_number(pid, "VmHWM").saturating_sub(before);
     assert!(grown > 2048, "the burst grew RSS by only {grown} KiB");
 
     // One trim later, what the burst freed is back with the kernel.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let after = status_kib(pid, "VmRSS");
+    let after = status_number(pid, "VmRSS");
     println!("RSS before {before} KiB, burst +{grown} KiB, 6 s later {after} KiB");
     assert!(
         after < before + grown / 3,
