@@ -118,15 +118,17 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
     // reserves a slot even when it replaces, and a map filled to capacity rehashes into one
     // twice the size (a third of the request path's header work in callgrind).
     let mut headers = HeaderMap::with_capacity(req.headers.len() + 2);
+    let mut present = Present::default();
     for h in req.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| HeadError::Invalid(format!("invalid header name {:?}", truncate(h.name))))?;
         let mut value = HeaderValue::from_bytes(h.value)
             .map_err(|_| HeadError::Invalid(format!("invalid value in header {name}")))?;
         value.set_sensitive(is_credential(&name));
+        present.note(&name);
         headers.append(name, value);
     }
-    let head = finish_head(method, uri, version, headers)?;
+    let head = finish_head(method, uri, version, headers, present)?;
     buf.advance(len);
     Ok(Some(head))
 }
@@ -156,29 +158,62 @@ fn check_target_form(method: &Method, uri: &Uri, raw: &str) -> Result<(), HeadEr
     }
 }
 
+/// The fields that framing and persistence depend on, noted while the map is built, so that a
+/// head without them (most requests carry only `Host` of these) costs no lookup for them.
+#[derive(Debug, Default, Clone, Copy)]
+struct Present {
+    hosts: u8,
+    transfer_encoding: bool,
+    content_length: bool,
+    connection: bool,
+    expect: bool,
+}
+
+impl Present {
+    fn note(&mut self, name: &HeaderName) {
+        if *name == HOST {
+            self.hosts = self.hosts.saturating_add(1);
+        } else if *name == TRANSFER_ENCODING {
+            self.transfer_encoding = true;
+        } else if *name == CONTENT_LENGTH {
+            self.content_length = true;
+        } else if *name == http::header::CONNECTION {
+            self.connection = true;
+        } else if *name == http::header::EXPECT {
+            self.expect = true;
+        }
+    }
+}
+
 fn finish_head(
     method: Method,
     uri: Uri,
     version: Version,
     headers: HeaderMap,
+    present: Present,
 ) -> Result<RequestHead, HeadError> {
-    if headers.get_all(HOST).iter().count() > 1 {
+    if present.hosts > 1 {
         return Err(HeadError::Invalid("more than one Host header".into()));
     }
     if version == Version::HTTP_11
         && uri.scheme().is_none()
         && method != Method::CONNECT
-        && !headers.contains_key(HOST)
+        && present.hosts == 0
     {
         return Err(HeadError::Invalid("HTTP/1.1 request without Host".into()));
     }
-    let body = body_framing(version, &headers)?;
-    let connection = connection_tokens(&headers);
+    let body = body_framing(version, &headers, present)?;
+    let connection = if present.connection {
+        connection_tokens(&headers)
+    } else {
+        ConnectionTokens::default()
+    };
     let keep_alive = match version {
         Version::HTTP_10 => connection.keep_alive,
         _ => !connection.close,
     };
     let expect_continue = version == Version::HTTP_11
+        && present.expect
         && headers
             .get(http::header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
@@ -215,9 +250,9 @@ pub fn connection_tokens(headers: &HeaderMap) -> ConnectionTokens {
     tokens
 }
 
-fn body_framing(version: Version, headers: &HeaderMap) -> Result<BodyFraming, HeadError> {
-    let has_te = headers.contains_key(TRANSFER_ENCODING);
-    let has_cl = headers.contains_key(CONTENT_LENGTH);
+fn body_framing(version: Version, headers: &HeaderMap, present: Present) -> Result<BodyFraming, HeadError> {
+    let has_te = present.transfer_encoding;
+    let has_cl = present.content_length;
     if has_te {
         if version == Version::HTTP_10 {
             return Err(HeadError::Invalid(
@@ -568,6 +603,21 @@ mod tests {
         assert_eq!(h.uri.authority().unwrap().as_str(), "up.example:8080");
         assert_eq!(h.body, BodyFraming::Length(5));
         assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn persistence_and_expect_come_from_the_fields_present() {
+        let h = |text: &str| head(text).unwrap().unwrap();
+        assert!(h("GET / HTTP/1.1\r\nHost: a\r\n\r\n").keep_alive);
+        assert!(!h("GET / HTTP/1.1\r\nHost: a\r\nCONNECTION: Close\r\n\r\n").keep_alive);
+        assert!(!h("GET / HTTP/1.0\r\n\r\n").keep_alive);
+        assert!(h("GET / HTTP/1.0\r\nConnection: x, Keep-Alive\r\n\r\n").keep_alive);
+        let post = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n";
+        assert!(h(&format!("{post}expect: 100-Continue\r\n\r\n")).expect_continue);
+        assert!(!h(&format!("{post}Expect: something\r\n\r\n")).expect_continue);
+        assert!(!h(&format!("{post}\r\n")).expect_continue);
+        assert_eq!(h(&format!("{post}\r\n")).body, BodyFraming::Length(2));
+        assert_eq!(h("GET / HTTP/1.1\r\nhost: a\r\n\r\n").body, BodyFraming::Empty);
     }
 
     #[test]
