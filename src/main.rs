@@ -212,6 +212,7 @@ async fn release_startup_pages(startup: resident::StartupMappings) {
         Ok(released) => tracing::debug!(
             mappings = released.mappings,
             kib = released.bytes / 1024,
+            failed = released.failed,
             "released start-up pages"
         ),
         Err(e) => tracing::debug!(error = %e, "start-up pages not released"),

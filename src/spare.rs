@@ -20,7 +20,11 @@ pub struct Spares {
     kept: &'static LocalKey<RefCell<Vec<BytesMut>>>,
     /// At most this many kept per thread: what a burst leaves behind.
     per_thread: usize,
-    /// Larger buffers (grown for a rare large head) are freed, not kept.
+    /// A buffer that, reclaimed, would hold more (grown for a rare large head or a body) is
+    /// freed, not kept. One whose memory something else still shares (the response head being
+    /// written) cannot be reclaimed and is judged by the room it has left: the reads that
+    /// filled it bound the allocation behind it (an upstream head is at most 64 KiB, read
+    /// 16 KiB at a time).
     largest: usize,
 }
 
@@ -56,10 +60,12 @@ impl Spares {
     /// Keeps `buf`, emptied, for the next exchange on this thread, unless it is too large or
     /// enough are kept.
     pub fn give_back(&self, mut buf: BytesMut) {
-        if buf.capacity() == 0 || buf.capacity() > self.largest {
+        buf.clear();
+        // `capacity` is the room after the buffer's start, which reads have moved on: reclaim
+        // the whole allocation (when nothing else shares it) before judging its size.
+        if buf.capacity() == 0 || buf.try_reclaim(self.largest + 1) {
             return;
         }
-        buf.clear();
         let _ = self.kept.try_with(|kept| {
             let mut kept = kept.borrow_mut();
             if kept.len() < self.per_thread {
@@ -76,6 +82,8 @@ impl Spares {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Buf;
+
     use super::*;
 
     #[test]
@@ -84,6 +92,12 @@ mod tests {
         assert_eq!(UPSTREAM.kept(), 0, "nothing allocated, nothing kept");
         UPSTREAM.give_back(BytesMut::with_capacity(UPSTREAM.largest + 1));
         assert_eq!(UPSTREAM.kept(), 0, "a grown buffer is freed");
+        let mut consumed = BytesMut::with_capacity(UPSTREAM.largest * 2);
+        consumed.extend_from_slice(&vec![b'x'; UPSTREAM.largest * 2 - 100]);
+        consumed.advance(UPSTREAM.largest * 2 - 100);
+        assert!(consumed.capacity() <= 100, "only the room left shows");
+        UPSTREAM.give_back(consumed);
+        assert_eq!(UPSTREAM.kept(), 0, "judged by its whole allocation");
         for _ in 0..6 {
             UPSTREAM.give_back(BytesMut::with_capacity(16 * 1024));
         }
