@@ -105,12 +105,11 @@ fn releasable_rss_kib(pid: u32) -> u64 {
     total
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn start_up_pages_are_released_and_serving_brings_back_less() {
-    let upstream = FakeUpstream::start().await;
-    let up = upstream.addr;
+/// A one-thread sidecar with debug logs, once it has logged the release of its start-up pages;
+/// the log line comes back too.
+async fn spawn_after_release(yaml: &str) -> (ChildSidecar, String) {
     let sidecar = ChildSidecar::spawn_with_env(
-        "",
+        yaml,
         &[
             ("EGRESS_LOG", "info,egress_sidecar=debug"),
             ("TOKIO_WORKER_THREADS", "1"),
@@ -131,6 +130,14 @@ async fn start_up_pages_are_released_and_serving_brings_back_less() {
         logs.lock().unwrap()
     );
     let line = find().unwrap();
+    (sidecar, line)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_pages_are_released_and_serving_brings_back_less() {
+    let upstream = FakeUpstream::start().await;
+    let up = upstream.addr;
+    let (sidecar, line) = spawn_after_release("").await;
     let number = |key: &str| json_number(&line, key);
     let released_kib = number("kib");
     assert!(
@@ -168,28 +175,15 @@ async fn start_up_pages_are_released_and_serving_brings_back_less() {
 async fn heap_freed_after_a_burst_goes_back_to_the_kernel() {
     let upstream = FakeUpstream::start().await;
     let up = upstream.addr;
-    let sidecar = ChildSidecar::spawn_with_env(
-        "defaults: { pool: { max_connections: 400, max_idle: 400 } }\n",
-        &[
-            ("EGRESS_LOG", "info,egress_sidecar=debug"),
-            ("TOKIO_WORKER_THREADS", "1"),
-        ],
-    )
-    .await;
+    // Start-up's pages are released first (they would make RSS fall on their own), and the
+    // peak is reset below so that it is the burst's.
+    let (sidecar, _) =
+        spawn_after_release("defaults: { pool: { max_connections: 400, max_idle: 400 } }\n").await;
     let pid = sidecar.child.id().expect("running");
     for resp in support::spawn_gets(sidecar.addr, &format!("http://{up}/"), 8) {
         assert_eq!(resp.await.unwrap().status, 200);
     }
-    // Start-up's pages are released first (they would make RSS fall on their own), and the
-    // peak is reset so that it is the burst's.
     let logs = sidecar.logs.clone();
-    let released = || {
-        logs.lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains("released start-up pages"))
-    };
-    assert!(support::eventually(Duration::from_secs(5), released).await);
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("resetting VmHWM");
     let before = status_number(pid, "VmRSS");
 
