@@ -172,9 +172,17 @@ pub fn to_downstream<B>(resp: &mut Response<B>) {
 fn strip_hop_by_hop(headers: &mut HeaderMap, also: &[HeaderName]) {
     let candidates = || HOP_BY_HOP.iter().chain(also);
     debug_assert!(HOP_BY_HOP.len() + also.len() <= 16);
+    // Bit n: some candidate is n bytes long (31: longer). Most fields of a message (Date,
+    // Server, Content-Type, Content-Length, User-Agent...) differ in length from every
+    // candidate and are passed over without comparing names.
+    let length_bit = |name: &HeaderName| 1u32 << name.as_str().len().min(31);
+    let lengths = candidates().fold(0, |bits, candidate| bits | length_bit(candidate));
     // Bit i: the i-th candidate is present.
     let mut present = 0u16;
     for name in headers.keys() {
+        if lengths & length_bit(name) == 0 {
+            continue;
+        }
         if let Some(i) = candidates().position(|candidate| candidate == name) {
             present |= 1 << i;
         }
