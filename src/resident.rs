@@ -138,6 +138,12 @@ impl StartupMappings {
     }
 }
 
+/// Resident KiB of the mappings in `smaps` text (of any process) that [`StartupMappings::release`]
+/// would release if it had recorded them: what a process holds that could go.
+pub fn releasable_kib(smaps: &str) -> u64 {
+    releasable(smaps).iter().map(|c| c.rss_kib).sum()
+}
+
 #[derive(Debug, PartialEq, Eq)]
 struct Candidate {
     mapping: Mapping,

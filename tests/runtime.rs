@@ -81,28 +81,10 @@ async fn two_workers_run_beside_the_main_thread() {
     );
 }
 
-/// Resident kB of the mappings `resident` may release: private, read-only, file-backed, without
-/// anonymous pages.
+/// Resident KiB of the child's mappings that `resident` may release.
 fn releasable_rss_kib(pid: u32) -> u64 {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
-    let mut total = 0;
-    let mut eligible = false;
-    let mut rss = 0;
-    for line in smaps.lines() {
-        let mut fields = line.split_ascii_whitespace();
-        let first = fields.next().unwrap_or("");
-        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-            let perms = fields.next().unwrap_or("");
-            let path = fields.nth(3).unwrap_or("");
-            eligible =
-                perms.as_bytes().get(1) == Some(&b'-') && perms.ends_with('p') && path.starts_with('/');
-        } else if first == "Rss:" {
-            rss = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-        } else if first == "Anonymous:" && eligible && fields.next() == Some("0") {
-            total += rss;
-        }
-    }
-    total
+    egress_sidecar::resident::releasable_kib(&smaps)
 }
 
 /// A one-thread sidecar with debug logs, once it has logged the release of its start-up pages;

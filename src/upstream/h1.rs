@@ -260,9 +260,8 @@ impl Connection {
 /// and the response body coming down.
 #[derive(Debug)]
 pub struct Transfer {
-    /// The request head, written from `head_sent` on before anything in `out`.
+    /// What is left of the request head, written before anything in `out`.
     head: Vec<u8>,
-    head_sent: usize,
     /// Encoded body bytes waiting to be written, in order.
     out: VecDeque<Bytes>,
     /// The request body still to encode; `None` once its end is queued.
@@ -321,7 +320,6 @@ impl Transfer {
         head.extend_from_slice(b"\r\n");
         Transfer {
             head,
-            head_sent: 0,
             out: VecDeque::new(),
             body,
             chunked,
@@ -341,7 +339,7 @@ impl Transfer {
         loop {
             if self.has_unwritten() {
                 let mut slices = [IoSlice::new(&[]); 8];
-                let head = Some(&self.head[self.head_sent..]).filter(|h| !h.is_empty());
+                let head = Some(&self.head[..]).filter(|h| !h.is_empty());
                 let n = head
                     .into_iter()
                     .chain(self.out.iter().map(|b| &b[..]))
@@ -395,17 +393,13 @@ impl Transfer {
     }
 
     fn has_unwritten(&self) -> bool {
-        self.head_sent < self.head.len() || !self.out.is_empty()
+        !self.head.is_empty() || !self.out.is_empty()
     }
 
     fn consume(&mut self, mut written: usize) {
-        let from_head = written.min(self.head.len() - self.head_sent);
-        self.head_sent += from_head;
+        let from_head = written.min(self.head.len());
+        self.head.drain(..from_head);
         written -= from_head;
-        if self.head_sent == self.head.len() && !self.head.is_empty() {
-            self.head = Vec::new();
-            self.head_sent = 0;
-        }
         while written > 0 {
             let front = self.out.front_mut().expect("wrote no more than queued");
             if written >= front.len() {
@@ -771,6 +765,24 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(!resp.headers().contains_key(CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn partial_writes_span_the_head_and_the_body() {
+        let mut transfer = Transfer::start(&mut Request::new(RequestBody::Empty));
+        let head_len = transfer.head.len();
+        transfer.out.push_back(Bytes::from_static(b"abc"));
+        transfer.out.push_back(Bytes::from_static(b"defg"));
+        transfer.consume(head_len - 2);
+        assert_eq!(transfer.head, b"\r\n");
+        transfer.consume(4);
+        assert!(transfer.head.is_empty());
+        assert_eq!(&transfer.out[0][..], b"c");
+        transfer.consume(3);
+        assert_eq!(&transfer.out[0][..], b"fg");
+        assert!(transfer.has_unwritten());
+        transfer.consume(2);
+        assert!(!transfer.has_unwritten());
     }
 
     #[test]
