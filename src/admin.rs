@@ -1,5 +1,6 @@
 //! The admin listener: `/healthz` (alive), `/readyz` (ready; 503 while draining), `/metrics`
-//! (Prometheus text), `/debug/pools` (JSON, each pool and each of its connections) and
+//! (Prometheus text), `/debug/pools` (JSON, each pool and each of its connections, and the
+//! memory budget) and
 //! `/debug/clients` (JSON, per application source). Read-only: nothing on it changes state.
 //!
 //! Served with hyper: it sees a probe every few seconds, so none of the downstream server's
@@ -18,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::budget::Budget;
 use crate::clients::Clients;
 use crate::metrics::Metrics;
 
@@ -27,6 +29,7 @@ pub async fn serve(
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
     clients: Arc<Clients>,
+    budget: Option<Arc<Budget>>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
@@ -38,10 +41,14 @@ pub async fn serve(
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
-        let (ready, metrics, clients) = (ready.clone(), metrics.clone(), clients.clone());
+        let state = Admin {
+            ready: ready.clone(),
+            metrics: metrics.clone(),
+            clients: clients.clone(),
+            budget: budget.clone(),
+        };
         tokio::spawn(async move {
-            let service =
-                service_fn(move |req| respond(req, ready.clone(), metrics.clone(), clients.clone()));
+            let service = service_fn(move |req| respond(req, state.clone()));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -49,18 +56,29 @@ pub async fn serve(
     }
 }
 
-async fn respond(
-    req: Request<Incoming>,
+/// What the admin endpoints read.
+#[derive(Debug, Clone)]
+struct Admin {
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
     clients: Arc<Clients>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+    budget: Option<Arc<Budget>>,
+}
+
+async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<Bytes>>, Infallible> {
+    let Admin {
+        ready,
+        metrics,
+        clients,
+        budget,
+    } = admin;
     if req.uri().path() == "/debug/clients" {
         return Ok(json(&clients.report()));
     }
     if req.uri().path() == "/debug/pools" {
         let pools: Vec<_> = metrics.live_pools().iter().map(|p| p.report()).collect();
-        return Ok(json(&serde_json::json!({ "pools": pools })));
+        let budget = budget.map(|b| b.report());
+        return Ok(json(&serde_json::json!({ "pools": pools, "budget": budget })));
     }
     if req.uri().path() == "/metrics" {
         let mut resp = Response::new(Full::new(Bytes::from(metrics.render())));

@@ -64,6 +64,12 @@ pub const DEFAULT_H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_H2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to keep serving after SIGTERM.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(8);
+/// Share of the container's memory limit the sidecar keeps its footprint under: the rest is
+/// headroom for what it cannot shed at once (requests in flight, the kernel's socket buffers).
+pub const DEFAULT_BUDGET_MEMORY_FRACTION: f64 = 0.8;
+/// Smallest explicit budget accepted: below it the sidecar could not hold its own start-up
+/// footprint and would stop accepting for good.
+const MIN_BUDGET_BYTES: usize = 4 << 20;
 
 // === file schema ===
 
@@ -85,6 +91,7 @@ struct FileConfig {
     upstreams: Vec<FileUpstream>,
     policy: FilePolicy,
     shutdown: FileShutdown,
+    budget: FileBudget,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -171,6 +178,13 @@ struct FileShutdown {
     drain_timeout: Option<Scalar>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileBudget {
+    memory_fraction: Option<f64>,
+    memory_bytes: Option<Scalar>,
+}
+
 // === validated config ===
 
 /// The validated configuration: every key present, every value typed.
@@ -190,6 +204,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// Drain behaviour.
     pub shutdown: ShutdownConfig,
+    /// The memory budget.
+    pub budget: BudgetConfig,
     /// Hosts whose plain-HTTP requests are sent upstream over TLS (`EGRESS_TLS_HOSTS`); not a
     /// file key, so `check` prints it as a comment.
     #[serde(skip)]
@@ -427,6 +443,16 @@ pub struct ShutdownConfig {
     pub drain_timeout: Duration,
 }
 
+/// The memory budget (`budget`): where its size comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BudgetConfig {
+    /// Share of the cgroup memory limit used as the budget.
+    pub memory_fraction: f64,
+    /// An explicit budget in bytes instead of one from the cgroup; 0 = from the cgroup.
+    #[serde(serialize_with = "ser_opt_size")]
+    pub memory_bytes: Option<usize>,
+}
+
 /// Values from flags and environment variables, which win over the file.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -591,6 +617,7 @@ fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigErr
         &mut problems,
     );
     let tls_hosts = parse_tls_hosts(overrides.tls_hosts.as_deref(), &mut problems);
+    let budget = validate_budget(&file.budget, &mut problems);
 
     if !problems.0.is_empty() {
         return Err(ConfigError::Invalid(problems.0));
@@ -603,8 +630,35 @@ fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigErr
         upstreams,
         policy,
         shutdown: ShutdownConfig { drain_timeout },
+        budget,
         tls_hosts,
     })
+}
+
+fn validate_budget(raw: &FileBudget, problems: &mut Problems) -> BudgetConfig {
+    let memory_fraction = raw.memory_fraction.unwrap_or(DEFAULT_BUDGET_MEMORY_FRACTION);
+    if !(memory_fraction > 0.0 && memory_fraction <= 1.0) {
+        problems.add(
+            "budget.memory_fraction",
+            format!("{memory_fraction} is outside (0, 1]: it is the share of the memory limit to stay under"),
+        );
+    }
+    let memory_bytes = match &raw.memory_bytes {
+        Some(v) => problems.take("budget.memory_bytes", parse_size(v), 0),
+        None => 0,
+    };
+    if memory_bytes != 0 && memory_bytes < MIN_BUDGET_BYTES {
+        problems.add(
+            "budget.memory_bytes",
+            format!(
+                "{memory_bytes} bytes is under 4MiB, less than the sidecar needs to run (0 = take the budget from the cgroup limit)"
+            ),
+        );
+    }
+    BudgetConfig {
+        memory_fraction,
+        memory_bytes: (memory_bytes != 0).then_some(memory_bytes),
+    }
 }
 
 fn validate_downstream(raw: &FileDownstream, problems: &mut Problems) -> DownstreamConfig {
@@ -1163,6 +1217,10 @@ fn ser_opt_count<S: Serializer>(n: &Option<u64>, s: S) -> Result<S::Ok, S::Error
     s.serialize_u64(n.unwrap_or(0))
 }
 
+fn ser_opt_size<S: Serializer>(n: &Option<usize>, s: S) -> Result<S::Ok, S::Error> {
+    ser_size(&n.unwrap_or(0), s)
+}
+
 fn ser_size<S: Serializer>(n: &usize, s: S) -> Result<S::Ok, S::Error> {
     let text = match *n {
         n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}MiB", n >> 20),
@@ -1243,6 +1301,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("max_conns"), "{err}");
+    }
+
+    #[test]
+    fn budget_takes_a_fraction_or_explicit_bytes() {
+        let c = parse("", &Overrides::default()).unwrap();
+        assert_eq!(c.budget.memory_fraction, 0.8);
+        assert_eq!(c.budget.memory_bytes, None);
+        let c = parse(
+            "budget: { memory_bytes: 48MiB, memory_fraction: 0.5 }\n",
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.budget.memory_bytes, Some(48 << 20));
+        assert_eq!(c.budget.memory_fraction, 0.5);
+        assert!(to_yaml(&c).contains("memory_bytes: 48MiB"), "{}", to_yaml(&c));
+        assert_eq!(
+            problems("budget: { memory_fraction: 1.5, memory_bytes: 1MiB }\n"),
+            vec!["budget.memory_fraction", "budget.memory_bytes"]
+        );
+        assert_eq!(
+            problems("budget: { memory_fraction: 0 }\n"),
+            vec!["budget.memory_fraction"]
+        );
+        assert_eq!(
+            problems("budget: { memory_limit: 1 }\n"),
+            vec!["budget.memory_limit"]
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! connection's socket closes (`pool::Slot`).
 
 pub mod admin;
+pub mod budget;
 pub mod clients;
 pub mod config;
 pub mod downstream;
@@ -164,6 +165,8 @@ pub async fn run_with_reload(
     let (drain_tx, drain_rx) = watch::channel(false);
     let max_connections = config.downstream.max_connections;
     let limit = Arc::new(Semaphore::new(max_connections));
+    let budget = budget::Limit::discover(&config.budget, std::path::Path::new("/"))
+        .map(|l| Arc::new(budget::Budget::new(l)));
     let ctx = Arc::new(Context {
         config: reload::Live::new(config.downstream),
         proxy: Proxy::new(router),
@@ -173,6 +176,7 @@ pub async fn run_with_reload(
         metrics: metrics.clone(),
         clients: clients.clone(),
         parking: Default::default(),
+        budget: budget.clone(),
     });
 
     let ready = Arc::new(AtomicBool::new(true));
@@ -182,6 +186,7 @@ pub async fn run_with_reload(
         ready.clone(),
         metrics.clone(),
         clients,
+        budget.clone(),
         admin_stop_rx,
     ));
     tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %admin_addr, "forward proxy listening");
@@ -198,6 +203,9 @@ pub async fn run_with_reload(
             Entry::Route(name),
             ctx.clone(),
         )));
+    }
+    if let Some(budget) = budget {
+        accept_tasks.push(tokio::spawn(budget::enforce(budget, ctx.clone())));
     }
     if let Some(watcher) = reload {
         accept_tasks.push(tokio::spawn(reload::watch(

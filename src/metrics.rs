@@ -71,6 +71,13 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// What the memory budget shed: `downstream_idle`, `upstream_idle` or `accept_paused`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    /// The shedding step.
+    pub action: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms .. ~65 s: LLM calls think for minutes, pool waits are usually sub-millisecond.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -107,6 +114,11 @@ pub struct Families {
     pub reloads: Family<ResultLabel, Counter>,
     /// 1 when the last reload was applied (or none was tried), 0 when it was rejected.
     pub last_reload_successful: Gauge,
+    /// The memory budget in bytes (0: none).
+    pub memory_budget: Gauge,
+    /// Memory usage as the budget measures it, at the last measurement.
+    pub memory_usage: Gauge,
+    memory_sheds: Family<ActionLabel, Counter>,
 }
 
 impl Families {
@@ -118,6 +130,13 @@ impl Families {
         let active = self.tunnels_active.get_or_create_owned(&label);
         active.inc();
         active
+    }
+
+    /// Counts `n` things the memory budget shed by `action`.
+    pub fn memory_shed(&self, action: &'static str, n: u64) {
+        if n > 0 {
+            self.memory_sheds.get_or_create(&ActionLabel { action }).inc_by(n);
+        }
     }
 
     /// Tunnels of `kind` opened so far and open now.
@@ -171,6 +190,9 @@ impl Metrics {
             tunnels_active: Family::default(),
             reloads: Family::default(),
             last_reload_successful: Gauge::default(),
+            memory_budget: Gauge::default(),
+            memory_usage: Gauge::default(),
+            memory_sheds: Family::default(),
         });
         families.last_reload_successful.set(1);
         let sources = Arc::new(GaugeSources::default());
@@ -255,6 +277,21 @@ impl Metrics {
             "config_last_reload_successful",
             "1 when the last config reload was applied (or none was tried), 0 when it was rejected",
             f.last_reload_successful.clone(),
+        );
+        registry.register(
+            "memory_budget_bytes",
+            "The memory budget: budget.memory_bytes, or budget.memory_fraction of the cgroup limit (0: none)",
+            f.memory_budget.clone(),
+        );
+        registry.register(
+            "memory_usage_bytes",
+            "Memory usage as the budget measures it (cgroup working set, or RSS), at the last measurement",
+            f.memory_usage.clone(),
+        );
+        registry.register(
+            "memory_sheds",
+            "What the memory budget shed: idle application connections (downstream_idle), idle upstream connections (upstream_idle), accept pauses (accept_paused)",
+            f.memory_sheds.clone(),
         );
         registry.register_collector(Box::new(GaugeCollector(sources.clone())));
         Metrics {

@@ -728,6 +728,7 @@ mod tests {
             metrics: Default::default(),
             clients: Default::default(),
             parking: Default::default(),
+            budget: None,
         });
         let entry = crate::routing::Entry::Forward;
         let conn = super::Connection::new(stream, "127.0.0.1:1".parse().unwrap(), false);

@@ -9,7 +9,8 @@
 //!   `x-egress-error`, which hyper's built-in 400/431 cannot.
 //!
 //! `max_connections` is a semaphore taken *before* `accept`, so excess connections wait in the
-//! kernel's backlog instead of costing memory here.
+//! kernel's backlog instead of costing memory here; so does the memory budget's credit
+//! (`budget`), when there is a budget.
 //!
 //! A CONNECT request or a switched protocol (`101`) ends HTTP on the connection: the task hands
 //! the socket to `proxy::connect` or `proxy::upgrade` and closes it when they are done.
@@ -34,6 +35,7 @@ use tracing::Instrument;
 pub use body::{BodySender, RequestBody, StreamingBody};
 use conn::{Connection, Ended};
 
+use crate::budget::Budget;
 use crate::clients::{Clients, Leak};
 use crate::config::DownstreamConfig;
 use crate::metrics::Metrics;
@@ -63,6 +65,8 @@ pub struct Context {
     pub clients: Arc<Clients>,
     /// Long-idle keep-alive connections, parked outside their tasks.
     pub parking: park::Parking,
+    /// The memory budget, if there is one: accepting waits for its credit.
+    pub budget: Option<Arc<Budget>>,
 }
 
 /// Downstream counters.
@@ -103,11 +107,23 @@ pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
         let Ok(permit) = ctx.limit.clone().acquire_owned().await else {
             return;
         };
+        if let Some(budget) = &ctx.budget {
+            budget.admit().await;
+        }
         let accepted = listener.accept().await;
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
+                if out_of_descriptors(&e) {
+                    // As nginx does when it runs out of connections: the longest idle keep-alive
+                    // connections make room, rather than every new one waiting for a timeout.
+                    let closed = ctx.parking.shed_longest_idle(FD_SHED, &ctx);
+                    tracing::warn!(
+                        closed,
+                        "out of file descriptors: closed the longest idle connections"
+                    );
+                }
                 tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
                 continue;
             }
@@ -127,6 +143,13 @@ pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
             ctx.clone(),
         );
     }
+}
+
+/// Idle connections closed when an accept fails for want of file descriptors.
+const FD_SHED: usize = 64;
+
+fn out_of_descriptors(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 /// What a connection holds from accept to close, in its task or parked.

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -50,6 +51,8 @@ pub struct Parking {
     lot: Mutex<Lot>,
     /// Tells the parking task that the earliest deadline moved.
     rearm: Notify,
+    /// Connections handed back to a task of their own.
+    resumed: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +97,7 @@ impl Default for Parking {
             poll: Mutex::new(poll),
             lot: Mutex::default(),
             rearm: Notify::new(),
+            resumed: AtomicU64::new(0),
         }
     }
 }
@@ -107,6 +111,11 @@ impl Parking {
     /// Connections parked now.
     pub fn len(&self) -> usize {
         self.lock().parked.len()
+    }
+
+    /// Connections handed back to a task since start.
+    pub fn resumed(&self) -> u64 {
+        self.resumed.load(Ordering::Relaxed)
     }
 
     /// Whether no connection is parked.
@@ -182,13 +191,19 @@ impl Parking {
         }
     }
 
-    /// Hands a connection whose socket turned readable back to a task of its own.
-    fn wake(&self, seq: u64, ctx: &Arc<Context>) {
+    /// Hands a connection whose socket turned readable back to a task of its own; one whose
+    /// client closed it (`read_closed`, and nothing left to read) is closed here instead. A
+    /// leaking client that exits closes thousands at once, and a task for each would be the
+    /// very memory spike the budget guards against.
+    fn wake(&self, seq: u64, read_closed: bool, ctx: &Arc<Context>) {
         let Some(parked) = self.lock().remove(seq) else {
             return;
         };
         if let Some(registry) = &self.registry {
             let _ = registry.deregister(&mut SourceFd(&parked.stream.as_raw_fd()));
+        }
+        if read_closed && !has_bytes(&parked.stream) {
+            return parked.close(ctx, false);
         }
         let Parked {
             stream,
@@ -199,6 +214,7 @@ impl Parking {
             entry,
             ..
         } = parked;
+        self.resumed.fetch_add(1, Ordering::Relaxed);
         match tokio::net::TcpStream::from_std(stream) {
             Ok(stream) => spawn_connection(
                 Connection::resume(stream, peer, requests, leaky),
@@ -224,7 +240,7 @@ impl Parking {
             let mut taken = 0;
             for event in events.iter() {
                 taken += 1;
-                self.wake(event.token().0 as u64, ctx);
+                self.wake(event.token().0 as u64, event.is_read_closed(), ctx);
             }
             if taken < events.capacity() {
                 return Ok(());
@@ -246,6 +262,20 @@ impl Parking {
                 close_idle(parked, ctx);
             }
         }
+    }
+
+    /// Closes up to `n` parked connections, longest idle first, counted as idle closes: the
+    /// memory budget's first step. Returns how many.
+    pub(crate) fn shed_longest_idle(&self, n: usize, ctx: &Context) -> usize {
+        let shed: Vec<Parked> = {
+            let mut lot = self.lock();
+            std::iter::from_fn(|| lot.pop_first()).take(n).collect()
+        };
+        let count = shed.len();
+        for parked in shed {
+            close_idle(parked, ctx);
+        }
+        count
     }
 
     /// Closes every parked connection and parks no more (draining closes idle connections).
@@ -282,6 +312,13 @@ impl Lot {
         self.deadlines.remove(&(parked.deadline, seq));
         Some(parked)
     }
+}
+
+/// Whether a request (or any byte) waits on a socket whose client shut down its side: a
+/// client may send its last request and close its writing half at once.
+fn has_bytes(stream: &std::net::TcpStream) -> bool {
+    // The socket is non-blocking (tokio's, converted); an error means nothing will come.
+    matches!(stream.peek(&mut [0u8; 1]), Ok(n) if n > 0)
 }
 
 fn token(seq: u64) -> Token {
@@ -433,6 +470,7 @@ mod tests {
             assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
             assert!(eventually(|| ctx.parking.len() == 1).await, "parked again");
         }
+        assert_eq!(ctx.parking.resumed(), 3);
         assert_eq!(ctx.open_connections(), 1);
 
         // The client leaves while parked: the connection is closed and every count returns.
@@ -464,6 +502,49 @@ mod tests {
                 UPSTREAM.kept()
             );
         }
+    }
+
+    #[tokio::test]
+    async fn the_memory_budget_closes_the_longest_idle_first() {
+        let up = upstream().await;
+        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
+        let mut clients = Vec::new();
+        for parked in 1..=3 {
+            let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
+            get(&mut client, up).await;
+            assert!(eventually(|| ctx.parking.len() == parked).await);
+            clients.push(client);
+        }
+        assert_eq!(ctx.parking.shed_longest_idle(2, &ctx), 2);
+        let mut rest = Vec::new();
+        for (i, client) in clients.iter_mut().enumerate() {
+            let closed =
+                tokio::time::timeout(Duration::from_millis(300), client.read_to_end(&mut rest)).await;
+            assert_eq!(matches!(closed, Ok(Ok(0))), i < 2, "client {i}: {closed:?}");
+        }
+        assert_eq!(ctx.parking.len(), 1);
+        assert!(eventually(|| ctx.open_connections() == 1).await);
+        assert!(
+            get(&mut clients[2], up).await.starts_with("HTTP/1.1 200"),
+            "the newest still serves"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_closing_a_parked_connection_needs_no_task() {
+        let up = upstream().await;
+        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
+        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
+        get(&mut client, up).await;
+        assert!(eventually(|| ctx.parking.len() == 1).await);
+        drop(client);
+        assert!(eventually(|| ctx.open_connections() == 0).await);
+        assert!(ctx.parking.is_empty());
+        assert_eq!(
+            ctx.parking.resumed(),
+            0,
+            "closed in the parking task, not in a new connection task"
+        );
     }
 
     #[tokio::test]

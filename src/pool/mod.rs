@@ -118,7 +118,7 @@ impl Tracker {
     const OPEN: u8 = 1;
     /// Index [`Self::OPEN`] doubles as the reason of a connection that ended with none recorded:
     /// the upstream closed it.
-    const REASONS: [&'static str; 11] = [
+    const REASONS: [&'static str; 12] = [
         "dialing",
         "upstream_close",
         "idle_timeout",
@@ -130,6 +130,7 @@ impl Tracker {
         "error",
         "reload",
         "shutdown",
+        "memory_budget",
     ];
 
     fn set(&self, reason: &'static str) {
@@ -489,6 +490,20 @@ impl Pool {
         drop(st);
         drop(idle);
         drop(closing);
+    }
+
+    /// Closes the idle connections beyond `max_idle` now rather than after their grace: the
+    /// memory budget's second step. Returns how many.
+    pub fn shed_idle_surplus(&self) -> usize {
+        let mut st = self.lock();
+        let surplus = st.idle.len().saturating_sub(st.config.max_idle);
+        // Oldest first: the list is most recently used last.
+        let shed: Vec<Idle> = st.idle.drain(..surplus).collect();
+        for idle in &shed {
+            idle.conn.track.set("memory_budget");
+        }
+        drop(st);
+        shed.len()
     }
 
     /// Every connection counted in `open`, for `/debug/pools`.

@@ -220,6 +220,35 @@ async fn idle_connections_beyond_max_idle_close_after_a_grace() {
     assert_eq!(connector.dials.load(Ordering::SeqCst), 4);
 }
 
+#[tokio::test]
+async fn the_memory_budget_closes_the_idle_surplus_without_the_grace() {
+    let connector = Arc::new(GatedConnector::new());
+    connector.gate.add_permits(4);
+    let mut cfg = config(4, 4);
+    cfg.max_idle = 1;
+    let pool = pool(cfg, &connector);
+    let mut leases = Vec::new();
+    for _ in 0..4 {
+        leases.push(pool.checkout().await.unwrap());
+    }
+    let newest = leases.last().unwrap().connection_id();
+    for mut lease in leases {
+        use_once(&mut lease).await;
+        lease.release();
+    }
+    assert_eq!(pool.shed_idle_surplus(), 3, "all beyond max_idle, at once");
+    settle().await;
+    let snapshot = pool.snapshot();
+    assert_eq!((snapshot.idle, snapshot.open), (1, 1), "{snapshot:?}");
+    assert_eq!(pool.shed_idle_surplus(), 0, "max_idle connections stay");
+    let lease = pool.checkout().await.unwrap();
+    assert_eq!(
+        lease.connection_id(),
+        newest,
+        "the most recently used one is kept"
+    );
+}
+
 /// Where the response head of one exchange sat in memory; the head is dropped before this
 /// returns, so that the read buffer behind it is the connection's alone again.
 async fn exchange_head_address(pool: &Arc<Pool>) -> usize {

@@ -210,6 +210,7 @@ pub(crate) async fn serve_for_test(
         metrics: Default::default(),
         clients: Default::default(),
         parking: Default::default(),
+        budget: None,
     });
     tokio::spawn(crate::downstream::serve(listener, Entry::Forward, ctx.clone()));
     (me, ctx)

@@ -864,11 +864,34 @@ impl ChildSidecar {
 
     /// Like [`ChildSidecar::spawn`], with extra environment variables.
     pub async fn spawn_with_env(yaml: &str, env: &[(&str, &str)]) -> Self {
+        Self::spawn_command(yaml, env, None).await
+    }
+
+    /// Like [`ChildSidecar::spawn`], started inside the cgroup whose `cgroup.procs` file is
+    /// `procs`: a shell joins it, then execs the sidecar, so that the sidecar reads that
+    /// cgroup's limit at start.
+    pub async fn spawn_in_cgroup(yaml: &str, procs: &std::path::Path) -> Self {
+        Self::spawn_command(yaml, &[], Some(procs)).await
+    }
+
+    async fn spawn_command(yaml: &str, env: &[(&str, &str)], cgroup_procs: Option<&std::path::Path>) -> Self {
         use tokio::io::AsyncBufReadExt;
         let dir = TempDir::new();
         let path = dir.path.join("config.yaml");
         std::fs::write(&path, Self::config_text(yaml)).unwrap();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
+        let binary = env!("CARGO_BIN_EXE_egress-sidecar");
+        let mut command = match cgroup_procs {
+            None => tokio::process::Command::new(binary),
+            Some(procs) => {
+                let mut sh = tokio::process::Command::new("sh");
+                sh.arg("-c")
+                    .arg("echo $$ > \"$0\" && exec \"$@\"")
+                    .arg(procs)
+                    .arg(binary);
+                sh
+            }
+        };
+        let mut child = command
             .arg("run")
             .arg("--config")
             .arg(&path)

@@ -1,0 +1,593 @@
+//! The memory budget: the sidecar keeps its own footprint under a share of its container's
+//! memory limit, as GOMEMLIMIT does for a Go service, by shedding what costs nothing to rebuild.
+//!
+//! The budget is `budget.memory_bytes` when set, else `budget.memory_fraction` of the cgroup
+//! memory limit found at start (v2 `memory.max`, v1 `memory.limit_in_bytes`, the lowest on the
+//! path from the process's cgroup up to the mount's root). No limit and no explicit budget: no
+//! budget, and nothing here runs.
+//!
+//! Usage is measured. With a cgroup budget it is what the kernel charges the cgroup (sockets
+//! and other kernel memory included, which RSS misses) less the page cache it can reclaim,
+//! `usage - inactive_file`: the working set kubelet evicts by and close to what the OOM killer
+//! acts on. With an explicit budget it is the process's RSS plus [`KERNEL_SOCKET_COST`] for
+//! each open connection, the kernel memory a cgroup would have charged (an idle socket held
+//! 1.5 KiB of kernel memory, measured in a cgroup v1 with 5000 leaked connections).
+//!
+//! One task measures every [`TICK`], and at once when new connections have used up their
+//! credit. Above [`SHED_ABOVE`] of the budget it sheds, in this order, re-measuring between
+//! rounds, until usage is back to [`SHED_TO`]:
+//! 1. idle keep-alive application connections, longest idle first (the parking lot's: idle
+//!    for `PARK_AFTER` at least, so never one between a request and its response);
+//! 2. idle upstream connections beyond each pool's `max_idle`, which the pool otherwise keeps
+//!    for a one-second grace;
+//! 3. accepting: each accept spends credit, the headroom under [`PAUSE_AT`] divided by what a
+//!    new connection can cost ([`ACCEPT_COST`]) before the next measurement. With no credit
+//!    left, new connections wait in the kernel's backlog (as with `max_connections`) until a
+//!    measurement finds room, which requests finishing and connections closing make.
+//!
+//! A request in flight is never shed. A budget too small for even that is not enforced by
+//! starving: with no application connection open, one connection is let in at a time.
+//!
+//! Not handled here: how a parked connection or pooled connection is closed (`downstream::park`,
+//! `pool`), handing freed heap back to the kernel (`resident`).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::config::BudgetConfig;
+use crate::downstream::Context;
+
+/// How often usage is measured while nothing else asks for it.
+pub const TICK: Duration = Duration::from_millis(100);
+/// Shedding starts above this share of the budget...
+pub const SHED_ABOVE: f64 = 0.90;
+/// ...and stops once usage is back under this share.
+pub const SHED_TO: f64 = 0.80;
+/// New connections stop being accepted when usage (as measured, plus [`ACCEPT_COST`] for each
+/// connection accepted since) would pass this share.
+pub const PAUSE_AT: f64 = 0.95;
+/// What a freshly accepted connection may cost before the next measurement: its task and
+/// future, a read buffer, a request in flight with an upstream buffer, and the kernel's socket.
+pub const ACCEPT_COST: u64 = 16 << 10;
+/// What closing an idle application connection frees, for sizing a shedding round: its parked
+/// record and the kernel's socket. Rounds re-measure, so a wrong guess costs a round, not the
+/// budget.
+const IDLE_DOWNSTREAM_FREES: u64 = 2 << 10;
+/// Kernel memory an open connection holds (socket, file, epoll entry), counted into usage
+/// under an explicit budget, where nothing measures it.
+pub const KERNEL_SOCKET_COST: u64 = 1536;
+/// Shedding rounds per measurement at most; the next tick goes on if usage is still high.
+const MAX_ROUNDS: usize = 4;
+/// cgroup v1 reports "no limit" as a page-aligned i64::MAX; anything this large is no limit.
+const UNLIMITED: u64 = 1 << 60;
+
+/// Where the budget's size came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `budget.memory_bytes`.
+    Config,
+    /// A share of a cgroup's memory limit.
+    Cgroup(Cgroup),
+}
+
+/// The cgroup whose limit sizes the budget and whose usage is measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cgroup {
+    /// 1 or 2.
+    pub version: u8,
+    /// The process's own cgroup directory, whose usage is read.
+    pub dir: PathBuf,
+    /// The lowest limit on the path up, in bytes.
+    pub limit: u64,
+}
+
+/// The budget: its size and how usage is measured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    /// Bytes the footprint is kept under.
+    pub bytes: u64,
+    /// Where that came from.
+    pub source: Source,
+}
+
+impl Limit {
+    /// The budget `config` asks for, looking for the cgroup under `root` (`/` outside tests).
+    pub fn discover(config: &BudgetConfig, root: &Path) -> Option<Limit> {
+        if let Some(bytes) = config.memory_bytes {
+            return Some(Limit {
+                bytes: bytes as u64,
+                source: Source::Config,
+            });
+        }
+        let cgroup = find_cgroup(root)?;
+        Some(Limit {
+            bytes: (cgroup.limit as f64 * config.memory_fraction) as u64,
+            source: Source::Cgroup(cgroup),
+        })
+    }
+
+    /// Measures usage the way this budget's source counts it; `sockets` are the connections
+    /// open now, both sides.
+    pub fn usage(&self, sockets: u64) -> io::Result<u64> {
+        match &self.source {
+            Source::Config => Ok(resident_bytes()? + sockets * KERNEL_SOCKET_COST),
+            Source::Cgroup(cgroup) => cgroup.working_set(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match &self.source {
+            Source::Config => "budget.memory_bytes".into(),
+            Source::Cgroup(c) => format!("cgroup v{} limit {} at {}", c.version, c.limit, c.dir.display()),
+        }
+    }
+}
+
+/// The cgroup this process is in and its memory limit, if it has one. v2 first; on a hybrid
+/// host (v2 mounted without the memory controller) v1's memory hierarchy decides.
+pub fn find_cgroup(root: &Path) -> Option<Cgroup> {
+    let membership = fs::read_to_string(root.join("proc/self/cgroup")).ok()?;
+    let v2 = membership.lines().find_map(|l| l.strip_prefix("0::"));
+    if let Some(found) = v2.and_then(|path| limit_on_path(&root.join("sys/fs/cgroup"), path, "memory.max", 2))
+    {
+        return Some(found);
+    }
+    let v1 = membership.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        controllers.split(',').any(|c| c == "memory").then_some(path)
+    })?;
+    limit_on_path(&root.join("sys/fs/cgroup/memory"), v1, "memory.limit_in_bytes", 1)
+}
+
+/// The lowest limit in `file` from the cgroup at `path` under `mount` up to the mount's root.
+/// Inside a container with its own cgroup namespace the mount's root is the container's cgroup
+/// and `path` is `/`; without one `path` names a directory the mount may not have, and then the
+/// mount's root is the closest thing to it.
+fn limit_on_path(mount: &Path, path: &str, file: &str, version: u8) -> Option<Cgroup> {
+    let nested = mount.join(path.trim_start_matches('/'));
+    let dir = if nested.is_dir() {
+        nested
+    } else {
+        mount.to_path_buf()
+    };
+    let mut lowest: Option<u64> = None;
+    let mut seen_file = false;
+    for level in dir.ancestors().take_while(|d| d.starts_with(mount)) {
+        let Ok(text) = fs::read_to_string(level.join(file)) else {
+            continue;
+        };
+        seen_file = true;
+        if let Some(limit) = parse_limit(&text) {
+            lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
+        }
+    }
+    if !seen_file {
+        return None;
+    }
+    Some(Cgroup {
+        version,
+        dir,
+        limit: lowest?,
+    })
+}
+
+/// `max` (v2) and near-i64::MAX values (v1) are no limit.
+fn parse_limit(text: &str) -> Option<u64> {
+    let value: u64 = text.trim().parse().ok()?;
+    (value < UNLIMITED).then_some(value)
+}
+
+impl Cgroup {
+    /// Charged usage less reclaimable page cache.
+    fn working_set(&self) -> io::Result<u64> {
+        let (usage_file, inactive_key) = match self.version {
+            2 => ("memory.current", "inactive_file"),
+            _ => ("memory.usage_in_bytes", "total_inactive_file"),
+        };
+        let usage: u64 = fs::read_to_string(self.dir.join(usage_file))?
+            .trim()
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{usage_file}: {e}")))?;
+        let stat = fs::read_to_string(self.dir.join("memory.stat"))?;
+        Ok(usage.saturating_sub(stat_field(&stat, inactive_key).unwrap_or(0)))
+    }
+}
+
+fn stat_field(stat: &str, key: &str) -> Option<u64> {
+    stat.lines().find_map(|line| {
+        let (name, value) = line.split_once(' ')?;
+        (name == key).then(|| value.trim().parse().ok()).flatten()
+    })
+}
+
+/// This process's resident set, from `/proc/self/statm` (its second field, in pages).
+pub fn resident_bytes() -> io::Result<u64> {
+    let statm = fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/self/statm"))?;
+    Ok(pages * page_size())
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf reads a constant of the system; no memory is involved.
+    #[allow(unsafe_code)]
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).unwrap_or(4096)
+}
+
+/// What was shed, by step.
+#[derive(Debug, Default)]
+struct Sheds {
+    downstream_idle: AtomicU64,
+    upstream_idle: AtomicU64,
+    accept_paused: AtomicU64,
+}
+
+/// The budget in force: shared by the accept loops (credit) and the enforcing task.
+#[derive(Debug)]
+pub struct Budget {
+    limit: Limit,
+    /// Connections that may still be accepted before the next measurement.
+    credit: AtomicI64,
+    /// Accept loops out of credit ask for a measurement.
+    measure_now: Notify,
+    /// A measurement found room.
+    refilled: Notify,
+    usage: AtomicU64,
+    paused: AtomicBool,
+    sheds: Sheds,
+}
+
+/// The budget as `/debug/pools` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BudgetReport {
+    /// Bytes the footprint is kept under.
+    pub budget_bytes: u64,
+    /// Where the budget came from.
+    pub source: String,
+    /// Usage at the last measurement.
+    pub usage_bytes: u64,
+    /// `cgroup_working_set`, or `rss_and_sockets` (RSS plus an estimate of the kernel's
+    /// memory for each open connection).
+    pub usage_measure: &'static str,
+    /// Whether new application connections are waiting in the backlog now.
+    pub accept_paused: bool,
+    /// Idle application connections closed to stay under budget.
+    pub shed_downstream_idle: u64,
+    /// Idle upstream connections closed to stay under budget.
+    pub shed_upstream_idle: u64,
+    /// Times accepting paused.
+    pub shed_accept_paused: u64,
+}
+
+impl Budget {
+    /// A budget of `limit`, with no credit until the first measurement.
+    pub fn new(limit: Limit) -> Self {
+        Budget {
+            limit,
+            credit: AtomicI64::new(0),
+            measure_now: Notify::new(),
+            refilled: Notify::new(),
+            usage: AtomicU64::new(0),
+            paused: AtomicBool::new(false),
+            sheds: Sheds::default(),
+        }
+    }
+
+    /// The budget's size and source.
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    fn share(&self, fraction: f64) -> u64 {
+        (self.limit.bytes as f64 * fraction) as u64
+    }
+
+    /// Waits until one more application connection fits: called before each accept.
+    pub async fn admit(&self) {
+        loop {
+            // Made before the check so that a refill between the two is not missed.
+            let refilled = self.refilled.notified();
+            if self.credit.fetch_sub(1, Ordering::AcqRel) > 0 {
+                return;
+            }
+            self.credit.fetch_add(1, Ordering::AcqRel);
+            self.measure_now.notify_one();
+            refilled.await;
+        }
+    }
+
+    /// For `/debug/pools`.
+    pub fn report(&self) -> BudgetReport {
+        BudgetReport {
+            budget_bytes: self.limit.bytes,
+            source: self.limit.describe(),
+            usage_bytes: self.usage.load(Ordering::Relaxed),
+            usage_measure: match self.limit.source {
+                Source::Config => "rss_and_sockets",
+                Source::Cgroup(_) => "cgroup_working_set",
+            },
+            accept_paused: self.paused.load(Ordering::Relaxed),
+            shed_downstream_idle: self.sheds.downstream_idle.load(Ordering::Relaxed),
+            shed_upstream_idle: self.sheds.upstream_idle.load(Ordering::Relaxed),
+            shed_accept_paused: self.sheds.accept_paused.load(Ordering::Relaxed),
+        }
+    }
+
+    fn measure(&self, ctx: &Context) -> io::Result<u64> {
+        let upstream: usize = ctx
+            .metrics
+            .live_pools()
+            .iter()
+            .map(|p| p.open_connections())
+            .sum();
+        self.limit.usage((ctx.open_connections() + upstream) as u64)
+    }
+
+    /// Measures, sheds if over, and sets the accept credit.
+    fn adjust(&self, ctx: &Context) {
+        let Ok(mut usage) = self.measure(ctx) else {
+            // Unmeasurable now: let connections in rather than stall on a /proc hiccup.
+            self.grant(ACCEPT_COST as i64);
+            return;
+        };
+        if usage > self.share(SHED_ABOVE) {
+            usage = self.shed(usage, ctx);
+        }
+        self.usage.store(usage, Ordering::Relaxed);
+        let families = ctx.metrics.families();
+        families
+            .memory_usage
+            .set(i64::try_from(usage).unwrap_or(i64::MAX));
+        let room = self.share(PAUSE_AT).saturating_sub(usage) / ACCEPT_COST;
+        let credit = if room == 0 && ctx.open_connections() == 0 {
+            1
+        } else {
+            room
+        };
+        self.grant(i64::try_from(credit).unwrap_or(i64::MAX));
+        if credit == 0 {
+            if !self.paused.swap(true, Ordering::Relaxed) {
+                self.sheds.accept_paused.fetch_add(1, Ordering::Relaxed);
+                families.memory_shed("accept_paused", 1);
+                tracing::info!(
+                    usage,
+                    budget = self.limit.bytes,
+                    "memory budget: new connections wait in the backlog"
+                );
+            }
+        } else if self.paused.swap(false, Ordering::Relaxed) {
+            tracing::info!(usage, budget = self.limit.bytes, "memory budget: accepting again");
+        }
+    }
+
+    fn grant(&self, credit: i64) {
+        self.credit.store(credit, Ordering::Release);
+        if credit > 0 {
+            self.refilled.notify_waiters();
+        }
+    }
+
+    /// Sheds in the module's order until usage is back to [`SHED_TO`]; returns usage after.
+    fn shed(&self, mut usage: u64, ctx: &Context) -> u64 {
+        let target = self.share(SHED_TO);
+        let families = ctx.metrics.families();
+        for _ in 0..MAX_ROUNDS {
+            let excess = usage.saturating_sub(target);
+            if excess == 0 {
+                break;
+            }
+            let want = usize::try_from(excess.div_ceil(IDLE_DOWNSTREAM_FREES)).unwrap_or(usize::MAX);
+            let mut closed = ctx.parking.shed_longest_idle(want, ctx);
+            self.sheds
+                .downstream_idle
+                .fetch_add(closed as u64, Ordering::Relaxed);
+            families.memory_shed("downstream_idle", closed as u64);
+            if closed < want {
+                let upstream: usize = ctx
+                    .metrics
+                    .live_pools()
+                    .iter()
+                    .map(|p| p.shed_idle_surplus())
+                    .sum();
+                self.sheds
+                    .upstream_idle
+                    .fetch_add(upstream as u64, Ordering::Relaxed);
+                families.memory_shed("upstream_idle", upstream as u64);
+                closed += upstream;
+            }
+            if closed == 0 {
+                break;
+            }
+            tracing::debug!(usage, closed, "memory budget: shed idle connections");
+            crate::resident::trim_heap();
+            usage = self.measure(ctx).unwrap_or(usage);
+        }
+        usage
+    }
+}
+
+/// Keeps the footprint under `budget` for as long as the runtime runs.
+pub async fn enforce(budget: Arc<Budget>, ctx: Arc<Context>) {
+    let families = ctx.metrics.families();
+    families
+        .memory_budget
+        .set(i64::try_from(budget.limit.bytes).unwrap_or(i64::MAX));
+    tracing::info!(budget = budget.limit.bytes, source = %budget.limit.describe(), "memory budget");
+    loop {
+        budget.adjust(&ctx);
+        tokio::select! {
+            () = tokio::time::sleep(TICK) => {}
+            () = budget.measure_now.notified() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory tree standing in for `/`, removed on drop.
+    struct FakeRoot(PathBuf);
+
+    impl FakeRoot {
+        /// `files` are (path under the root, content).
+        fn new(files: &[(&str, &str)]) -> Self {
+            use std::sync::atomic::AtomicU32;
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let root = std::env::temp_dir().join(format!("egress-budget-{}-{n}", std::process::id()));
+            for (path, content) in files {
+                let path = root.join(path);
+                fs::create_dir_all(path.parent().unwrap()).unwrap();
+                fs::write(path, content).unwrap();
+            }
+            fs::create_dir_all(&root).unwrap();
+            FakeRoot(root)
+        }
+    }
+
+    impl Drop for FakeRoot {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn from_cgroup(fraction: f64) -> BudgetConfig {
+        BudgetConfig {
+            memory_fraction: fraction,
+            memory_bytes: None,
+        }
+    }
+
+    #[test]
+    fn v2_takes_the_lowest_limit_on_the_path_up() {
+        let root = FakeRoot::new(&[
+            ("proc/self/cgroup", "0::/kubepods/pod1/ctr\n"),
+            ("sys/fs/cgroup/kubepods/memory.max", "max\n"),
+            ("sys/fs/cgroup/kubepods/pod1/memory.max", "134217728\n"),
+            ("sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "268435456\n"),
+            ("sys/fs/cgroup/kubepods/pod1/ctr/memory.current", "10000000\n"),
+            (
+                "sys/fs/cgroup/kubepods/pod1/ctr/memory.stat",
+                "anon 1\ninactive_file 2000000\nactive_file 5\n",
+            ),
+        ]);
+        let limit = Limit::discover(&from_cgroup(0.5), &root.0).expect("a limit");
+        assert_eq!(limit.bytes, 64 << 20, "half of the pod's 128 MiB");
+        let Source::Cgroup(cgroup) = &limit.source else {
+            panic!("{limit:?}")
+        };
+        assert_eq!((cgroup.version, cgroup.limit), (2, 128 << 20));
+        assert!(cgroup.dir.ends_with("kubepods/pod1/ctr"));
+        assert_eq!(
+            limit.usage(10).unwrap(),
+            8_000_000,
+            "usage less inactive page cache"
+        );
+    }
+
+    #[test]
+    fn v2_inside_a_cgroup_namespace_reads_the_mount_root() {
+        let root = FakeRoot::new(&[
+            ("proc/self/cgroup", "0::/\n"),
+            ("sys/fs/cgroup/memory.max", "67108864\n"),
+        ]);
+        let limit = Limit::discover(&from_cgroup(0.8), &root.0).expect("a limit");
+        assert_eq!(limit.bytes, (64u64 << 20) * 8 / 10);
+    }
+
+    #[test]
+    fn v1_memory_controller_on_a_hybrid_host() {
+        let root = FakeRoot::new(&[
+            (
+                "proc/self/cgroup",
+                "9:name=systemd:/\n4:cpu,memory:/docker/abc\n0::/\n",
+            ),
+            (
+                "sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+            (
+                "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes",
+                "33554432\n",
+            ),
+            (
+                "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes",
+                "5000000\n",
+            ),
+            (
+                "sys/fs/cgroup/memory/docker/abc/memory.stat",
+                "cache 9\ntotal_inactive_file 1000000\n",
+            ),
+        ]);
+        let limit = Limit::discover(&from_cgroup(1.0), &root.0).expect("a limit");
+        assert_eq!(limit.bytes, 32 << 20);
+        assert_eq!(limit.usage(10).unwrap(), 4_000_000);
+    }
+
+    #[test]
+    fn no_limit_anywhere_is_no_budget_and_explicit_bytes_win() {
+        let unlimited = FakeRoot::new(&[
+            ("proc/self/cgroup", "4:memory:/x\n"),
+            (
+                "sys/fs/cgroup/memory/x/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+        ]);
+        assert_eq!(Limit::discover(&from_cgroup(0.8), &unlimited.0), None);
+        let v2_max = FakeRoot::new(&[
+            ("proc/self/cgroup", "0::/\n"),
+            ("sys/fs/cgroup/memory.max", "max\n"),
+        ]);
+        assert_eq!(Limit::discover(&from_cgroup(0.8), &v2_max.0), None);
+        let nothing = FakeRoot::new(&[]);
+        assert_eq!(Limit::discover(&from_cgroup(0.8), &nothing.0), None);
+        let explicit = BudgetConfig {
+            memory_fraction: 0.8,
+            memory_bytes: Some(48 << 20),
+        };
+        let limit = Limit::discover(&explicit, &nothing.0).unwrap();
+        assert_eq!((limit.bytes, &limit.source), (48 << 20, &Source::Config));
+        let rss = resident_bytes().unwrap();
+        let usage = limit.usage(1000).unwrap();
+        assert!(rss > 1 << 20, "RSS of this test process");
+        assert!(
+            usage >= rss + 1000 * KERNEL_SOCKET_COST && usage < rss + (1 << 20) + 1000 * KERNEL_SOCKET_COST,
+            "{usage}"
+        );
+    }
+
+    #[tokio::test]
+    async fn admit_waits_without_credit_until_a_refill() {
+        let budget = Arc::new(Budget::new(Limit {
+            bytes: 1 << 30,
+            source: Source::Config,
+        }));
+        budget.grant(2);
+        budget.admit().await;
+        budget.admit().await;
+        let waiting = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.admit().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "no credit left: the third accept waits");
+        budget.grant(1);
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("a refill lets it in")
+            .unwrap();
+    }
+}

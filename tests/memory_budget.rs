@@ -1,0 +1,348 @@
+//! The memory budget under a leak storm: the seeds' leaky Go client (`tests/leaky/main.go`, a new
+//! `http.Transport` per request) opens 20,000 connections through the sidecar and never closes
+//! one. Idle timeouts are set to minutes and `max_idle_connections` out of reach, so only the
+//! budget can stop those connections from piling up. Meanwhile well-behaved clients keep
+//! requests in flight; none of them may fail.
+//!
+//! Two budgets: an explicit `budget.memory_bytes` (always), and 80% of a real cgroup's memory
+//! limit (where this machine lets the test make a cgroup: root and a memory controller).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::{ChildSidecar, FakeUpstream, RawClient};
+
+const STORM: usize = 20_000;
+
+/// Long idle timeouts and room for every connection: nothing but the budget sheds.
+const NO_OTHER_LIMITS: &str = "downstream: { idle_timeout: 300s, leaky_idle_timeout: 300s, \
+    max_idle_connections: 100000, max_connections: 100000 }\n";
+
+/// Well-behaved clients keeping slow requests in flight until `stop`.
+struct InFlight {
+    ok: Arc<AtomicUsize>,
+    failed: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl InFlight {
+    /// `clients` keep-alive connections, each sending GET /sleep/150 back to back.
+    fn start(sidecar: std::net::SocketAddr, upstream: std::net::SocketAddr, clients: usize) -> Self {
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let url = format!("http://{upstream}/sleep/150");
+        let tasks = (0..clients)
+            .map(|_| {
+                let (ok, failed, stop, url) = (ok.clone(), failed.clone(), stop.clone(), url.clone());
+                tokio::spawn(async move {
+                    let mut client = RawClient::connect(sidecar).await;
+                    while !stop.load(Ordering::Relaxed) {
+                        let resp = client.get(&url).await;
+                        if resp.status == 200 && resp.body == b"ok" {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            failed
+                                .lock()
+                                .unwrap()
+                                .push(format!("{} {:?}", resp.status, resp.text()));
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        InFlight {
+            ok,
+            failed,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Stops the clients; returns how many requests succeeded, asserting none failed.
+    async fn finish(self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await
+                .expect("an in-flight client panicked (its request failed)");
+        }
+        let failed = self.failed.lock().unwrap().clone();
+        assert!(failed.is_empty(), "in-flight requests failed: {failed:?}");
+        self.ok.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs the leaky client for `STORM` requests through the sidecar; returns (ok, errors).
+async fn leak_storm(leaky: &Path, sidecar: &ChildSidecar, upstream: std::net::SocketAddr) -> (u64, u64) {
+    let out = tokio::process::Command::new(leaky)
+        .args(["-n", &STORM.to_string(), "-wait", "1s"])
+        .args(["-url", &format!("http://{upstream}/")])
+        .args(["-proxy", &format!("http://{}", sidecar.addr)])
+        .env_remove("HTTP_PROXY")
+        .env_remove("http_proxy")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("running the leaky client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "leaky client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done: serde_json::Value = stdout
+        .lines()
+        .find(|l| l.contains("\"after_requests\""))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no after_requests line in {stdout}"));
+    (done["ok"].as_u64().unwrap(), done["errors"].as_u64().unwrap())
+}
+
+async fn budget_report(sidecar: &ChildSidecar) -> serde_json::Value {
+    let resp = support::admin_get(sidecar.admin, "/debug/pools").await;
+    let pools: serde_json::Value = serde_json::from_slice(&resp.body).expect("JSON");
+    pools["budget"].clone()
+}
+
+fn metric(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    support::value(scrape, name, labels)
+}
+
+/// What a storm run saw.
+struct Storm {
+    in_flight_ok: usize,
+    shed_downstream: f64,
+    downstream_peak: f64,
+}
+
+/// The storm with in-flight clients alongside; asserts every request of both succeeded.
+async fn storm_with_requests_in_flight(
+    leaky: &Path,
+    sidecar: &ChildSidecar,
+    upstream: &FakeUpstream,
+) -> Storm {
+    let in_flight = InFlight::start(sidecar.addr, upstream.addr, 4);
+    let watching = Arc::new(AtomicBool::new(true));
+    let peak = tokio::spawn({
+        let (watching, admin) = (watching.clone(), sidecar.admin);
+        async move {
+            let mut peak: f64 = 0.0;
+            while watching.load(Ordering::Relaxed) {
+                let scrape = support::scrape(admin).await;
+                peak = peak.max(metric(&scrape, "egress_downstream_connections", &[]));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            peak
+        }
+    });
+    let (ok, errors) = leak_storm(leaky, sidecar, upstream.addr).await;
+    watching.store(false, Ordering::Relaxed);
+    let in_flight_ok = in_flight.finish().await;
+    assert_eq!((ok, errors), (STORM as u64, 0), "every leaky request got its 200");
+    assert!(
+        in_flight_ok > 0,
+        "the well-behaved clients made requests during the storm"
+    );
+    let scrape = support::scrape(sidecar.admin).await;
+    Storm {
+        in_flight_ok,
+        shed_downstream: metric(
+            &scrape,
+            "egress_memory_sheds_total",
+            &[("action", "downstream_idle")],
+        ),
+        downstream_peak: peak.await.unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_budget_holds_through_a_leak_storm() {
+    let Some(leaky) = support::build_go("tests/leaky/main.go", "leaky").await else {
+        println!("SKIPPED: `go` is not on PATH; the leaky Go client cannot be built");
+        return;
+    };
+    const BUDGET: u64 = 12 << 20;
+    let upstream = FakeUpstream::start().await;
+    let sidecar = ChildSidecar::spawn(&format!(
+        "{NO_OTHER_LIMITS}budget: {{ memory_bytes: {BUDGET} }}\n"
+    ))
+    .await;
+    let scrape = support::scrape(sidecar.admin).await;
+    assert_eq!(metric(&scrape, "egress_memory_budget_bytes", &[]), BUDGET as f64);
+
+    let storm = storm_with_requests_in_flight(&leaky, &sidecar, &upstream).await;
+    let peak_rss = sidecar.status_kib("VmHWM") * 1024;
+    let report = budget_report(&sidecar).await;
+    println!(
+        "explicit budget {BUDGET}: peak RSS {peak_rss}, {} idle connections shed, at most {} open, \
+         {} in-flight requests ok; {report}",
+        storm.shed_downstream, storm.downstream_peak, storm.in_flight_ok
+    );
+    assert!(
+        peak_rss < BUDGET,
+        "peak RSS {peak_rss} passed the budget {BUDGET}"
+    );
+    assert!(
+        report["usage_bytes"].as_u64().unwrap() <= BUDGET,
+        "usage as measured (RSS and sockets) is under the budget: {report}"
+    );
+    // 20,000 sockets alone are ~29 MiB of kernel memory: most had to go.
+    assert!(storm.shed_downstream >= (STORM / 2) as f64, "{report}");
+    assert_eq!(
+        report["shed_downstream_idle"].as_f64(),
+        Some(storm.shed_downstream)
+    );
+    assert!(
+        storm.downstream_peak < (STORM / 2) as f64,
+        "at most {} open",
+        storm.downstream_peak
+    );
+}
+
+/// A memory cgroup this test may create: v2 (`cgroup.procs`, `memory.max`) or v1.
+struct TestCgroup {
+    dir: PathBuf,
+    version: u8,
+}
+
+impl TestCgroup {
+    /// A child of this process's own memory cgroup with `limit` bytes, or why there cannot be.
+    fn create(limit: u64) -> Result<Self, String> {
+        let membership =
+            std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+        let v2_root = Path::new("/sys/fs/cgroup");
+        let (parent, version) = if v2_root.join("cgroup.controllers").exists() {
+            let path = membership
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .ok_or("no v2 membership")?;
+            (v2_root.join(path.trim_start_matches('/')), 2)
+        } else {
+            let path = membership
+                .lines()
+                .find_map(|l| {
+                    let mut f = l.splitn(3, ':');
+                    let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+                    controllers.split(',').any(|c| c == "memory").then_some(path)
+                })
+                .ok_or("no memory controller in /proc/self/cgroup")?;
+            (
+                Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/')),
+                1,
+            )
+        };
+        let dir = parent.join(format!("egress-budget-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let cgroup = TestCgroup { dir, version };
+        let limit_file = if version == 2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        std::fs::write(cgroup.dir.join(limit_file), limit.to_string())
+            .map_err(|e| format!("setting {limit_file} (is the memory controller delegated?): {e}"))?;
+        Ok(cgroup)
+    }
+
+    /// The highest usage the kernel charged, and how often the limit was hit.
+    fn peak_and_failures(&self) -> (u64, u64) {
+        let read = |f: &str| -> u64 {
+            std::fs::read_to_string(self.dir.join(f))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        if self.version == 2 {
+            let events = std::fs::read_to_string(self.dir.join("memory.events")).unwrap_or_default();
+            let count = |key: &str| -> u64 {
+                events
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            (read("memory.peak"), count("max ") + count("oom_kill "))
+        } else {
+            (read("memory.max_usage_in_bytes"), read("memory.failcnt"))
+        }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // The sidecar was killed before this runs; its cgroup empties as it exits.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
+    let Some(leaky) = support::build_go("tests/leaky/main.go", "leaky").await else {
+        println!("SKIPPED: `go` is not on PATH; the leaky Go client cannot be built");
+        return;
+    };
+    const LIMIT: u64 = 24 << 20;
+    let cgroup = match TestCgroup::create(LIMIT) {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            println!(
+                "SKIPPED: cannot make a memory cgroup here ({why}); the explicit-budget test still runs"
+            );
+            return;
+        }
+    };
+    let upstream = FakeUpstream::start().await;
+    let sidecar = ChildSidecar::spawn_in_cgroup(NO_OTHER_LIMITS, &cgroup.dir.join("cgroup.procs")).await;
+    let budget = (LIMIT as f64 * 0.8) as u64;
+    let report = budget_report(&sidecar).await;
+    assert_eq!(
+        report["budget_bytes"].as_u64(),
+        Some(budget),
+        "80% of the limit: {report}"
+    );
+    assert_eq!(report["usage_measure"], "cgroup_working_set", "{report}");
+    assert!(
+        report["source"]
+            .as_str()
+            .unwrap()
+            .contains(&cgroup.dir.display().to_string()),
+        "{report}"
+    );
+
+    let storm = storm_with_requests_in_flight(&leaky, &sidecar, &upstream).await;
+    let (peak, failures) = cgroup.peak_and_failures();
+    let peak_rss = sidecar.status_kib("VmHWM") * 1024;
+    let report = budget_report(&sidecar).await;
+    println!(
+        "cgroup v{} limit {LIMIT}, budget {budget}: peak charged {peak}, peak RSS {peak_rss}, limit hit {failures} times, \
+         {} idle connections shed, at most {} open, {} in-flight requests ok; {report}",
+        cgroup.version, storm.shed_downstream, storm.downstream_peak, storm.in_flight_ok
+    );
+    assert_eq!(failures, 0, "the cgroup never hit its limit");
+    assert!(
+        peak_rss < budget,
+        "peak RSS {peak_rss} passed the budget {budget}"
+    );
+    assert!(peak < LIMIT, "peak charged {peak}");
+    assert!(
+        report["usage_bytes"].as_u64().unwrap() <= budget,
+        "working set under the budget: {report}"
+    );
+    assert!(storm.shed_downstream >= (STORM / 2) as f64, "{report}");
+    assert!(
+        storm.downstream_peak < (STORM / 2) as f64,
+        "at most {} open",
+        storm.downstream_peak
+    );
+    drop(sidecar);
+}
