@@ -21,7 +21,9 @@
 //! 2. idle upstream connections beyond each pool's `max_idle`, which the pool otherwise keeps
 //!    for a one-second grace;
 //! 3. accepting: each accept spends credit, the headroom under [`PAUSE_AT`] divided by what a
-//!    new connection can cost ([`ACCEPT_COST`]) before the next measurement. With no credit
+//!    new connection costs: at least [`ACCEPT_COST`], more when usage grew faster than that
+//!    per connection accepted between measurements (requests in flight cost what their
+//!    application sends and the upstream answers, which no constant knows). With no credit
 //!    left, new connections wait in the kernel's backlog (as with `max_connections`) until a
 //!    measurement finds room, which requests finishing and connections closing make.
 //!
@@ -43,6 +45,7 @@ use tokio::sync::Notify;
 
 use crate::config::BudgetConfig;
 use crate::downstream::Context;
+use crate::metrics::Metrics;
 
 /// How often usage is measured while nothing else asks for it.
 pub const TICK: Duration = Duration::from_millis(100);
@@ -50,12 +53,15 @@ pub const TICK: Duration = Duration::from_millis(100);
 pub const SHED_ABOVE: f64 = 0.90;
 /// ...and stops once usage is back under this share.
 pub const SHED_TO: f64 = 0.80;
-/// New connections stop being accepted when usage (as measured, plus [`ACCEPT_COST`] for each
-/// connection accepted since) would pass this share.
+/// New connections stop being accepted when usage (as measured, plus what each connection
+/// accepted since costs) would pass this share.
 pub const PAUSE_AT: f64 = 0.95;
-/// What a freshly accepted connection may cost before the next measurement: its task and
-/// future, a read buffer, a request in flight with an upstream buffer, and the kernel's socket.
+/// What a freshly accepted connection is taken to cost at least: its task and future, a read
+/// buffer, a request in flight with an upstream buffer, and the kernel's socket.
 pub const ACCEPT_COST: u64 = 16 << 10;
+/// The most one new connection is taken to cost: usage also grows without accepts (requests
+/// already in flight), which must not stop accepting for long.
+const MAX_ACCEPT_COST: u64 = 256 << 10;
 /// What closing an idle application connection frees, for sizing a shedding round: its parked
 /// record and the kernel's socket. Rounds re-measure, so a wrong guess costs a round, not the
 /// budget.
@@ -63,6 +69,8 @@ const IDLE_DOWNSTREAM_FREES: u64 = 2 << 10;
 /// Kernel memory an open connection holds (socket, file, epoll entry), counted into usage
 /// under an explicit budget, where nothing measures it.
 pub const KERNEL_SOCKET_COST: u64 = 1536;
+/// Connections let in when usage cannot be read.
+const UNMEASURED_CREDIT: i64 = 64;
 /// Shedding rounds per measurement at most; the next tick goes on if usage is still high.
 const MAX_ROUNDS: usize = 4;
 /// cgroup v1 reports "no limit" as a page-aligned i64::MAX; anything this large is no limit.
@@ -247,6 +255,26 @@ pub struct Budget {
     usage: AtomicU64,
     paused: AtomicBool,
     sheds: Sheds,
+    /// Connections admitted since start.
+    admitted: AtomicU64,
+    /// The enforcing task's view of the last measurement.
+    last: std::sync::Mutex<LastMeasurement>,
+}
+
+/// What the previous measurement saw, to learn what a new connection costs.
+#[derive(Debug, Clone, Copy)]
+struct LastMeasurement {
+    usage: u64,
+    admitted: u64,
+    cost: u64,
+}
+
+/// What one more connection is taken to cost: the larger of [`ACCEPT_COST`] and what the
+/// connections admitted since the last measurement did cost, remembered with a tenth decayed
+/// per measurement so that a burst is not forgotten at once nor throttles for long.
+fn next_cost(previous: u64, grew: u64, admitted: u64) -> u64 {
+    let sample = grew.checked_div(admitted).unwrap_or(0).min(MAX_ACCEPT_COST);
+    (previous - previous / 10).max(sample).max(ACCEPT_COST)
 }
 
 /// The budget as `/debug/pools` shows it.
@@ -272,8 +300,12 @@ pub struct BudgetReport {
 }
 
 impl Budget {
-    /// A budget of `limit`, with no credit until the first measurement.
-    pub fn new(limit: Limit) -> Self {
+    /// A budget of `limit`, with no credit until the first measurement; `metrics` shows it.
+    pub fn new(limit: Limit, metrics: &Metrics) -> Self {
+        metrics
+            .families()
+            .memory_budget
+            .set(i64::try_from(limit.bytes).unwrap_or(i64::MAX));
         Budget {
             limit,
             credit: AtomicI64::new(0),
@@ -282,6 +314,12 @@ impl Budget {
             usage: AtomicU64::new(0),
             paused: AtomicBool::new(false),
             sheds: Sheds::default(),
+            admitted: AtomicU64::new(0),
+            last: std::sync::Mutex::new(LastMeasurement {
+                usage: 0,
+                admitted: 0,
+                cost: ACCEPT_COST,
+            }),
         }
     }
 
@@ -300,6 +338,7 @@ impl Budget {
             // Made before the check so that a refill between the two is not missed.
             let refilled = self.refilled.notified();
             if self.credit.fetch_sub(1, Ordering::AcqRel) > 0 {
+                self.admitted.fetch_add(1, Ordering::Relaxed);
                 return;
             }
             self.credit.fetch_add(1, Ordering::AcqRel);
@@ -339,18 +378,26 @@ impl Budget {
     fn adjust(&self, ctx: &Context) {
         let Ok(mut usage) = self.measure(ctx) else {
             // Unmeasurable now: let connections in rather than stall on a /proc hiccup.
-            self.grant(ACCEPT_COST as i64);
+            self.grant(UNMEASURED_CREDIT);
             return;
         };
-        if usage > self.share(SHED_ABOVE) {
-            usage = self.shed(usage, ctx);
+        let (cost, young) = self.learn_cost(usage);
+        // Connections admitted since the last measurement have yet to grow to what they cost.
+        let growing = young.saturating_mul(cost);
+        if usage + growing > self.share(SHED_ABOVE) {
+            // What finished requests freed counts only once it is handed back.
+            crate::resident::trim_heap();
+            usage = self.measure(ctx).unwrap_or(usage);
         }
-        self.usage.store(usage, Ordering::Relaxed);
+        if usage + growing > self.share(SHED_ABOVE) {
+            usage = self.shed(usage, growing, ctx);
+        }
+        self.remember(usage);
         let families = ctx.metrics.families();
         families
             .memory_usage
             .set(i64::try_from(usage).unwrap_or(i64::MAX));
-        let room = self.share(PAUSE_AT).saturating_sub(usage) / ACCEPT_COST;
+        let room = self.share(PAUSE_AT).saturating_sub(usage + growing) / cost;
         let credit = if room == 0 && ctx.open_connections() == 0 {
             1
         } else {
@@ -372,6 +419,23 @@ impl Budget {
         }
     }
 
+    /// What a new connection is taken to cost, learned from the growth since the last
+    /// measurement to `usage`, and how many were admitted since.
+    fn learn_cost(&self, usage: u64) -> (u64, u64) {
+        let admitted = self.admitted.load(Ordering::Relaxed);
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let young = admitted - last.admitted;
+        last.cost = next_cost(last.cost, usage.saturating_sub(last.usage), young);
+        last.admitted = admitted;
+        (last.cost, young)
+    }
+
+    /// The usage the next measurement's growth is counted from.
+    fn remember(&self, usage: u64) {
+        self.usage.store(usage, Ordering::Relaxed);
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).usage = usage;
+    }
+
     fn grant(&self, credit: i64) {
         self.credit.store(credit, Ordering::Release);
         if credit > 0 {
@@ -379,12 +443,13 @@ impl Budget {
         }
     }
 
-    /// Sheds in the module's order until usage is back to [`SHED_TO`]; returns usage after.
-    fn shed(&self, mut usage: u64, ctx: &Context) -> u64 {
+    /// Sheds in the module's order until usage, with what young connections will still grow
+    /// by, is back to [`SHED_TO`]; returns usage after.
+    fn shed(&self, mut usage: u64, growing: u64, ctx: &Context) -> u64 {
         let target = self.share(SHED_TO);
         let families = ctx.metrics.families();
         for _ in 0..MAX_ROUNDS {
-            let excess = usage.saturating_sub(target);
+            let excess = (usage + growing).saturating_sub(target);
             if excess == 0 {
                 break;
             }
@@ -420,10 +485,6 @@ impl Budget {
 
 /// Keeps the footprint under `budget` for as long as the runtime runs.
 pub async fn enforce(budget: Arc<Budget>, ctx: Arc<Context>) {
-    let families = ctx.metrics.families();
-    families
-        .memory_budget
-        .set(i64::try_from(budget.limit.bytes).unwrap_or(i64::MAX));
     tracing::info!(budget = budget.limit.bytes, source = %budget.limit.describe(), "memory budget");
     loop {
         budget.adjust(&ctx);
@@ -569,12 +630,42 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_new_connection_costs_what_recent_ones_did_and_the_estimate_decays() {
+        assert_eq!(
+            next_cost(ACCEPT_COST, 0, 0),
+            ACCEPT_COST,
+            "nothing seen: the floor"
+        );
+        assert_eq!(
+            next_cost(ACCEPT_COST, 100 << 10, 1000),
+            ACCEPT_COST,
+            "cheap ones: the floor"
+        );
+        assert_eq!(
+            next_cost(ACCEPT_COST, 64 << 20, 1000),
+            65_536 + 1_572,
+            "64 MiB over 1000"
+        );
+        assert_eq!(next_cost(ACCEPT_COST, 64 << 20, 1), MAX_ACCEPT_COST, "capped");
+        let mut cost = 100_000;
+        for _ in 0..3 {
+            cost = next_cost(cost, 0, 50);
+        }
+        assert_eq!(cost, 72_900, "a tenth off per quiet measurement");
+        for _ in 0..30 {
+            cost = next_cost(cost, 0, 50);
+        }
+        assert_eq!(cost, ACCEPT_COST, "back to the floor");
+    }
+
     #[tokio::test]
     async fn admit_waits_without_credit_until_a_refill() {
-        let budget = Arc::new(Budget::new(Limit {
+        let limit = Limit {
             bytes: 1 << 30,
             source: Source::Config,
-        }));
+        };
+        let budget = Arc::new(Budget::new(limit, &Metrics::new()));
         budget.grant(2);
         budget.admit().await;
         budget.admit().await;

@@ -166,7 +166,7 @@ pub async fn run_with_reload(
     let max_connections = config.downstream.max_connections;
     let limit = Arc::new(Semaphore::new(max_connections));
     let budget = budget::Limit::discover(&config.budget, std::path::Path::new("/"))
-        .map(|l| Arc::new(budget::Budget::new(l)));
+        .map(|l| Arc::new(budget::Budget::new(l, &metrics)));
     let ctx = Arc::new(Context {
         config: reload::Live::new(config.downstream),
         proxy: Proxy::new(router),

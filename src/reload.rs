@@ -2,7 +2,7 @@
 //! (flags and environment variables still win) and applied without dropping a request.
 //!
 //! - A config that fails validation, or that changes what cannot change in place (the
-//!   `listen`, `admin` and route-mode `upstreams[].listen` sockets), is rejected: the error is
+//!   `listen`, `admin` and route-mode `upstreams[].listen` sockets, and `budget`), is rejected: the error is
 //!   logged, `egress_config_reloads_total{result="failure"}` counts it,
 //!   `egress_config_last_reload_successful` turns 0, and the old config keeps serving.
 //! - Otherwise routing, policy and downstream settings switch at once; each upstream whose
@@ -191,7 +191,7 @@ fn outcome(result: &'static str) -> crate::metrics::ResultLabel {
 fn apply(ctx: &Context, config: Config) -> Result<ReloadSummary, String> {
     let router = ctx.proxy.router();
     let old = router.config();
-    check_listeners(&old, &config)?;
+    check_fixed_at_start(&old, &config)?;
     let downstream = config.downstream;
     let summary = router.reload(Arc::new(config));
     resize_limit(ctx, ctx.config.get().max_connections, downstream.max_connections);
@@ -199,10 +199,13 @@ fn apply(ctx: &Context, config: Config) -> Result<ReloadSummary, String> {
     Ok(summary)
 }
 
-/// The sockets are bound once, at start; a reload that moves one is refused as a whole rather
-/// than applied in part.
-fn check_listeners(old: &Config, new: &Config) -> Result<(), String> {
+/// The sockets are bound once, at start, and the memory budget is sized then; a reload that
+/// changes either is refused as a whole rather than applied in part.
+fn check_fixed_at_start(old: &Config, new: &Config) -> Result<(), String> {
     let mut problems = Vec::new();
+    if old.budget != new.budget {
+        problems.push("budget: changed; the memory budget is sized at start".to_owned());
+    }
     if old.listen != new.listen {
         problems.push(format!("listen: changed from {} to {}", old.listen, new.listen));
     }
@@ -225,7 +228,7 @@ fn check_listeners(old: &Config, new: &Config) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "{}; listening sockets are bound at start, restart the sidecar to change them",
+        "{}; restart the sidecar to change what is fixed at start",
         problems.join("; ")
     ))
 }
@@ -255,13 +258,25 @@ mod tests {
         let parse = |yaml: &str| config::parse(yaml, &Default::default()).unwrap();
         let old = parse("listen: 127.0.0.1:15080\nupstreams:\n  - { name: a, url: http://a.test, listen: 127.0.0.1:15090 }\n");
         let same = parse("listen: 127.0.0.1:15080\nupstreams:\n  - { name: a, url: http://b.test, listen: 127.0.0.1:15090 }\n");
-        assert!(check_listeners(&old, &same).is_ok());
+        assert!(check_fixed_at_start(&old, &same).is_ok());
         let moved = parse("listen: 127.0.0.1:15082\nupstreams:\n  - { name: a, url: http://a.test, listen: 127.0.0.1:15091 }\n");
-        let err = check_listeners(&old, &moved).unwrap_err();
+        let err = check_fixed_at_start(&old, &moved).unwrap_err();
         assert!(
             err.contains("listen: changed from 127.0.0.1:15080 to 127.0.0.1:15082"),
             "{err}"
         );
         assert!(err.contains("upstreams[].listen"), "{err}");
+    }
+
+    #[test]
+    fn changing_the_budget_is_refused_naming_the_key() {
+        let parse = |yaml: &str| config::parse(yaml, &Default::default()).unwrap();
+        let old = parse("budget: { memory_fraction: 0.8 }\n");
+        assert!(
+            check_fixed_at_start(&old, &parse("")).is_ok(),
+            "0.8 is the default"
+        );
+        let err = check_fixed_at_start(&old, &parse("budget: { memory_bytes: 64MiB }\n")).unwrap_err();
+        assert!(err.starts_with("budget: changed"), "{err}");
     }
 }

@@ -346,3 +346,49 @@ async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
     );
     drop(sidecar);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_requests_past_the_budget_waits_in_the_backlog_and_none_fails() {
+    const BUDGET: u64 = 12 << 20;
+    const BURST: usize = 800;
+    let upstream = FakeUpstream::start().await;
+    let sidecar = ChildSidecar::spawn(&format!(
+        "{NO_OTHER_LIMITS}defaults: {{ pool: {{ max_connections: 1000, max_idle: 1000, pending_timeout: 30s }} }}\n\
+         budget: {{ memory_bytes: {BUDGET} }}\n"
+    ))
+    .await;
+    let url = format!("http://{}/sleep/1000", upstream.addr);
+    let started = tokio::time::Instant::now();
+    let requests: Vec<_> = (0..BURST)
+        .map(|_| {
+            let (addr, url) = (sidecar.addr, url.clone());
+            tokio::spawn(async move { RawClient::connect(addr).await.get(&url).await })
+        })
+        .collect();
+    let mut statuses = std::collections::BTreeMap::new();
+    for request in requests {
+        let resp = request.await.unwrap();
+        *statuses.entry(resp.status).or_insert(0) += 1;
+    }
+    let took = started.elapsed();
+    let peak_rss = sidecar.status_kib("VmHWM") * 1024;
+    let report = budget_report(&sidecar).await;
+    println!("{BURST} requests of 1 s in {took:?}: {statuses:?}, peak RSS {peak_rss}; {report}");
+    assert_eq!(
+        statuses.get(&200),
+        Some(&BURST),
+        "every request answered 200: {statuses:?}"
+    );
+    assert!(
+        report["shed_accept_paused"].as_u64().unwrap() >= 1,
+        "accepting paused: {report}"
+    );
+    assert!(
+        took > Duration::from_secs(2),
+        "some waited for earlier ones to finish"
+    );
+    assert!(
+        peak_rss < BUDGET,
+        "peak RSS {peak_rss} passed the budget {BUDGET}"
+    );
+}
