@@ -56,7 +56,7 @@ async fn respond(
     clients: Arc<Clients>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.uri().path() == "/debug/clients" {
-        return Ok(json(&clients.report()));
+        return Ok(json(&clients.report_attributed().await));
     }
     if req.uri().path() == "/debug/pools" {
         let pools: Vec<_> = metrics.live_pools().iter().map(|p| p.report()).collect();

@@ -12,12 +12,14 @@
 //!   `downstream.max_idle_connections` (longest idle first, as nginx reuses keep-alive
 //!   connections under `worker_connections` pressure) and draining.
 //!
+//! TCP and Unix-socket connections park alike: the lot keeps each as its std socket
+//! ([`ParkedSocket`]) and hands it back to a task of the right type when it wakes.
+//!
 //! Under load connections idle for microseconds between requests and never get here; parking
 //! and waking cost four `epoll_ctl` calls, paid only by connections idle for [`PARK_AFTER`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -29,6 +31,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::{self, Connection};
+use super::stream::{ParkedSocket, Peer, Stream};
 use super::{finish, spawn_connection, Context, Held, Served};
 use crate::routing::Entry;
 
@@ -73,8 +76,8 @@ enum TaskState {
 /// What a parked connection keeps.
 #[derive(Debug)]
 struct Parked {
-    stream: std::net::TcpStream,
-    peer: SocketAddr,
+    stream: ParkedSocket,
+    peer: Peer,
     requests: u64,
     leaky: bool,
     deadline: Instant,
@@ -115,7 +118,7 @@ impl Parking {
     }
 
     /// Takes over an idle connection whose task is ending. It has been idle for [`PARK_AFTER`].
-    pub(super) fn park(&self, conn: Connection, held: Held, entry: Entry, ctx: &Arc<Context>) {
+    pub(super) fn park<S: Stream>(&self, conn: Connection<S>, held: Held, entry: Entry, ctx: &Arc<Context>) {
         let Connection {
             stream,
             peer,
@@ -123,11 +126,11 @@ impl Parking {
             leaky,
             ..
         } = conn;
-        let not_parked = |held| ended(ctx, peer, requests, false, held);
+        let not_parked = |held| ended(ctx, &peer, requests, false, held);
         let Some(registry) = &self.registry else {
             return not_parked(held);
         };
-        let stream = match stream.into_std() {
+        let stream = match stream.into_parked() {
             Ok(stream) => stream,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot park an idle connection");
@@ -199,17 +202,16 @@ impl Parking {
             entry,
             ..
         } = parked;
-        match tokio::net::TcpStream::from_std(stream) {
-            Ok(stream) => spawn_connection(
-                Connection::resume(stream, peer, requests, leaky),
-                held,
-                entry,
-                ctx.clone(),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot resume a parked connection");
-                ended(ctx, peer, requests, false, held);
-            }
+        let woken = Woken {
+            peer,
+            requests,
+            leaky,
+            held,
+            entry,
+        };
+        match stream {
+            ParkedSocket::Tcp(s) => woken.resume(tokio::net::TcpStream::from_std(s), ctx),
+            ParkedSocket::Unix(s) => woken.resume(tokio::net::UnixStream::from_std(s), ctx),
         }
     }
 
@@ -289,6 +291,39 @@ fn token(seq: u64) -> Token {
     Token(seq as usize)
 }
 
+/// A parked connection on its way back to a task, but for its socket.
+struct Woken {
+    peer: Peer,
+    requests: u64,
+    leaky: bool,
+    held: Held,
+    entry: Entry,
+}
+
+impl Woken {
+    fn resume<S: Stream>(self, stream: io::Result<S>, ctx: &Arc<Context>) {
+        let Woken {
+            peer,
+            requests,
+            leaky,
+            held,
+            entry,
+        } = self;
+        match stream {
+            Ok(stream) => spawn_connection(
+                Connection::resume(stream, peer, requests, leaky),
+                held,
+                entry,
+                ctx.clone(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot resume a parked connection");
+                ended(ctx, &peer, requests, false, held);
+            }
+        }
+    }
+}
+
 /// Closes a connection that stayed idle too long or was evicted, counted as an idle close.
 fn close_idle(parked: Parked, ctx: &Context) {
     ctx.count_idle_close(parked.requests);
@@ -305,12 +340,12 @@ impl Parked {
             ..
         } = self;
         drop(stream);
-        ended(ctx, peer, requests, idle_closed, held);
+        ended(ctx, &peer, requests, idle_closed, held);
     }
 }
 
 /// The accounting for a connection that ends here rather than in its task.
-fn ended(ctx: &Context, peer: SocketAddr, requests: u64, idle_closed: bool, held: Held) {
+fn ended(ctx: &Context, peer: &Peer, requests: u64, idle_closed: bool, held: Held) {
     finish(
         ctx,
         peer,
