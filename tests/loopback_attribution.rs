@@ -15,7 +15,9 @@ fn proc_unreadable(pid: u32) -> Option<String> {
         return Some(format!("/proc/net/tcp is not readable: {e}"));
     }
     if let Err(e) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
-        return Some(format!("/proc/{pid}/fd is not readable (needs root or the same uid): {e}"));
+        return Some(format!(
+            "/proc/{pid}/fd is not readable (needs root or the same uid): {e}"
+        ));
     }
     None
 }
@@ -49,16 +51,24 @@ async fn a_flagged_loopback_source_is_attributed_to_the_leaking_process() {
         return;
     }
 
-    let warned = support::eventually(Duration::from_secs(20), || !sidecar.logged("likely builds").is_empty()).await;
+    let warned = support::eventually(Duration::from_secs(20), || {
+        !sidecar.logged("likely builds").is_empty()
+    })
+    .await;
     let report = support::admin_get(sidecar.admin, "/debug/clients").await;
     let _ = child.kill().await;
     assert!(warned, "no leak warning within 20s");
 
     let report: Vec<serde_json::Value> = serde_json::from_slice(&report.body).unwrap();
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
-    let source = report.iter().find(|r| r["source"] == "127.0.0.1").expect("127.0.0.1 listed");
+    let source = report
+        .iter()
+        .find(|r| r["source"] == "127.0.0.1")
+        .expect("127.0.0.1 listed");
     assert_eq!(source["leaking"], true);
-    let processes = source["processes"].as_array().expect("processes for a flagged loopback source");
+    let processes = source["processes"]
+        .as_array()
+        .expect("processes for a flagged loopback source");
     let first = &processes[0];
     assert_eq!(first["pid"], pid, "{processes:?}");
     assert_eq!(first["exe"], leaky.to_str().unwrap());

@@ -94,7 +94,16 @@ async fn a_leaky_process_on_the_unix_socket_is_named_by_pid_and_executable() {
     // over the Unix socket), then it exits.
     let url = format!("http://{}/", upstream.addr);
     let child = tokio::process::Command::new(&leaky)
-        .args(["-n", "150", "-url", &url, "-wait", "0s", "-proxy", "http://egress.invalid"])
+        .args([
+            "-n",
+            "150",
+            "-url",
+            &url,
+            "-wait",
+            "0s",
+            "-proxy",
+            "http://egress.invalid",
+        ])
         .arg("-unix")
         .arg(&socket)
         .kill_on_drop(true)
@@ -123,12 +132,18 @@ async fn a_leaky_process_on_the_unix_socket_is_named_by_pid_and_executable() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
     assert!(support::eventually(Duration::from_secs(5), || upstream.requests() >= 300).await);
-    let warned = support::eventually(Duration::from_secs(5), || !sidecar.logged("likely builds").is_empty()).await;
+    let warned = support::eventually(Duration::from_secs(5), || {
+        !sidecar.logged("likely builds").is_empty()
+    })
+    .await;
     // Every connection has closed once the counts are in.
     let mut report = Vec::new();
     for _ in 0..50 {
         report = debug_clients(sidecar.admin).await;
-        let closed = report.iter().map(|r| r["requests"].as_u64().unwrap()).sum::<u64>();
+        let closed = report
+            .iter()
+            .map(|r| r["requests"].as_u64().unwrap())
+            .sum::<u64>();
         if closed == 300 {
             break;
         }
@@ -174,7 +189,11 @@ async fn a_leaky_process_on_the_unix_socket_is_named_by_pid_and_executable() {
         "{message}"
     );
     assert!(!warnings[0].contains(&format!("pid {python_pid} ")));
-    assert_eq!(upstream.accepted(), 1, "all of it over one pooled upstream connection");
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "all of it over one pooled upstream connection"
+    );
 }
 
 #[tokio::test]
@@ -221,9 +240,29 @@ async fn the_unix_listener_serves_like_the_tcp_one_and_owns_its_socket_file() {
     assert_eq!(resp.status(), 200);
     drop(send);
 
+    // Keep-alive across an idle spell long enough to park the connection (100 ms) and wake it.
+    let mut kept = UnixStream::connect(&socket).await.unwrap();
+    for _ in 0..2 {
+        let req = format!("GET http://{up}/ HTTP/1.1\r\nHost: {up}\r\n\r\n");
+        kept.write_all(req.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n\r\nok") {
+            let mut buf = [0u8; 512];
+            let n = tokio::time::timeout(Duration::from_secs(5), kept.read(&mut buf))
+                .await
+                .expect("answered within 5s")
+                .unwrap();
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    drop(kept);
+
     sidecar.stop().await;
     assert!(!socket.exists(), "the socket file is removed at shutdown");
-    assert_eq!(upstream.requests(), 3);
+    assert_eq!(upstream.requests(), 5);
 }
 
 #[tokio::test]
@@ -231,7 +270,10 @@ async fn a_path_that_is_not_a_stale_socket_is_refused_naming_listen_unix() {
     let dir = TempDir::new();
     let config = |path: &Path| {
         egress_sidecar::config::parse(
-            &format!("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nlisten_unix: {}\n", path.display()),
+            &format!(
+                "listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\nlisten_unix: {}\n",
+                path.display()
+            ),
             &Default::default(),
         )
         .unwrap()
@@ -241,7 +283,10 @@ async fn a_path_that_is_not_a_stale_socket_is_refused_naming_listen_unix() {
     std::fs::write(&file, "keep me").unwrap();
     let err = egress_sidecar::Listeners::bind(&config(&file)).await.unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("listen_unix") && text.contains("not a socket"), "{text}");
+    assert!(
+        text.contains("listen_unix") && text.contains("not a socket"),
+        "{text}"
+    );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me", "left alone");
 
     // A socket something still listens on (another sidecar) is not taken over.
@@ -249,12 +294,22 @@ async fn a_path_that_is_not_a_stale_socket_is_refused_naming_listen_unix() {
     let _other = std::os::unix::net::UnixListener::bind(&live).unwrap();
     let err = egress_sidecar::Listeners::bind(&config(&live)).await.unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("listen_unix") && text.contains("listening"), "{text}");
+    assert!(
+        text.contains("listen_unix") && text.contains("listening"),
+        "{text}"
+    );
     assert!(live.exists());
 
     // The binary refuses to start, naming the key.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
-        .args(["run", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--listen-unix"])
+        .args([
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--listen-unix",
+        ])
         .arg(&file)
         .output()
         .await
@@ -279,7 +334,10 @@ async fn bad_input_on_the_unix_socket_gets_the_tcp_listeners_answers() {
     half.write_all(b"GET http://").await.unwrap();
     drop(half);
 
-    for garbage in [&b"GARBAGE\r\n\r\n"[..], b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n"] {
+    for garbage in [
+        &b"GARBAGE\r\n\r\n"[..],
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n",
+    ] {
         let over_unix = exchange(&socket, garbage).await;
         let mut tcp = tokio::net::TcpStream::connect(sidecar.addr).await.unwrap();
         tcp.write_all(garbage).await.unwrap();
@@ -287,7 +345,12 @@ async fn bad_input_on_the_unix_socket_gets_the_tcp_listeners_answers() {
         tcp.read_to_end(&mut over_tcp).await.unwrap();
         let over_tcp = String::from_utf8_lossy(&over_tcp);
         assert!(over_unix.starts_with("HTTP/1.1 400 "), "{over_unix}");
-        assert!(over_unix.to_ascii_lowercase().contains("x-egress-error: bad_request"), "{over_unix}");
+        assert!(
+            over_unix
+                .to_ascii_lowercase()
+                .contains("x-egress-error: bad_request"),
+            "{over_unix}"
+        );
         assert_eq!(over_unix, over_tcp, "the same answer on both listeners");
     }
 

@@ -12,15 +12,15 @@
 //!   `downstream.max_idle_connections` (longest idle first, as nginx reuses keep-alive
 //!   connections under `worker_connections` pressure) and draining.
 //!
-//! TCP and Unix-socket connections park alike: the lot keeps each as its std socket
-//! ([`ParkedSocket`]) and hands it back to a task of the right type when it wakes.
+//! TCP and Unix-socket connections park alike: the lot keeps each as its bare descriptor and,
+//! when it wakes, hands it back to a task of the type its `Peer` names.
 //!
 //! Under load connections idle for microseconds between requests and never get here; parking
 //! and waking cost four `epoll_ctl` calls, paid only by connections idle for [`PARK_AFTER`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::{self, Connection};
-use super::stream::{ParkedSocket, Peer, Stream};
+use super::stream::{Peer, Stream};
 use super::{finish, spawn_connection, Context, Held, Served};
 use crate::routing::Entry;
 
@@ -76,7 +76,7 @@ enum TaskState {
 /// What a parked connection keeps.
 #[derive(Debug)]
 struct Parked {
-    stream: ParkedSocket,
+    stream: OwnedFd,
     peer: Peer,
     requests: u64,
     leaky: bool,
@@ -209,9 +209,9 @@ impl Parking {
             held,
             entry,
         };
-        match stream {
-            ParkedSocket::Tcp(s) => woken.resume(tokio::net::TcpStream::from_std(s), ctx),
-            ParkedSocket::Unix(s) => woken.resume(tokio::net::UnixStream::from_std(s), ctx),
+        match woken.peer {
+            Peer::Tcp(_) => woken.resume(tokio::net::TcpStream::from_std(stream.into()), ctx),
+            Peer::Unix(_) => woken.resume(tokio::net::UnixStream::from_std(stream.into()), ctx),
         }
     }
 

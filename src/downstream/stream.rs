@@ -6,7 +6,8 @@
 //! - accept: TCP sets `TCP_NODELAY` and names the peer by address; a Unix-socket accept reads
 //!   the peer's credentials (one `getsockopt`) and names the process, from a cache that reads
 //!   `/proc` only for a process not seen in the last seconds (`clients::process`);
-//! - parking: a parked connection is its std socket, of either type ([`ParkedSocket`]).
+//! - parking: a parked connection is its bare file descriptor; its [`Peer`] (an address for
+//!   TCP, a process for the Unix socket) says which socket type to resume it as.
 //!
 //! Not handled here: HTTP (`conn`, `h2`), the accounting by source (`clients`).
 
@@ -14,7 +15,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
@@ -42,24 +43,8 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 
     /// Reads without consuming.
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a;
 
-    /// Leaves the runtime, to wait in the parking lot.
-    fn into_parked(self) -> io::Result<ParkedSocket>;
-}
-
-/// A parked connection's socket, registered with nothing but the parking lot's epoll instance.
-#[derive(Debug)]
-pub(crate) enum ParkedSocket {
-    Tcp(std::net::TcpStream),
-    Unix(std::os::unix::net::UnixStream),
-}
-
-impl AsRawFd for ParkedSocket {
-    fn as_raw_fd(&self) -> RawFd {
-        match self {
-            ParkedSocket::Tcp(s) => s.as_raw_fd(),
-            ParkedSocket::Unix(s) => s.as_raw_fd(),
-        }
-    }
+    /// Leaves the runtime, to wait in the parking lot as a bare descriptor (see [`Peer`]).
+    fn into_parked(self) -> io::Result<OwnedFd>;
 }
 
 // === impl Stream for TcpStream ===
@@ -80,8 +65,8 @@ impl Stream for TcpStream {
         TcpStream::peek(self, buf)
     }
 
-    fn into_parked(self) -> io::Result<ParkedSocket> {
-        self.into_std().map(ParkedSocket::Tcp)
+    fn into_parked(self) -> io::Result<OwnedFd> {
+        self.into_std().map(OwnedFd::from)
     }
 }
 
@@ -99,22 +84,20 @@ impl Stream for UnixStream {
         UnixStream::readable(self)
     }
 
-    fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a {
+    async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         // tokio has no `peek` for Unix sockets: wait for readiness, then `recv(MSG_PEEK)`.
-        async move {
-            loop {
-                UnixStream::readable(self).await?;
-                let fd = self.as_raw_fd();
-                match self.try_io(Interest::READABLE, || recv_peek(fd, buf)) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                    peeked => return peeked,
-                }
+        loop {
+            UnixStream::readable(self).await?;
+            let fd = self.as_raw_fd();
+            match self.try_io(Interest::READABLE, || recv_peek(fd, buf)) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                peeked => return peeked,
             }
         }
     }
 
-    fn into_parked(self) -> io::Result<ParkedSocket> {
-        self.into_std().map(ParkedSocket::Unix)
+    fn into_parked(self) -> io::Result<OwnedFd> {
+        self.into_std().map(OwnedFd::from)
     }
 }
 
@@ -128,7 +111,9 @@ fn recv_peek(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 
 // === peers and accepting ===
 
-/// Who is at the other end of a downstream connection.
+/// Who is at the other end of a downstream connection. The variant is also the socket type:
+/// only a TCP accept makes a `Tcp` peer and only the Unix accept a `Unix` one, which is how a
+/// parked descriptor is resumed as the right type without a tag of its own.
 #[derive(Debug, Clone)]
 pub(crate) enum Peer {
     Tcp(SocketAddr),
