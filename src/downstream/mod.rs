@@ -10,7 +10,7 @@
 //!
 //! Applications connect over TCP ([`serve`]) or, with `listen_unix`, over a Unix socket
 //! ([`serve_unix`]); both run the same server, generic over the socket type (`stream`), with the
-//! same limits, timeouts, parking and draining. A connection's [`Peer`] (its address, or the
+//! same limits, timeouts, parking and draining. A connection's `Peer` (its address, or the
 //! process behind a Unix-socket connection) is what the leak detector counts it under.
 //!
 //! `max_connections` is a semaphore taken *before* `accept`, so excess connections wait in the
