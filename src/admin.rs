@@ -73,7 +73,7 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         budget,
     } = admin;
     if req.uri().path() == "/debug/clients" {
-        return Ok(json(&clients.report()));
+        return Ok(json(&clients.report_attributed().await));
     }
     if req.uri().path() == "/debug/pools" {
         let pools: Vec<_> = metrics.live_pools().iter().map(|p| p.report()).collect();

@@ -1,6 +1,6 @@
 //! Per-source accounting of application connections, and the leak detector.
 //!
-//! Every downstream source (peer IP) gets a sliding window of connections opened, connections
+//! Every downstream source gets a sliding window of connections opened, connections
 //! closed, the requests those carried and how many were closed idle. A source that opens many
 //! connections with about one request each (default: at least 100 connections in 60 s at under
 //! 1.5 requests per connection) is almost always building a new HTTP client or transport per
@@ -8,18 +8,31 @@
 //! the source, the numbers, the likely cause and what the sidecar is doing about it, and
 //! `/debug/clients` shows the same per source.
 //!
+//! A source is a peer IP for TCP connections, and a process for connections on the Unix
+//! socket (`listen_unix`): pid, uid and start time from the peer credentials, so processes
+//! sharing a loopback address, or a reused pid, are told apart (see `process`). For a flagged
+//! loopback IP the warning and `/debug/clients` add, best effort, the processes holding that
+//! source's open connections (see `loopback`).
+//!
 //! The hot path touches the table twice per connection (open and close), never per request:
 //! a connection reports its request count when it closes.
 //!
 //! Not handled here: counting requests (the connection task does), serving `/debug/clients`
-//! (`admin`).
+//! (`admin`), reading peer credentials at accept (`downstream`).
+
+pub mod loopback;
+pub mod process;
 
 use std::collections::HashMap;
-use std::net::IpAddr;
-use std::sync::Mutex;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+pub use process::{Process, ProcessCache};
 
 /// The window the detector looks at.
 pub const LEAK_WINDOW: Duration = Duration::from_secs(60);
@@ -31,6 +44,52 @@ pub const LEAK_MAX_REQUESTS_PER_CONNECTION: f64 = 1.5;
 const MAX_SOURCES: usize = 4096;
 /// The window is kept as this many buckets.
 const BUCKETS: usize = 6;
+/// A loopback attribution scan is reused for this long (`/debug/clients` may be polled).
+const SCAN_TTL: Duration = Duration::from_secs(10);
+/// Loopback sources whose last scan is kept.
+const SCANS_KEPT: usize = 64;
+
+/// Where application connections come from: what the leak detector counts by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A TCP peer's IP.
+    Ip(IpAddr),
+    /// A process connected over the Unix socket.
+    Process(Arc<Process>),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Ip(ip) => ip.fmt(f),
+            Source::Process(process) => process.fmt(f),
+        }
+    }
+}
+
+impl From<IpAddr> for Source {
+    fn from(ip: IpAddr) -> Self {
+        Source::Ip(ip)
+    }
+}
+
+impl Source {
+    /// The IP of a loopback TCP source: the only kind worth attributing by `/proc` scan.
+    pub fn loopback_ip(&self) -> Option<IpAddr> {
+        match self {
+            Source::Ip(ip) if ip.to_canonical().is_loopback() => Some(*ip),
+            _ => None,
+        }
+    }
+
+    /// The process of a Unix-socket source.
+    pub fn process(&self) -> Option<&Process> {
+        match self {
+            Source::Process(process) => Some(process),
+            Source::Ip(_) => None,
+        }
+    }
+}
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Bucket {
@@ -43,7 +102,7 @@ struct Bucket {
 }
 
 #[derive(Debug)]
-struct Source {
+struct Entry {
     buckets: [Bucket; BUCKETS],
     totals: Bucket,
     last_seen: Instant,
@@ -53,8 +112,17 @@ struct Source {
 /// What `/debug/clients` shows for one source.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ClientReport {
-    /// Peer IP.
+    /// Peer IP, or for a Unix-socket process `pid 1234 (/usr/bin/app) uid 1000`.
     pub source: String,
+    /// Unix-socket sources: the process's pid (absent when its pid namespace hides it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Unix-socket sources: the process's uid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Unix-socket sources: the executable (or command name when the link is unreadable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exe: Option<String>,
     /// Connections opened since the sidecar started.
     pub connections_opened: u64,
     /// Requests carried by connections that have closed.
@@ -69,13 +137,23 @@ pub struct ClientReport {
     pub window_requests_per_connection: f64,
     /// Whether the leak detector flags this source now.
     pub leaking: bool,
+    /// Flagged loopback sources: processes holding this source's open connections, most first
+    /// (best effort, see `loopback`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<Vec<loopback::Owner>>,
+    /// Why `processes` is empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes_note: Option<String>,
+    /// The IP to attribute, for flagged loopback sources.
+    #[serde(skip)]
+    attribute: Option<IpAddr>,
 }
 
 /// What the detector found, for the warning.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Leak {
-    /// Peer IP.
-    pub source: IpAddr,
+    /// Who.
+    pub source: Source,
     /// Connections opened in the window.
     pub connections: u64,
     /// Requests per closed connection in the window.
@@ -86,7 +164,11 @@ pub struct Leak {
 #[derive(Debug)]
 pub struct Clients {
     start: Instant,
-    sources: Mutex<HashMap<IpAddr, Source>>,
+    sources: Mutex<HashMap<Source, Entry>>,
+    /// The listeners applications connect to, which loopback attribution looks for.
+    listeners: Vec<SocketAddr>,
+    /// Recent loopback scans; held while scanning, so that one scan runs at a time.
+    scans: Mutex<HashMap<IpAddr, (Instant, Arc<loopback::Scan>)>>,
 }
 
 impl Default for Clients {
@@ -96,11 +178,19 @@ impl Default for Clients {
 }
 
 impl Clients {
-    /// An empty table.
+    /// An empty table that attributes no loopback source.
     pub fn new() -> Self {
+        Self::with_listeners(Vec::new())
+    }
+
+    /// An empty table; flagged loopback sources are attributed by their connections to
+    /// `listeners`.
+    pub fn with_listeners(listeners: Vec<SocketAddr>) -> Self {
         Clients {
             start: Instant::now(),
             sources: Mutex::new(HashMap::new()),
+            listeners,
+            scans: Mutex::new(HashMap::new()),
         }
     }
 
@@ -109,21 +199,23 @@ impl Clients {
         now.saturating_duration_since(self.start).as_millis() as u64 / slice_len
     }
 
-    /// Runs `f` on `ip`'s entry and the index of the current bucket (reset if it is stale).
-    fn with_source<R>(&self, ip: IpAddr, now: Instant, f: impl FnOnce(&mut Source, usize) -> R) -> R {
+    /// Runs `f` on `key`'s entry and the index of the current bucket (reset if it is stale).
+    fn with_source<R>(&self, key: &Source, now: Instant, f: impl FnOnce(&mut Entry, usize) -> R) -> R {
         let slice = self.slice(now);
         let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
-        if sources.len() >= MAX_SOURCES && !sources.contains_key(&ip) {
-            if let Some(oldest) = sources.iter().min_by_key(|(_, s)| s.last_seen).map(|(ip, _)| *ip) {
-                sources.remove(&oldest);
+        if !sources.contains_key(key) {
+            if sources.len() >= MAX_SOURCES {
+                if let Some(oldest) = sources
+                    .iter()
+                    .min_by_key(|(_, s)| s.last_seen)
+                    .map(|(k, _)| k.clone())
+                {
+                    sources.remove(&oldest);
+                }
             }
+            sources.insert(key.clone(), Entry::new(now));
         }
-        let source = sources.entry(ip).or_insert_with(|| Source {
-            buckets: [Bucket::default(); BUCKETS],
-            totals: Bucket::default(),
-            last_seen: now,
-            last_warned: None,
-        });
+        let source = sources.get_mut(key).expect("inserted above");
         source.last_seen = now;
         let index = (slice % BUCKETS as u64) as usize;
         if source.buckets[index].slice != slice {
@@ -135,24 +227,24 @@ impl Clients {
         f(source, index)
     }
 
-    /// A connection from `ip` was accepted; returns whether the detector flags `ip` now (its
-    /// connections then get `downstream.leaky_idle_timeout`).
-    pub fn opened(&self, ip: IpAddr) -> bool {
+    /// A connection from `source` was accepted; returns whether the detector flags `source`
+    /// now (its connections then get `downstream.leaky_idle_timeout`).
+    pub fn opened(&self, source: &Source) -> bool {
         let now = Instant::now();
         let current = self.slice(now);
-        self.with_source(ip, now, |source, i| {
+        self.with_source(source, now, |source, i| {
             source.buckets[i].opened += 1;
             source.totals.opened += 1;
             is_leaking(&window_sum(source, current))
         })
     }
 
-    /// A connection from `ip` closed after `requests` requests; returns a leak to warn about,
+    /// A connection from `key` closed after `requests` requests; returns a leak to warn about,
     /// at most once per window per source.
-    pub fn closed(&self, ip: IpAddr, requests: u64, idle_closed: bool) -> Option<Leak> {
+    pub fn closed(&self, key: &Source, requests: u64, idle_closed: bool) -> Option<Leak> {
         let now = Instant::now();
         let current = self.slice(now);
-        self.with_source(ip, now, |source, i| {
+        self.with_source(key, now, |source, i| {
             for b in [&mut source.buckets[i], &mut source.totals] {
                 b.closed += 1;
                 b.requests += requests;
@@ -168,7 +260,7 @@ impl Clients {
             }
             source.last_warned = Some(now);
             Some(Leak {
-                source: ip,
+                source: key.clone(),
                 connections: window.opened,
                 requests_per_connection: per_connection(&window),
             })
@@ -181,27 +273,78 @@ impl Clients {
         let sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
         let mut reports: Vec<ClientReport> = sources
             .iter()
-            .map(|(ip, source)| {
+            .map(|(key, source)| {
                 let window = window_sum(source, current);
+                let process = key.process();
+                let leaking = is_leaking(&window);
                 ClientReport {
-                    source: ip.to_string(),
+                    source: key.to_string(),
+                    pid: process.and_then(|p| p.pid),
+                    uid: process.map(|p| p.uid),
+                    exe: process.and_then(|p| p.exe.as_deref().map(str::to_owned)),
                     connections_opened: source.totals.opened,
                     requests: source.totals.requests,
                     requests_per_connection: per_connection(&source.totals),
                     idle_closes: source.totals.idle_closed,
                     window_connections_opened: window.opened,
                     window_requests_per_connection: per_connection(&window),
-                    leaking: is_leaking(&window),
+                    leaking,
+                    processes: None,
+                    processes_note: None,
+                    attribute: key.loopback_ip().filter(|_| leaking),
                 }
             })
             .collect();
         reports.sort_by_key(|r| std::cmp::Reverse(r.connections_opened));
         reports
     }
+
+    /// Like [`Clients::report`], with the processes behind each flagged loopback source.
+    pub async fn report_attributed(self: &Arc<Self>) -> Vec<ClientReport> {
+        let mut reports = self.report();
+        for report in &mut reports {
+            let Some(ip) = report.attribute else { continue };
+            let clients = self.clone();
+            if let Ok(scan) = tokio::task::spawn_blocking(move || clients.attribute(ip)).await {
+                report.processes = Some(scan.owners.clone());
+                report.processes_note = scan.note();
+            }
+        }
+        reports
+    }
+
+    /// The processes holding `ip`'s open connections to the sidecar's listeners. Blocking (it
+    /// reads `/proc`, see `loopback`): call it off the runtime's threads.
+    pub fn attribute(&self, ip: IpAddr) -> Arc<loopback::Scan> {
+        let mut scans = self.scans.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if let Some((at, scan)) = scans.get(&ip) {
+            if now.duration_since(*at) < SCAN_TTL {
+                return scan.clone();
+            }
+        }
+        let scan = Arc::new(loopback::scan(Path::new("/proc"), ip, &self.listeners));
+        scans.retain(|_, (at, _)| now.duration_since(*at) < SCAN_TTL);
+        if scans.len() < SCANS_KEPT {
+            scans.insert(ip, (now, scan.clone()));
+        }
+        scan
+    }
+}
+
+impl Entry {
+    fn new(now: Instant) -> Self {
+        Entry {
+            buckets: [Bucket::default(); BUCKETS],
+            totals: Bucket::default(),
+            last_seen: now,
+            last_warned: None,
+        }
+    }
 }
 
 /// The sum of the buckets in the window ending at slice `current`.
-fn window_sum(source: &Source, current: u64) -> Bucket {
+fn window_sum(source: &Entry, current: u64) -> Bucket {
     let mut sum = Bucket::default();
     for bucket in &source.buckets {
         if bucket.slice + BUCKETS as u64 > current && bucket.slice <= current {
@@ -232,8 +375,8 @@ fn is_leaking(window: &Bucket) -> bool {
 mod tests {
     use super::*;
 
-    fn ip(last: u8) -> IpAddr {
-        IpAddr::from([10, 0, 0, last])
+    fn ip(last: u8) -> Source {
+        Source::Ip(IpAddr::from([10, 0, 0, last]))
     }
 
     #[test]
@@ -241,8 +384,8 @@ mod tests {
         let clients = Clients::new();
         let mut warnings = Vec::new();
         for _ in 0..150 {
-            clients.opened(ip(1));
-            warnings.extend(clients.closed(ip(1), 1, true));
+            clients.opened(&ip(1));
+            warnings.extend(clients.closed(&ip(1), 1, true));
         }
         assert_eq!(warnings.len(), 1, "one warning per window");
         assert_eq!(warnings[0].source, ip(1));
@@ -257,13 +400,64 @@ mod tests {
     fn reused_connections_and_few_connections_are_not_flagged() {
         let clients = Clients::new();
         for _ in 0..150 {
-            clients.opened(ip(2));
-            assert_eq!(clients.closed(ip(2), 20, false), None);
+            clients.opened(&ip(2));
+            assert_eq!(clients.closed(&ip(2), 20, false), None);
         }
         for _ in 0..5 {
-            clients.opened(ip(3));
-            assert_eq!(clients.closed(ip(3), 1, false), None);
+            clients.opened(&ip(3));
+            assert_eq!(clients.closed(&ip(3), 1, false), None);
         }
         assert!(clients.report().iter().all(|r| !r.leaking));
+    }
+
+    fn process(pid: u32, start_time: u64, exe: &str) -> Source {
+        Source::Process(Arc::new(Process {
+            pid: Some(pid),
+            uid: 1000,
+            start_time: Some(start_time),
+            exe: Some(exe.into()),
+        }))
+    }
+
+    #[test]
+    fn processes_are_sources_of_their_own_and_a_reused_pid_is_a_new_one() {
+        let clients = Clients::new();
+        let leaky = process(1234, 500, "/usr/bin/leaky");
+        let reused = process(1234, 900, "/usr/bin/other");
+        let mut warnings = Vec::new();
+        for _ in 0..150 {
+            clients.opened(&leaky);
+            warnings.extend(clients.closed(&leaky, 1, true));
+        }
+        clients.opened(&reused);
+        assert_eq!(clients.closed(&reused, 7, false), None);
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(
+            warnings[0].source.to_string(),
+            "pid 1234 (/usr/bin/leaky) uid 1000"
+        );
+        let report = clients.report();
+        assert_eq!(report.len(), 2, "{report:?}");
+        assert_eq!(report[0].pid, Some(1234));
+        assert_eq!(report[0].uid, Some(1000));
+        assert_eq!(report[0].exe.as_deref(), Some("/usr/bin/leaky"));
+        assert!(report[0].leaking);
+        assert_eq!(report[1].exe.as_deref(), Some("/usr/bin/other"));
+        assert!(!report[1].leaking);
+        let json = serde_json::to_value(&report[0]).unwrap();
+        assert_eq!(json["pid"], 1234);
+        assert_eq!(json["exe"], "/usr/bin/leaky");
+        assert!(json.get("processes").is_none());
+    }
+
+    #[test]
+    fn ip_sources_report_no_process_fields() {
+        let clients = Clients::new();
+        clients.opened(&ip(9));
+        let json = serde_json::to_value(&clients.report()[0]).unwrap();
+        assert_eq!(json["source"], "10.0.0.9");
+        for field in ["pid", "uid", "exe", "processes", "processes_note"] {
+            assert!(json.get(field).is_none(), "{field} in {json}");
+        }
     }
 }

@@ -85,6 +85,7 @@ enum Scalar {
 #[serde(deny_unknown_fields, default)]
 struct FileConfig {
     listen: Option<String>,
+    listen_unix: Option<String>,
     admin: Option<String>,
     downstream: FileDownstream,
     defaults: FileSettings,
@@ -192,6 +193,8 @@ struct FileBudget {
 pub struct Config {
     /// Forward-proxy listener.
     pub listen: SocketAddr,
+    /// Forward-proxy listener on a Unix socket, next to `listen`; none by default.
+    pub listen_unix: Option<PathBuf>,
     /// Admin listener.
     pub admin: SocketAddr,
     /// Connections from the application.
@@ -458,6 +461,8 @@ pub struct BudgetConfig {
 pub struct Overrides {
     /// `--listen` / `EGRESS_LISTEN`.
     pub listen: Option<String>,
+    /// `--listen-unix` / `EGRESS_LISTEN_UNIX`; empty turns off the file's `listen_unix`.
+    pub listen_unix: Option<String>,
     /// `--admin` / `EGRESS_ADMIN`.
     pub admin: Option<String>,
     /// `EGRESS_TLS_HOSTS`, comma separated.
@@ -579,6 +584,10 @@ fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigErr
         parse_addr(listen_text.unwrap_or(DEFAULT_LISTEN)),
         DEFAULT_LISTEN.parse().expect("valid default"),
     );
+    let listen_unix = match overrides.listen_unix.as_deref().or(file.listen_unix.as_deref()) {
+        None | Some("") => None,
+        Some(path) => problems.take("listen_unix", parse_unix_path(path).map(Some), None),
+    };
     let admin_text = overrides.admin.as_deref().or(file.admin.as_deref());
     let admin = problems.take(
         "admin",
@@ -624,6 +633,7 @@ fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigErr
     }
     Ok(Config {
         listen,
+        listen_unix,
         admin,
         downstream,
         defaults,
@@ -1119,6 +1129,22 @@ fn parse_addr(text: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{text:?} is not an ip:port (e.g. 127.0.0.1:15080)"))
 }
 
+/// Longest Unix socket path: `sun_path` holds 108 bytes with the terminating NUL.
+const MAX_UNIX_PATH: usize = 107;
+
+fn parse_unix_path(text: &str) -> Result<PathBuf, String> {
+    if text.len() > MAX_UNIX_PATH {
+        return Err(format!(
+            "{text:?} is {} bytes; a Unix socket path holds at most {MAX_UNIX_PATH}",
+            text.len()
+        ));
+    }
+    if text.contains('\0') || text.ends_with('/') {
+        return Err(format!("{text:?} is not a file path"));
+    }
+    Ok(PathBuf::from(text))
+}
+
 /// `http://host[:port]` or `https://host[:port]`, nothing after the authority but `/`.
 fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority), String> {
     let uri: http::Uri = text.parse().map_err(|e| format!("{text:?} is not a URL: {e}"))?;
@@ -1351,6 +1377,28 @@ mod tests {
         };
         let c = parse("listen: 127.0.0.1:2\n", &o).unwrap();
         assert_eq!(c.listen.port(), 1);
+        let unix = |file: &str, flag: Option<&str>| {
+            let o = Overrides {
+                listen_unix: flag.map(str::to_owned),
+                ..Overrides::default()
+            };
+            parse(file, &o).map(|c| c.listen_unix)
+        };
+        assert_eq!(unix("", None).unwrap(), None, "none by default");
+        let from_file = unix("listen_unix: /run/egress/proxy.sock\n", None).unwrap();
+        assert_eq!(from_file.as_deref(), Some(Path::new("/run/egress/proxy.sock")));
+        let from_flag = unix("listen_unix: /a.sock\n", Some("/b.sock")).unwrap();
+        assert_eq!(from_flag.as_deref(), Some(Path::new("/b.sock")));
+        assert_eq!(
+            unix("listen_unix: /a.sock\n", Some("")).unwrap(),
+            None,
+            "empty flag: off"
+        );
+        let long = format!("listen_unix: /{}\n", "x".repeat(120));
+        match unix(&long, None) {
+            Err(ConfigError::Invalid(p)) => assert_eq!(p[0].key, "listen_unix"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

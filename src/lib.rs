@@ -3,7 +3,8 @@
 //!
 //! # Flow
 //! ```text
-//!  application ──HTTP/1.1──▶ downstream (accept, our HTTP/1.1 codec, idle/header timeouts)
+//!  application ──HTTP/1.1──▶ downstream (accept on TCP or the Unix socket, our HTTP/1.1 codec,
+//!                                 │        idle/header timeouts, leak detector by source)
 //!                                 │ Request<RequestBody>
 //!                                 ▼
 //!                            proxy ─▶ routing (upstream, policy, loop) ─▶ headers (origin-form, hop-by-hop)
@@ -71,6 +72,8 @@ use upstream::Upstream;
 pub struct Listeners {
     /// The forward-proxy listener (`listen`).
     pub proxy: TcpListener,
+    /// The forward-proxy Unix socket (`listen_unix`); its file goes when this is dropped.
+    pub unix: Option<downstream::unix::UnixSocket>,
     /// The admin listener (`admin`).
     pub admin: TcpListener,
     /// Route-mode listeners: index into `config.upstreams`, and the socket.
@@ -86,6 +89,10 @@ impl Listeners {
                 .map_err(|e| io::Error::new(e.kind(), format!("binding {what} {addr}: {e}")))
         };
         let proxy = bind(config.listen, "listen".into()).await?;
+        let unix = match &config.listen_unix {
+            Some(path) => Some(downstream::unix::bind(path).await?),
+            None => None,
+        };
         let admin = bind(config.admin, "admin".into()).await?;
         let mut routes = Vec::new();
         for (i, up) in config.upstreams.iter().enumerate() {
@@ -93,7 +100,12 @@ impl Listeners {
                 routes.push((i, bind(addr, format!("upstreams[{i}].listen")).await?));
             }
         }
-        Ok(Listeners { proxy, admin, routes })
+        Ok(Listeners {
+            proxy,
+            unix,
+            admin,
+            routes,
+        })
     }
 
     /// Addresses the applications' requests arrive on: forward proxy, then route listeners.
@@ -155,7 +167,7 @@ pub async fn run_with_reload(
     }
     let guard = Arc::new(policy::Guard::new(local, config.policy.clone()));
     let metrics = Arc::new(Metrics::new());
-    let clients = Arc::new(clients::Clients::new());
+    let clients = Arc::new(clients::Clients::with_listeners(listeners.proxy_addrs()));
     let upstreams: Vec<Arc<Upstream>> = config
         .upstreams
         .iter()
@@ -195,6 +207,17 @@ pub async fn run_with_reload(
         Entry::Forward,
         ctx.clone(),
     ))];
+    // Kept to the end: the socket file goes once nothing accepts on it any more.
+    let mut unix_file = None;
+    if let Some(unix) = listeners.unix {
+        tracing::info!(listen_unix = %unix.file.path().display(), "forward proxy listening on a unix socket");
+        unix_file = Some(unix.file);
+        accept_tasks.push(tokio::spawn(downstream::serve_unix(
+            unix.listener,
+            Entry::Forward,
+            ctx.clone(),
+        )));
+    }
     for (i, listener) in listeners.routes {
         let name: Arc<str> = upstreams[i].label().into();
         tracing::info!(upstream = %name, listen = %downstream::describe(&listener), "route listener");
@@ -240,5 +263,6 @@ pub async fn run_with_reload(
     close_pools(&metrics).await;
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;
+    drop(unix_file);
     tracing::info!("stopped");
 }

@@ -110,6 +110,9 @@ struct RunArgs {
     /// Forward-proxy listen address (overrides the file).
     #[arg(long, env = "EGRESS_LISTEN")]
     listen: Option<String>,
+    /// Forward-proxy Unix socket path (overrides the file's `listen_unix`; empty: none).
+    #[arg(long, env = "EGRESS_LISTEN_UNIX")]
+    listen_unix: Option<String>,
     /// Admin listen address (overrides the file).
     #[arg(long, env = "EGRESS_ADMIN")]
     admin: Option<String>,
@@ -122,6 +125,7 @@ impl RunArgs {
             path: self.config.clone(),
             overrides: Overrides {
                 listen: self.listen.clone(),
+                listen_unix: self.listen_unix.clone(),
                 admin: self.admin.clone(),
                 tls_hosts: std::env::var("EGRESS_TLS_HOSTS").ok(),
             },

@@ -2,8 +2,9 @@
 //! (flags and environment variables still win) and applied without dropping a request.
 //!
 //! - A config that fails validation, or that changes what cannot change in place (the
-//!   `listen`, `admin` and route-mode `upstreams[].listen` sockets, and `budget`), is rejected: the error is
-//!   logged, `egress_config_reloads_total{result="failure"}` counts it,
+//!   `listen`, `listen_unix`, `admin` and route-mode `upstreams[].listen` sockets, and
+//!   `budget`), is rejected: the error is logged,
+//!   `egress_config_reloads_total{result="failure"}` counts it,
 //!   `egress_config_last_reload_successful` turns 0, and the old config keeps serving.
 //! - Otherwise routing, policy and downstream settings switch at once; each upstream whose
 //!   [`PoolKey`](crate::upstream::PoolKey) did not change keeps its pool and connections with the
@@ -211,6 +212,15 @@ fn check_fixed_at_start(old: &Config, new: &Config) -> Result<(), String> {
     }
     if old.admin != new.admin {
         problems.push(format!("admin: changed from {} to {}", old.admin, new.admin));
+    }
+    if old.listen_unix != new.listen_unix {
+        let show =
+            |p: &Option<std::path::PathBuf>| p.as_ref().map_or("none".into(), |p| p.display().to_string());
+        problems.push(format!(
+            "listen_unix: changed from {} to {}",
+            show(&old.listen_unix),
+            show(&new.listen_unix)
+        ));
     }
     let routes = |c: &Config| -> Vec<(String, std::net::SocketAddr)> {
         let mut v: Vec<_> = c

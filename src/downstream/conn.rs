@@ -18,7 +18,6 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,9 +27,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Method, Request, Response, Version};
 use http_body::{Body, Frame};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -38,6 +35,7 @@ use tracing::Instrument;
 use super::body::{BodySender, RequestBody};
 use super::codec::{self, BodyError, Decoder, HeadError, RequestHead, ResponseFraming};
 use super::park::PARK_AFTER;
+use super::stream::{Peer, Stream};
 use super::{Context, Served};
 use crate::error::{ErrorKind, ProxyError};
 use crate::proxy::connect::TunnelEnd;
@@ -56,23 +54,23 @@ const LINGER: Duration = Duration::from_secs(2);
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// An application connection and what it carried so far.
-pub(super) struct Connection {
-    pub(super) stream: TcpStream,
+pub(super) struct Connection<S> {
+    pub(super) stream: S,
     buf: BytesMut,
-    pub(super) peer: SocketAddr,
+    pub(super) peer: Peer,
     pub(super) requests: u64,
     /// From a source the leak detector flagged when it connected.
     pub(super) leaky: bool,
 }
 
-impl Connection {
+impl<S: Stream> Connection<S> {
     /// A connection just accepted.
-    pub(super) fn new(stream: TcpStream, peer: SocketAddr, leaky: bool) -> Self {
+    pub(super) fn new(stream: S, peer: Peer, leaky: bool) -> Self {
         Connection::resume(stream, peer, 0, leaky)
     }
 
     /// A kept-alive connection coming back from `park`.
-    pub(super) fn resume(stream: TcpStream, peer: SocketAddr, requests: u64, leaky: bool) -> Self {
+    pub(super) fn resume(stream: S, peer: Peer, requests: u64, leaky: bool) -> Self {
         Connection {
             stream,
             buf: BytesMut::new(),
@@ -84,15 +82,15 @@ impl Connection {
 }
 
 /// How [`serve`] ended.
-pub(super) enum Ended {
+pub(super) enum Ended<S> {
     Closed(Served),
     /// Idle for `park::PARK_AFTER` between requests: to be parked.
-    Idle(Connection),
+    Idle(Connection<S>),
 }
 
 /// Serves one connection until it closes, idles out, idles long enough to be parked, or the
 /// sidecar drains.
-pub(super) async fn serve(mut conn: Connection, entry: &Entry, ctx: &Arc<Context>) -> Ended {
+pub(super) async fn serve<S: Stream>(mut conn: Connection<S>, entry: &Entry, ctx: &Arc<Context>) -> Ended<S> {
     let mut drain = ctx.drain.clone();
     loop {
         if conn.buf.is_empty() {
@@ -141,7 +139,11 @@ enum Wake {
 }
 
 /// Waits for the next request without holding a buffer, until it is time to park.
-async fn wait_for_bytes(conn: &Connection, ctx: &Context, drain: &mut watch::Receiver<bool>) -> Wake {
+async fn wait_for_bytes<S: Stream>(
+    conn: &Connection<S>,
+    ctx: &Context,
+    drain: &mut watch::Receiver<bool>,
+) -> Wake {
     if conn.requests == 0 {
         // A new connection gets its first request served even while draining (apps finishing
         // their work need egress).
@@ -179,7 +181,7 @@ fn wake(waited: Result<io::Result<()>, tokio::time::error::Elapsed>) -> Wake {
     }
 }
 
-fn served(conn: &Connection, idle_closed: bool) -> Ended {
+fn served<S>(conn: &Connection<S>, idle_closed: bool) -> Ended<S> {
     Ended::Closed(Served {
         requests: conn.requests,
         idle_closed,
@@ -195,7 +197,7 @@ enum HeadOutcome {
     Refuse(ProxyError),
 }
 
-async fn read_head(conn: &mut Connection, ctx: &Context) -> HeadOutcome {
+async fn read_head<S: Stream>(conn: &mut Connection<S>, ctx: &Context) -> HeadOutcome {
     let deadline = Instant::now() + ctx.config.get().header_read_timeout;
     let max = ctx.config.get().max_header_bytes;
     loop {
@@ -244,15 +246,17 @@ async fn read_head(conn: &mut Connection, ctx: &Context) -> HeadOutcome {
 }
 
 /// One request and its response; returns whether the connection may serve another.
-async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
+async fn exchange<S: Stream>(conn: &mut Connection<S>, entry: &Entry, ctx: &Context) -> bool {
     let head = match read_head(conn, ctx).await {
         HeadOutcome::Head(head) => head,
         HeadOutcome::Close => return false,
         HeadOutcome::Refuse(err) => {
             tracing::info!(client = %conn.peer, error = %err, "refused request");
-            let (_, mut wr) = conn.stream.split();
             let resp = err.to_response::<ResponseBody>();
-            let _ = write_response(&mut wr, resp, false, Version::HTTP_11, false).await;
+            {
+                let (_, mut wr) = conn.stream.split();
+                let _ = write_response(&mut wr, resp, false, Version::HTTP_11, false).await;
+            }
             linger(&mut conn.stream).await;
             return false;
         }
@@ -347,8 +351,8 @@ async fn exchange(conn: &mut Connection, entry: &Entry, ctx: &Context) -> bool {
 ///
 /// This and [`send_response`] are separate functions so that their states, which are never
 /// alive together, share memory in the caller's future.
-async fn await_response(
-    stream: &mut TcpStream,
+async fn await_response<S: Stream>(
+    stream: &mut S,
     buf: &mut BytesMut,
     pump: &mut BodyPump,
     mut respond: Pin<&mut impl Future<Output = Response<ResponseBody>>>,
@@ -374,8 +378,8 @@ async fn await_response(
 /// Writes the response while the rest of the request body (if any) still flows; returns
 /// whether the response allows keeping the connection.
 #[allow(clippy::too_many_arguments)]
-async fn send_response(
-    stream: &mut TcpStream,
+async fn send_response<S: Stream>(
+    stream: &mut S,
     buf: &mut BytesMut,
     pump: &mut BodyPump,
     resp: Response<ResponseBody>,
@@ -391,7 +395,7 @@ async fn send_response(
     loop {
         tokio::select! {
             written = &mut write => return written,
-            step = pump.step(&mut rd, buf, None, max_trailer), if pump.is_active() => {
+            step = pump.step(&mut rd, buf, None::<&mut S::Write<'_>>, max_trailer), if pump.is_active() => {
                 if let Err(e) = step {
                     pump.fail(e);
                 }
@@ -402,7 +406,7 @@ async fn send_response(
 
 /// Closes our side and discards what the client still sends, briefly, so that it reads the
 /// response instead of a connection reset.
-async fn linger(stream: &mut TcpStream) {
+async fn linger<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) {
     let _ = stream.shutdown().await;
     let mut sink = vec![0u8; 4096];
     let deadline = Instant::now() + LINGER;
@@ -477,11 +481,11 @@ impl BodyPump {
 
     /// While the body flows, one [`BodyPump::step`]; after it, waits for the client to close
     /// (an error), keeping any pipelined bytes, up to `max_head` of them, in `buf`.
-    async fn step_or_watch(
+    async fn step_or_watch<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         &mut self,
-        rd: &mut ReadHalf<'_>,
+        rd: &mut R,
         buf: &mut BytesMut,
-        wr: &mut WriteHalf<'_>,
+        wr: &mut W,
         max_trailer: usize,
         max_head: usize,
     ) -> Result<(), BodyError> {
@@ -500,11 +504,11 @@ impl BodyPump {
     }
 
     /// One step: answer 100-continue, or read from the socket, or pass one frame on.
-    async fn step(
+    async fn step<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         &mut self,
-        rd: &mut ReadHalf<'_>,
+        rd: &mut R,
         buf: &mut BytesMut,
-        wr: Option<&mut WriteHalf<'_>>,
+        wr: Option<&mut W>,
         max_trailer: usize,
     ) -> Result<(), BodyError> {
         if let Some(started) = self.awaiting_start.as_mut() {
@@ -576,8 +580,8 @@ fn response_framing<B: Body>(resp: &Response<B>, head_only: bool, client: Versio
 /// what was held back still goes out before the error ends the connection: the application
 /// sees the upstream's head and a body cut short, whether the failure came with the first
 /// frame or a later one, never a bare close.
-async fn write_response<B>(
-    wr: &mut WriteHalf<'_>,
+async fn write_response<B, W: AsyncWrite + Unpin>(
+    wr: &mut W,
     resp: Response<B>,
     head_only: bool,
     client: Version,
@@ -656,8 +660,8 @@ where
     }
 }
 
-async fn write_data(
-    wr: &mut WriteHalf<'_>,
+async fn write_data<W: AsyncWrite + Unpin>(
+    wr: &mut W,
     out: &mut Vec<u8>,
     mut data: Bytes,
     chunked: bool,
@@ -731,7 +735,8 @@ mod tests {
             budget: None,
         });
         let entry = crate::routing::Entry::Forward;
-        let conn = super::Connection::new(stream, "127.0.0.1:1".parse().unwrap(), false);
+        let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
+        let conn = super::Connection::new(stream, peer, false);
         let serve = super::serve(conn, &entry, &ctx);
         let size = std::mem::size_of_val(&serve);
         assert!(size <= 800, "idle connection future grew to {size} bytes");

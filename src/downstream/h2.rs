@@ -16,9 +16,9 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::stream::Stream;
 use super::{Context, RequestBody};
 use crate::proxy::headers::mark_credentials;
 use crate::routing::Entry;
@@ -33,7 +33,7 @@ const STREAM_WINDOW: u32 = 256 * 1024;
 const CONNECTION_WINDOW: u32 = 1024 * 1024;
 
 /// Whether the connection opens with the HTTP/2 preface; peeks, so nothing is consumed.
-pub(super) async fn starts_with_preface(stream: &TcpStream, deadline: Instant) -> bool {
+pub(super) async fn starts_with_preface<S: Stream>(stream: &S, deadline: Instant) -> bool {
     let mut head = [0u8; PREFACE.len()];
     loop {
         let n = match stream.peek(&mut head).await {
@@ -53,7 +53,7 @@ pub(super) async fn starts_with_preface(stream: &TcpStream, deadline: Instant) -
 }
 
 /// Serves an h2c connection until it closes or the sidecar drains.
-pub(super) async fn serve(stream: TcpStream, entry: Entry, ctx: Arc<Context>) {
+pub(super) async fn serve<S: Stream>(stream: S, entry: Entry, ctx: Arc<Context>) {
     let service_ctx = ctx.clone();
     let service = service_fn(move |req: Request<Incoming>| {
         let (ctx, entry) = (service_ctx.clone(), entry.clone());

@@ -8,6 +8,11 @@
 //! - errors: every response the sidecar makes, malformed requests included, carries
 //!   `x-egress-error`, which hyper's built-in 400/431 cannot.
 //!
+//! Applications connect over TCP ([`serve`]) or, with `listen_unix`, over a Unix socket
+//! ([`serve_unix`]); both run the same server, generic over the socket type (`stream`), with the
+//! same limits, timeouts, parking and draining. A connection's `Peer` (its address, or the
+//! process behind a Unix-socket connection) is what the leak detector counts it under.
+//!
 //! `max_connections` is a semaphore taken *before* `accept`, so excess connections wait in the
 //! kernel's backlog instead of costing memory here; so does the memory budget's credit
 //! (`budget`), when there is a budget.
@@ -22,21 +27,25 @@ pub mod codec;
 mod conn;
 mod h2;
 pub mod park;
+mod stream;
+pub mod unix;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 pub use body::{BodySender, RequestBody, StreamingBody};
 use conn::{Connection, Ended};
+pub(crate) use stream::Peer;
+use stream::{Accept, Stream, UnixAccept};
 
 use crate::budget::Budget;
-use crate::clients::{Clients, Leak};
+use crate::clients::{loopback::Scan, Clients, Leak};
 use crate::config::DownstreamConfig;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
@@ -103,6 +112,20 @@ impl Context {
 /// Accepts on `listener`, serving each connection on its own task, until the task is aborted
 /// (at the end of the drain: applications still finishing their work need egress meanwhile).
 pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
+    accept_loop(listener, entry, ctx).await
+}
+
+/// Like [`serve`], on the Unix socket: each connection is counted under the process that
+/// opened it.
+pub async fn serve_unix(listener: UnixListener, entry: Entry, ctx: Arc<Context>) {
+    let listener = UnixAccept {
+        listener,
+        processes: Default::default(),
+    };
+    accept_loop(listener, entry, ctx).await
+}
+
+async fn accept_loop<L: Accept>(listener: L, entry: Entry, ctx: Arc<Context>) {
     loop {
         let Ok(permit) = ctx.limit.clone().acquire_owned().await else {
             return;
@@ -128,10 +151,9 @@ pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
         ctx.stats.opened.fetch_add(1, Ordering::Relaxed);
         ctx.metrics.families().downstream_opened.inc();
-        let leaky = ctx.clients.opened(peer.ip());
+        let leaky = ctx.clients.opened(&peer.source());
         let held = Held {
             open: OpenGuard::new(&ctx.metrics.families().downstream_open),
             permit,
@@ -169,13 +191,14 @@ struct Served {
 }
 
 /// Serves `conn` on a task of its own: from accept, and again when a parked connection wakes.
-fn spawn_connection(conn: Connection, held: Held, entry: Entry, ctx: Arc<Context>) {
-    let peer = conn.peer;
+fn spawn_connection<S: Stream>(conn: Connection<S>, held: Held, entry: Entry, ctx: Arc<Context>) {
+    // A copy for TCP, as before; for a Unix socket one reference count more per connection.
+    let peer = conn.peer.clone();
     let span = tracing::debug_span!("downstream", client = %peer);
     tokio::spawn(
         async move {
             match conn::serve(conn, &entry, &ctx).await {
-                Ended::Closed(served) => finish(&ctx, peer, served, held),
+                Ended::Closed(served) => finish(&ctx, &peer, served, held),
                 Ended::Idle(conn) => ctx.parking.park(conn, held, entry, &ctx),
             }
         }
@@ -184,7 +207,7 @@ fn spawn_connection(conn: Connection, held: Held, entry: Entry, ctx: Arc<Context
 }
 
 /// The accounting when a connection closes, however it ended.
-fn finish(ctx: &Context, peer: SocketAddr, served: Served, held: Held) {
+fn finish(ctx: &Context, peer: &Peer, served: Served, held: Held) {
     let Held { open, permit } = held;
     drop(open);
     if served.requests > 0 {
@@ -193,23 +216,52 @@ fn finish(ctx: &Context, peer: SocketAddr, served: Served, held: Held) {
             .downstream_requests_per_connection
             .observe(served.requests as f64);
     }
-    if let Some(leak) = ctx.clients.closed(peer.ip(), served.requests, served.idle_closed) {
-        warn_leak(&leak, ctx);
+    if let Some(leak) = ctx
+        .clients
+        .closed(&peer.source(), served.requests, served.idle_closed)
+    {
+        warn_leak(leak, ctx);
     }
     drop(permit);
 }
 
-fn warn_leak(leak: &Leak, ctx: &Context) {
+/// Logs a leak; for a loopback source, once the processes behind it are looked for (off the
+/// runtime's threads: it reads `/proc`).
+fn warn_leak(leak: Leak, ctx: &Context) {
     let upstream_connections = ctx.proxy.router().upstream_connections();
+    let loopback = leak.source.loopback_ip();
+    let runtime = tokio::runtime::Handle::try_current();
+    let (Some(ip), Ok(runtime)) = (loopback, runtime) else {
+        return log_leak(&leak, upstream_connections, None);
+    };
+    let clients = ctx.clients.clone();
+    runtime.spawn(async move {
+        let scan = tokio::task::spawn_blocking(move || clients.attribute(ip))
+            .await
+            .ok();
+        log_leak(&leak, upstream_connections, scan.as_deref());
+    });
+}
+
+fn log_leak(leak: &Leak, upstream_connections: usize, scan: Option<&Scan>) {
+    let process = leak.source.process();
+    let processes = scan.map(Scan::describe);
+    let on_this_host = processes.as_deref().map_or_else(String::new, |p| {
+        format!(" (processes holding its connections: {p})")
+    });
     tracing::warn!(
         source = %leak.source,
+        pid = process.and_then(|p| p.pid),
+        exe = process.and_then(|p| p.exe.as_deref()),
+        processes,
         connections = leak.connections,
         requests_per_connection = leak.requests_per_connection,
         upstream_connections,
-        "client {} opened {} connections in the last {}s with {:.2} requests each: it likely builds a new \
-         HTTP client or transport per request (in Go, a new http.Transport with no IdleConnTimeout), \
-         leaking a connection each time. The sidecar closes them after downstream.idle_timeout and \
-         serves this traffic over {} pooled upstream connections; share one client to fix it",
+        "client {}{on_this_host} opened {} connections in the last {}s with {:.2} requests each: it likely \
+         builds a new HTTP client or transport per request (in Go, a new http.Transport with no \
+         IdleConnTimeout), leaking a connection each time. The sidecar closes them after \
+         downstream.idle_timeout and serves this traffic over {} pooled upstream connections; share \
+         one client to fix it",
         leak.source,
         leak.connections,
         crate::clients::LEAK_WINDOW.as_secs(),

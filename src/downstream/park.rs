@@ -12,13 +12,15 @@
 //!   `downstream.max_idle_connections` (longest idle first, as nginx reuses keep-alive
 //!   connections under `worker_connections` pressure) and draining.
 //!
+//! TCP and Unix-socket connections park alike: the lot keeps each as its bare descriptor and,
+//! when it wakes, hands it back to a task of the type its `Peer` names.
+//!
 //! Under load connections idle for microseconds between requests and never get here; parking
 //! and waking cost four `epoll_ctl` calls, paid only by connections idle for [`PARK_AFTER`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -30,6 +32,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::{self, Connection};
+use super::stream::{Peer, Stream};
 use super::{finish, spawn_connection, Context, Held, Served};
 use crate::routing::Entry;
 
@@ -76,8 +79,8 @@ enum TaskState {
 /// What a parked connection keeps.
 #[derive(Debug)]
 struct Parked {
-    stream: std::net::TcpStream,
-    peer: SocketAddr,
+    stream: OwnedFd,
+    peer: Peer,
     requests: u64,
     leaky: bool,
     deadline: Instant,
@@ -124,7 +127,7 @@ impl Parking {
     }
 
     /// Takes over an idle connection whose task is ending. It has been idle for [`PARK_AFTER`].
-    pub(super) fn park(&self, conn: Connection, held: Held, entry: Entry, ctx: &Arc<Context>) {
+    pub(super) fn park<S: Stream>(&self, conn: Connection<S>, held: Held, entry: Entry, ctx: &Arc<Context>) {
         let Connection {
             stream,
             peer,
@@ -132,11 +135,11 @@ impl Parking {
             leaky,
             ..
         } = conn;
-        let not_parked = |held| ended(ctx, peer, requests, false, held);
+        let not_parked = |held| ended(ctx, &peer, requests, false, held);
         let Some(registry) = &self.registry else {
             return not_parked(held);
         };
-        let stream = match stream.into_std() {
+        let stream = match stream.into_parked() {
             Ok(stream) => stream,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot park an idle connection");
@@ -215,17 +218,16 @@ impl Parking {
             ..
         } = parked;
         self.resumed.fetch_add(1, Ordering::Relaxed);
-        match tokio::net::TcpStream::from_std(stream) {
-            Ok(stream) => spawn_connection(
-                Connection::resume(stream, peer, requests, leaky),
-                held,
-                entry,
-                ctx.clone(),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot resume a parked connection");
-                ended(ctx, peer, requests, false, held);
-            }
+        let woken = Woken {
+            peer,
+            requests,
+            leaky,
+            held,
+            entry,
+        };
+        match woken.peer {
+            Peer::Tcp(_) => woken.resume(tokio::net::TcpStream::from_std(stream.into()), ctx),
+            Peer::Unix(_) => woken.resume(tokio::net::UnixStream::from_std(stream.into()), ctx),
         }
     }
 
@@ -316,14 +318,47 @@ impl Lot {
 
 /// Whether a request (or any byte) waits on a socket whose client shut down its side: a
 /// client may send its last request and close its writing half at once.
-fn has_bytes(stream: &std::net::TcpStream) -> bool {
+fn has_bytes(fd: &OwnedFd) -> bool {
     // The socket is non-blocking (tokio's, converted); an error means nothing will come.
-    matches!(stream.peek(&mut [0u8; 1]), Ok(n) if n > 0)
+    matches!(super::stream::recv_peek(fd.as_raw_fd(), &mut [0u8; 1]), Ok(n) if n > 0)
 }
 
 fn token(seq: u64) -> Token {
     // Sequence numbers stay far below usize::MAX on the 64-bit targets this runs on.
     Token(seq as usize)
+}
+
+/// A parked connection on its way back to a task, but for its socket.
+struct Woken {
+    peer: Peer,
+    requests: u64,
+    leaky: bool,
+    held: Held,
+    entry: Entry,
+}
+
+impl Woken {
+    fn resume<S: Stream>(self, stream: io::Result<S>, ctx: &Arc<Context>) {
+        let Woken {
+            peer,
+            requests,
+            leaky,
+            held,
+            entry,
+        } = self;
+        match stream {
+            Ok(stream) => spawn_connection(
+                Connection::resume(stream, peer, requests, leaky),
+                held,
+                entry,
+                ctx.clone(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot resume a parked connection");
+                ended(ctx, &peer, requests, false, held);
+            }
+        }
+    }
 }
 
 /// Closes a connection that stayed idle too long or was evicted, counted as an idle close.
@@ -342,12 +377,12 @@ impl Parked {
             ..
         } = self;
         drop(stream);
-        ended(ctx, peer, requests, idle_closed, held);
+        ended(ctx, &peer, requests, idle_closed, held);
     }
 }
 
 /// The accounting for a connection that ends here rather than in its task.
-fn ended(ctx: &Context, peer: SocketAddr, requests: u64, idle_closed: bool, held: Held) {
+fn ended(ctx: &Context, peer: &Peer, requests: u64, idle_closed: bool, held: Held) {
     finish(
         ctx,
         peer,

@@ -16,7 +16,7 @@
 
 use bytes::BytesMut;
 use http::Uri;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::Instrument;
 
@@ -40,7 +40,7 @@ pub enum TunnelEnd {
 /// Serves a CONNECT whose head has been read from `client`; `buf` holds whatever the client
 /// sent after the head, which goes through the tunnel first.
 pub async fn serve(
-    client: &mut TcpStream,
+    client: &mut (impl AsyncRead + AsyncWrite + Unpin),
     buf: &mut BytesMut,
     target: &Uri,
     framing: BodyFraming,

@@ -36,8 +36,7 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::splice::{self, ActiveGuard};
 use super::ResponseBody;
@@ -137,7 +136,7 @@ pub async fn send(
 /// connection until both close or the connection idles out. `buf` holds bytes the client sent
 /// after its request head; they go to the upstream first.
 pub async fn switch(
-    client: &mut TcpStream,
+    client: &mut (impl AsyncRead + AsyncWrite + Unpin),
     buf: &mut BytesMut,
     resp: Response<ResponseBody>,
     pending: Switch,

@@ -7,16 +7,21 @@
 // It prints JSON lines to stdout: "baseline" before any request, "after_requests" once all
 // requests are done, and "after_wait" after -wait; with -rounds the last two repeat per round.
 //
+// With -unix PATH every connection (to the proxy, or to the URL's host) is dialed to that Unix
+// socket instead: the sidecar's listen_unix.
+//
 // Every flag can also come from the environment (LEAKY_N, LEAKY_URL, LEAKY_PROXY, LEAKY_WAIT,
-// LEAKY_ROUNDS) so that the docker compose demo (deploy/compose) can run it unchanged;
+// LEAKY_ROUNDS, LEAKY_UNIX) so that the docker compose demo (deploy/compose) can run it unchanged;
 // -proxy=env takes the proxy from HTTP_PROXY/NO_PROXY the way most Go programs do.
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -92,6 +97,7 @@ func main() {
 	proxy := flag.String("proxy", env("proxy", ""), "proxy URL (empty: connect directly; env: HTTP_PROXY/NO_PROXY)")
 	wait := flag.Duration("wait", envDuration("wait", time.Second), "how long to wait after each round's requests")
 	rounds := flag.Int("rounds", envInt("rounds", 1), "rounds of -n requests and -wait (0: forever)")
+	unixPath := flag.String("unix", env("unix", ""), "dial this Unix socket for every connection")
 	flag.Parse()
 	if *target == "" {
 		fmt.Fprintln(os.Stderr, "leaky: -url is required")
@@ -112,14 +118,23 @@ func main() {
 		proxyFunc = http.ProxyURL(u)
 	}
 
+	var dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	if *unixPath != "" {
+		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", *unixPath)
+		}
+	}
+
 	emit(report{Phase: "baseline"})
 	for round := 1; *rounds == 0 || round <= *rounds; round++ {
-		runRound(round, *n, *target, proxyFunc, *wait)
+		runRound(round, *n, *target, proxyFunc, dial, *wait)
 	}
 }
 
 // runRound sends n leaky requests, reports, waits, and reports again.
-func runRound(round, n int, target string, proxyFunc func(*http.Request) (*url.URL, error), wait time.Duration) {
+func runRound(round, n int, target string, proxyFunc func(*http.Request) (*url.URL, error),
+	dial func(ctx context.Context, network, addr string) (net.Conn, error), wait time.Duration) {
 	start := time.Now()
 	ok, errs := 0, 0
 	firstErr := ""
@@ -131,7 +146,7 @@ func runRound(round, n int, target string, proxyFunc func(*http.Request) (*url.U
 	}
 	for i := 0; i < n; i++ {
 		// The leak: a new Transport per request, never closed.
-		tr := &http.Transport{Proxy: proxyFunc}
+		tr := &http.Transport{Proxy: proxyFunc, DialContext: dial}
 		client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 		resp, err := client.Get(target)
 		if err != nil {

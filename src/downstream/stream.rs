@@ -1,0 +1,185 @@
+//! The sockets applications connect on: TCP, and the Unix socket of `listen_unix`.
+//!
+//! The HTTP/1.1 server (`conn`), h2c (`h2`) and parking (`park`) are generic over [`Stream`],
+//! so each socket type gets its own compiled copy of them and the TCP path stays what it was: no
+//! dispatch per read or write. What differs is set here, once per connection:
+//! - accept: TCP sets `TCP_NODELAY` and names the peer by address; a Unix-socket accept reads
+//!   the peer's credentials (one `getsockopt`) and names the process, from a cache that reads
+//!   `/proc` only for a process not seen in the last seconds (`clients::process`);
+//! - parking: a parked connection is its bare file descriptor; its [`Peer`] (an address for
+//!   TCP, a process for the Unix socket) says which socket type to resume it as.
+//!
+//! Not handled here: HTTP (`conn`, `h2`), the accounting by source (`clients`).
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncWrite, Interest};
+use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::clients::{Process, ProcessCache, Source};
+
+/// An application socket.
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 'static {
+    /// The borrowed read half of [`Stream::split`].
+    type Read<'a>: AsyncRead + Unpin + Send
+    where
+        Self: 'a;
+    /// The borrowed write half of [`Stream::split`].
+    type Write<'a>: AsyncWrite + Unpin + Send
+    where
+        Self: 'a;
+
+    /// Read and write halves usable at once (no lock, no allocation).
+    fn split(&mut self) -> (Self::Read<'_>, Self::Write<'_>);
+
+    /// Waits until the socket is readable (data, end of stream or an error).
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Reads without consuming.
+    fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a;
+
+    /// Leaves the runtime, to wait in the parking lot as a bare descriptor (see [`Peer`]).
+    fn into_parked(self) -> io::Result<OwnedFd>;
+}
+
+// === impl Stream for TcpStream ===
+
+impl Stream for TcpStream {
+    type Read<'a> = tcp::ReadHalf<'a>;
+    type Write<'a> = tcp::WriteHalf<'a>;
+
+    fn split(&mut self) -> (Self::Read<'_>, Self::Write<'_>) {
+        TcpStream::split(self)
+    }
+
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        TcpStream::readable(self)
+    }
+
+    fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a {
+        TcpStream::peek(self, buf)
+    }
+
+    fn into_parked(self) -> io::Result<OwnedFd> {
+        self.into_std().map(OwnedFd::from)
+    }
+}
+
+// === impl Stream for UnixStream ===
+
+impl Stream for UnixStream {
+    type Read<'a> = unix::ReadHalf<'a>;
+    type Write<'a> = unix::WriteHalf<'a>;
+
+    fn split(&mut self) -> (Self::Read<'_>, Self::Write<'_>) {
+        UnixStream::split(self)
+    }
+
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        UnixStream::readable(self)
+    }
+
+    async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // tokio has no `peek` for Unix sockets: wait for readiness, then `recv(MSG_PEEK)`.
+        loop {
+            UnixStream::readable(self).await?;
+            let fd = self.as_raw_fd();
+            match self.try_io(Interest::READABLE, || recv_peek(fd, buf)) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                peeked => return peeked,
+            }
+        }
+    }
+
+    fn into_parked(self) -> io::Result<OwnedFd> {
+        self.into_std().map(OwnedFd::from)
+    }
+}
+
+pub(super) fn recv_peek(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole call, and `fd` is
+    // borrowed from a stream that stays open across it; recv writes at most `len` bytes.
+    #[allow(unsafe_code)]
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+// === peers and accepting ===
+
+/// Who is at the other end of a downstream connection. The variant is also the socket type:
+/// only a TCP accept makes a `Tcp` peer and only the Unix accept a `Unix` one, which is how a
+/// parked descriptor is resumed as the right type without a tag of its own.
+#[derive(Debug, Clone)]
+pub(crate) enum Peer {
+    Tcp(SocketAddr),
+    Unix(Arc<Process>),
+}
+
+impl Peer {
+    /// What the leak detector counts this connection under.
+    pub(crate) fn source(&self) -> Source {
+        match self {
+            Peer::Tcp(addr) => Source::Ip(addr.ip()),
+            Peer::Unix(process) => Source::Process(process.clone()),
+        }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Peer::Tcp(addr) => addr.fmt(f),
+            Peer::Unix(process) => process.fmt(f),
+        }
+    }
+}
+
+/// A listening socket the accept loop takes connections from.
+pub(crate) trait Accept: Send + Sync + 'static {
+    type Stream: Stream;
+
+    fn accept(&self) -> impl Future<Output = io::Result<(Self::Stream, Peer)>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+
+    async fn accept(&self) -> io::Result<(TcpStream, Peer)> {
+        let (stream, addr) = TcpListener::accept(self).await?;
+        let _ = stream.set_nodelay(true);
+        Ok((stream, Peer::Tcp(addr)))
+    }
+}
+
+/// The Unix listener, with the processes its peers were recently found to be.
+#[derive(Debug)]
+pub(crate) struct UnixAccept {
+    pub(crate) listener: UnixListener,
+    pub(crate) processes: ProcessCache,
+}
+
+impl Accept for UnixAccept {
+    type Stream = UnixStream;
+
+    async fn accept(&self) -> io::Result<(UnixStream, Peer)> {
+        let (stream, _) = self.listener.accept().await?;
+        let process = match stream.peer_cred() {
+            Ok(cred) => {
+                let pid = cred.pid().and_then(|p| u32::try_from(p).ok());
+                self.processes.lookup(pid, cred.uid())
+            }
+            // Not expected from a Unix stream socket; the connection is still served, counted
+            // under an unknown process.
+            Err(e) => {
+                tracing::debug!(error = %e, "no peer credentials");
+                self.processes.lookup(None, u32::MAX)
+            }
+        };
+        Ok((stream, Peer::Unix(process)))
+    }
+}
