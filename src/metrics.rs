@@ -5,9 +5,9 @@
 //! maintained, its labels are typed structs, and it carries no protobuf dependency.
 //!
 //! Counters and histograms are updated where things happen. The pool gauges (connections by
-//! state, waiting requests) are read from the pools at scrape time, and the downstream gauge is
-//! held by a guard in each connection task, so all are exact and return to 0 when connections
-//! close, whatever closed them.
+//! state, waiting requests, the learned upstream idle timeout) are read from the pools at scrape
+//! time, and the downstream gauge is held by a guard in each connection task, so all are exact
+//! and return to 0 when connections close, whatever closed them.
 //!
 //! Label cardinality is bounded: past [`MAX_UPSTREAM_LABELS`] distinct upstream labels, new
 //! upstreams are counted under `other`.
@@ -427,19 +427,41 @@ struct StateLabels {
     state: &'static str,
 }
 
-impl Collector for GaugeCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        // Sum per label: every upstream past the label budget reports as `other`.
-        let mut by_label: std::collections::BTreeMap<String, (i64, i64, i64)> = Default::default();
+/// One label's pool gauges.
+#[derive(Debug, Default)]
+struct PoolGauges {
+    active: i64,
+    idle: i64,
+    pending: i64,
+    /// The smallest learned upstream idle timeout among the label's pools.
+    learned_idle_timeout: Option<std::time::Duration>,
+}
+
+impl GaugeCollector {
+    /// Sums per label: every upstream past the label budget reports as `other`, and a pool a
+    /// reload retired reports with its successor.
+    fn pool_gauges(&self) -> std::collections::BTreeMap<String, PoolGauges> {
+        let mut by_label: std::collections::BTreeMap<String, PoolGauges> = Default::default();
         for (label, pool) in self.0.pools.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let Some(pool) = pool.upgrade() else { continue };
             let s = pool.snapshot();
             let idle = (s.idle + s.idle_http2) as i64;
             let entry = by_label.entry(label.clone()).or_default();
-            entry.0 += s.open as i64 - idle;
-            entry.1 += idle;
-            entry.2 += s.pending as i64;
+            entry.active += s.open as i64 - idle;
+            entry.idle += idle;
+            entry.pending += s.pending as i64;
+            entry.learned_idle_timeout = match (entry.learned_idle_timeout, s.learned_idle_timeout) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
+        by_label
+    }
+}
+
+impl Collector for GaugeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let by_label = self.pool_gauges();
         let gauge = ConstGauge::new(0i64);
         let mut conns = encoder.encode_descriptor(
             "upstream_connections",
@@ -447,8 +469,8 @@ impl Collector for GaugeCollector {
             None,
             gauge.metric_type(),
         )?;
-        for (label, (active, idle, _)) in &by_label {
-            for (state, value) in [("active", *active), ("idle", *idle)] {
+        for (label, g) in &by_label {
+            for (state, value) in [("active", g.active), ("idle", g.idle)] {
                 let labels = StateLabels {
                     upstream: label.clone(),
                     state,
@@ -462,11 +484,25 @@ impl Collector for GaugeCollector {
             None,
             gauge.metric_type(),
         )?;
-        for (label, (_, _, waiting)) in &by_label {
+        for (label, g) in &by_label {
             let labels = UpstreamLabel {
                 upstream: label.clone(),
             };
-            ConstGauge::new(*waiting).encode(pending.encode_family(&labels)?)?;
+            ConstGauge::new(g.pending).encode(pending.encode_family(&labels)?)?;
+        }
+        let learned = ConstGauge::new(0f64);
+        let mut learned_family = encoder.encode_descriptor(
+            "upstream_learned_idle_timeout_seconds",
+            "The upstream's own idle timeout as learned from its closes of idle HTTP/1.1 connections (0: nothing learned)",
+            None,
+            learned.metric_type(),
+        )?;
+        for (label, g) in &by_label {
+            let labels = UpstreamLabel {
+                upstream: label.clone(),
+            };
+            let seconds = g.learned_idle_timeout.map_or(0.0, |d| d.as_secs_f64());
+            ConstGauge::new(seconds).encode(learned_family.encode_family(&labels)?)?;
         }
         encode_process_gauges(&mut encoder)
     }

@@ -9,7 +9,8 @@
 //!   place back when that is dropped.
 //! - `idle`: connections ready for a request, most recently used last (checked out first),
 //!   each closed after `idle_timeout` (sooner when the upstream's `Keep-Alive: timeout=N` says
-//!   so) or, once idle, after `max_lifetime`. Beyond `max_idle`, the oldest idle connections are
+//!   so, or when the pool has learned the upstream's own idle timeout: below) or, once idle,
+//!   after `max_lifetime`. Beyond `max_idle`, the oldest idle connections are
 //!   closed after a one-second grace, so that load hovering around `max_idle` does not churn.
 //! - `h2`: HTTP/2 connections, each carrying up to min(`http2.max_streams_per_connection`, the
 //!   server's current SETTINGS_MAX_CONCURRENT_STREAMS) streams, re-read at every checkout so the
@@ -37,10 +38,29 @@
 //! A connection checked out idle may be closed by the upstream at the same instant. Idle
 //! HTTP/1.1 sockets carry the reaper's waker, so a close that arrives is noticed at once, and
 //! checkout looks again before handing one out; the remaining window (the upstream's FIN in
-//! flight while the request is written) is closed by the retry in `upstream`.
+//! flight while the request is written) is closed by the retry in `upstream`, and avoided
+//! altogether once the upstream's idle timeout is learned.
+//!
+//! # Learned upstream idle timeouts
+//! Most upstreams close idle keep-alive connections after a timeout of their own and do not
+//! announce it. The pool learns it from the idle age of every HTTP/1.1 connection the upstream
+//! closes while the connection sits idle in the pool (noticed at once by the reaper's waker on
+//! the socket, or by checkout looking before it hands one out), and from nothing else: not
+//! closes the pool decides, not connections closed after a response with `Connection: close`
+//! (closed at check-in, never idle), not connections that fail while carrying a request. After
+//! [`learn::AGREE`] closes at agreeing idle ages (each at least [`learn::MIN_AGE`]), idle
+//! connections are retired a margin (max(250 ms, 10 %)) before that age, counted as
+//! `learned_idle_timeout`; the smallest of `idle_timeout`, the `Keep-Alive` hint and the
+//! learned age wins. The learned value lapses 10 minutes after the last close supporting it, so
+//! an upstream that raised its timeout is followed; [`learn`] has the whole rule. It is
+//! exported as `egress_upstream_learned_idle_timeout_seconds` and in `/debug/pools`, and logged
+//! at info when it changes. It lives and dies with the pool: a reload that keeps the pool
+//! keeps it. HTTP/2 is not covered: a server closing an idle HTTP/2 connection sends GOAWAY
+//! first, and a stream that crosses it comes back unsent and is retried whatever its method.
 
 mod body;
 pub mod in_memory;
+pub mod learn;
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
@@ -122,6 +142,7 @@ impl Tracker {
         "dialing",
         "upstream_close",
         "idle_timeout",
+        "learned_idle_timeout",
         "max_lifetime",
         "max_requests",
         "max_idle",
@@ -254,6 +275,8 @@ struct State {
     /// Set when the pool's upstream left the config or the sidecar is stopping: connections
     /// close as soon as they are idle, with this reason.
     retired: Option<&'static str>,
+    /// The upstream's own idle timeout, learned from its closes of idle connections.
+    learner: learn::IdleLearner,
 }
 
 impl State {
@@ -322,6 +345,8 @@ pub struct PoolSnapshot {
     pub opened_total: u64,
     /// Requests that reused a connection.
     pub reused_total: u64,
+    /// The upstream's idle timeout as learned from its closes, while one is in force.
+    pub learned_idle_timeout: Option<Duration>,
 }
 
 /// One pool as `/debug/pools` shows it.
@@ -348,6 +373,14 @@ pub struct PoolReport {
     pub opened_total: u64,
     /// Requests that reused a connection.
     pub reused_total: u64,
+    /// The upstream's own idle timeout (HTTP/1.1) as learned from its closes of idle
+    /// connections, while one is in force (see [`learn`]).
+    pub learned_idle_timeout_ms: Option<u64>,
+    /// The idle age at which connections are retired because of it: the learned timeout less
+    /// a margin, when that is below `idle_timeout`.
+    pub learned_retire_after_ms: Option<u64>,
+    /// Upstream closes of idle connections counted towards learning since the pool started.
+    pub idle_close_observations: u64,
     /// Each open connection, oldest first.
     pub connections: Vec<ConnectionReport>,
 }
@@ -405,6 +438,7 @@ impl Pool {
             config,
             max_streams,
             retired: None,
+            learner: learn::IdleLearner::default(),
         };
         Arc::new(Pool {
             label,
@@ -439,6 +473,7 @@ impl Pool {
             pending: st.waiters.len(),
             opened_total: self.stats.opened.load(Ordering::Relaxed),
             reused_total: self.stats.reused.load(Ordering::Relaxed),
+            learned_idle_timeout: st.learner.learned(Instant::now()),
         }
     }
 
@@ -576,6 +611,13 @@ impl Pool {
             pending: st.waiters.len(),
             opened_total: self.stats.opened.load(Ordering::Relaxed),
             reused_total: self.stats.reused.load(Ordering::Relaxed),
+            learned_idle_timeout_ms: st.learner.learned(now).map(|d| d.as_millis() as u64),
+            learned_retire_after_ms: st
+                .learner
+                .retire_after(now)
+                .filter(|d| *d < st.config.idle_timeout)
+                .map(|d| d.as_millis() as u64),
+            idle_close_observations: st.learner.observations(),
             connections,
         }
     }
@@ -623,22 +665,28 @@ impl Pool {
     #[allow(clippy::type_complexity)]
     fn take_or_enqueue(self: &Arc<Self>) -> Result<Result<Grant, Waiting>, ProxyError> {
         let mut discard = Vec::new();
+        let mut learned = None;
         let now = Instant::now();
         let mut st = self.lock();
         if st.waiters.is_empty() {
             if let Some(stream) = self.take_stream(&mut st) {
                 return Ok(Ok(Grant::H2(stream)));
             }
+            let retire_after = st.learner.retire_after(now);
             while let Some(mut idle) = st.idle.pop() {
                 let closed = idle.conn.io.is_closed();
-                if !closed && now < idle_deadline(&st.config, &idle.conn, idle.since) {
+                if !closed && now < idle_deadline(&st.config, retire_after, &idle.conn, idle.since) {
+                    drop(st);
+                    self.log_learned(learned);
                     return Ok(Ok(Grant::H1(idle.conn)));
                 }
-                idle.conn.track.set(if closed {
-                    "upstream_close"
+                if closed {
+                    learned = learned.or(upstream_closed_idle(&mut st.learner, &idle, now));
                 } else {
-                    expiry_reason(&st.config, &idle.conn, now)
-                });
+                    idle.conn
+                        .track
+                        .set(expiry_reason(&st.config, retire_after, &idle.conn, now));
+                }
                 discard.push(idle);
             }
         }
@@ -662,6 +710,7 @@ impl Pool {
         self.start_dials(&mut st);
         drop(st);
         drop(discard);
+        self.log_learned(learned);
         Ok(Err(Waiting {
             pool: self.clone(),
             id,
@@ -824,7 +873,7 @@ impl Pool {
             }
         }
         let now = Instant::now();
-        let mut deadline = idle_deadline(&st.config, &conn, now);
+        let mut deadline = idle_deadline(&st.config, st.learner.retire_after(now), &conn, now);
         st.idle.push(Idle { conn, since: now });
         if st.idle.len() > st.config.max_idle {
             deadline = deadline.min(st.idle[0].since + IDLE_SURPLUS_GRACE);
@@ -933,6 +982,8 @@ impl Pool {
     fn reap_once(&self, now: Instant) -> Option<Instant> {
         let mut expired = Vec::new();
         let mut st = self.lock();
+        let learned = st.learner.refresh(now);
+        let retire_after = st.learner.retire_after(now);
         let cfg = st.config;
         let max_idle = cfg.max_idle;
         // Connections over a cap a reload lowered: the oldest idle ones go first.
@@ -941,8 +992,8 @@ impl Pool {
         while i < st.idle.len() {
             let idle = &st.idle[i];
             let surplus = i < st.idle.len().saturating_sub(max_idle);
-            let reason = if idle_deadline(&cfg, &idle.conn, idle.since) <= now {
-                Some(expiry_reason(&cfg, &idle.conn, now))
+            let reason = if idle_deadline(&cfg, retire_after, &idle.conn, idle.since) <= now {
+                Some(expiry_reason(&cfg, retire_after, &idle.conn, now))
             } else if over_cap > 0 {
                 over_cap -= 1;
                 Some("reload")
@@ -964,7 +1015,7 @@ impl Pool {
             .iter()
             .enumerate()
             .map(|(i, idle)| {
-                let deadline = idle_deadline(&cfg, &idle.conn, idle.since);
+                let deadline = idle_deadline(&cfg, retire_after, &idle.conn, idle.since);
                 if i < surplus {
                     deadline.min(idle.since + IDLE_SURPLUS_GRACE)
                 } else {
@@ -984,6 +1035,7 @@ impl Pool {
         }
         drop(st);
         drop(expired);
+        self.log_learned(learned);
         next
     }
 }
@@ -1046,6 +1098,8 @@ impl Pool {
     /// upstream closed. Only readable sockets cost a syscall.
     fn watch_idle(&self, cx: &mut Context<'_>) {
         let mut closed = Vec::new();
+        let mut learned = None;
+        let now = Instant::now();
         let mut st = self.lock();
         if !st.idle_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             st.idle_waker = Some(cx.waker().clone());
@@ -1054,7 +1108,7 @@ impl Pool {
         while i < st.idle.len() {
             if st.idle[i].conn.io.poll_closed(cx).is_ready() {
                 let idle = st.idle.remove(i);
-                idle.conn.track.set("upstream_close");
+                learned = learned.or(upstream_closed_idle(&mut st.learner, &idle, now));
                 closed.push(idle);
             } else {
                 i += 1;
@@ -1062,7 +1116,36 @@ impl Pool {
         }
         drop(st);
         drop(closed);
+        self.log_learned(learned);
     }
+
+    /// Logs a change of the learned upstream idle timeout, and has the reaper recompute the
+    /// deadlines of the connections already idle, which it changes.
+    fn log_learned(&self, change: Option<learn::Change>) {
+        let Some(change) = change else { return };
+        self.reaper_wake.notify_one();
+        let show =
+            |d: Option<Duration>| d.map_or_else(|| "none".to_owned(), |d| format!("{}ms", d.as_millis()));
+        tracing::info!(
+            upstream = %self.label,
+            old = %show(change.old),
+            new = %show(change.new),
+            observations = change.support,
+            "learned upstream idle timeout changed"
+        );
+    }
+}
+
+/// Marks an idle connection the upstream closed and feeds its idle age to the learner: this
+/// close came from the upstream's side while no request was in flight, the only kind that
+/// tells its idle timeout. Returns the change of the learned value, if any.
+fn upstream_closed_idle(
+    learner: &mut learn::IdleLearner,
+    idle: &Idle,
+    now: Instant,
+) -> Option<learn::Change> {
+    idle.conn.track.set("upstream_close");
+    learner.observe(now.saturating_duration_since(idle.since), now)
 }
 
 // === connection deadlines ===
@@ -1072,11 +1155,10 @@ fn past_lifetime(cfg: &PoolConfig, created: Instant, now: Instant) -> bool {
         .is_some_and(|life| now.saturating_duration_since(created) >= life)
 }
 
-/// When an idle HTTP/1.1 connection idle since `since` must close.
-fn idle_deadline(cfg: &PoolConfig, conn: &Conn, since: Instant) -> Instant {
-    let idle_limit = conn
-        .idle_limit
-        .map_or(cfg.idle_timeout, |hint| hint.min(cfg.idle_timeout));
+/// When an idle HTTP/1.1 connection idle since `since` must close; `retire_after` is the
+/// learned retirement age in force, if any.
+fn idle_deadline(cfg: &PoolConfig, retire_after: Option<Duration>, conn: &Conn, since: Instant) -> Instant {
+    let (idle_limit, _) = learn::idle_limit(cfg.idle_timeout, conn.idle_limit, retire_after);
     let by_idle = since + idle_limit;
     match cfg.max_lifetime {
         Some(life) => by_idle.min(conn.created + life),
@@ -1085,9 +1167,16 @@ fn idle_deadline(cfg: &PoolConfig, conn: &Conn, since: Instant) -> Instant {
 }
 
 /// Why an idle HTTP/1.1 connection past its deadline closes.
-fn expiry_reason(cfg: &PoolConfig, conn: &Conn, now: Instant) -> &'static str {
+fn expiry_reason(
+    cfg: &PoolConfig,
+    retire_after: Option<Duration>,
+    conn: &Conn,
+    now: Instant,
+) -> &'static str {
     if past_lifetime(cfg, conn.created, now) {
         "max_lifetime"
+    } else if learn::idle_limit(cfg.idle_timeout, conn.idle_limit, retire_after).1 {
+        "learned_idle_timeout"
     } else {
         "idle_timeout"
     }
