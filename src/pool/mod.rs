@@ -138,7 +138,7 @@ impl Tracker {
     const OPEN: u8 = 1;
     /// Index [`Self::OPEN`] doubles as the reason of a connection that ended with none recorded:
     /// the upstream closed it.
-    const REASONS: [&'static str; 12] = [
+    const REASONS: [&'static str; 13] = [
         "dialing",
         "upstream_close",
         "idle_timeout",
