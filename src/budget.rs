@@ -27,8 +27,14 @@
 //!    left, new connections wait in the kernel's backlog (as with `max_connections`) until a
 //!    measurement finds room, which requests finishing and connections closing make.
 //!
-//! A request in flight is never shed. A budget too small for even that is not enforced by
-//! starving: with no application connection open, one connection is let in at a time.
+//! A request in flight is never shed. Nor does a budget starve: each tick lets at least one
+//! connection in (more when none is open), as a tunnel or a connection that never sends a
+//! request is never shed and could otherwise hold accepting paused for good.
+//!
+//! The cgroup working set is the sidecar's only while the cgroup holds the sidecar alone, as a
+//! Kubernetes container does; if other processes share it at start (an init process, the
+//! application), the limit still sizes the budget but usage is measured as under an explicit
+//! budget. `budget.enabled: false` turns it all off.
 //!
 //! Not handled here: how a parked connection or pooled connection is closed (`downstream::park`,
 //! `pool`), handing freed heap back to the kernel (`resident`).
@@ -71,8 +77,13 @@ const IDLE_DOWNSTREAM_FREES: u64 = 2 << 10;
 pub const KERNEL_SOCKET_COST: u64 = 1536;
 /// Connections let in when usage cannot be read.
 const UNMEASURED_CREDIT: i64 = 64;
-/// Shedding rounds per measurement at most; the next tick goes on if usage is still high.
-const MAX_ROUNDS: usize = 4;
+/// Shedding rounds per measurement at most, each ending in a heap trim; the next measurement
+/// goes on if usage is still high.
+const MAX_ROUNDS: usize = 2;
+/// Measurements an accept loop asks for are at least this far apart.
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// Pausing and resuming are logged at most this often (they are counted every time).
+const LOG_EVERY: Duration = Duration::from_secs(10);
 /// cgroup v1 reports "no limit" as a page-aligned i64::MAX; anything this large is no limit.
 const UNLIMITED: u64 = 1 << 60;
 
@@ -94,6 +105,9 @@ pub struct Cgroup {
     pub dir: PathBuf,
     /// The lowest limit on the path up, in bytes.
     pub limit: u64,
+    /// Other processes share the cgroup (an init process, the application itself): its usage
+    /// is not the sidecar's, so the sidecar's own RSS and sockets are measured instead.
+    pub shared: bool,
 }
 
 /// The budget: its size and how usage is measured.
@@ -106,15 +120,20 @@ pub struct Limit {
 }
 
 impl Limit {
-    /// The budget `config` asks for, looking for the cgroup under `root` (`/` outside tests).
-    pub fn discover(config: &BudgetConfig, root: &Path) -> Option<Limit> {
+    /// The budget `config` asks for, looking for the cgroup under `root` (`/` outside tests);
+    /// `pid` is this process, which the cgroup should hold alone.
+    pub fn discover(config: &BudgetConfig, root: &Path, pid: u32) -> Option<Limit> {
+        if !config.enabled {
+            return None;
+        }
         if let Some(bytes) = config.memory_bytes {
             return Some(Limit {
                 bytes: bytes as u64,
                 source: Source::Config,
             });
         }
-        let cgroup = find_cgroup(root)?;
+        let mut cgroup = find_cgroup(root)?;
+        cgroup.shared = shares_cgroup(&cgroup.dir, pid);
         Some(Limit {
             bytes: (cgroup.limit as f64 * config.memory_fraction) as u64,
             source: Source::Cgroup(cgroup),
@@ -125,15 +144,33 @@ impl Limit {
     /// open now, both sides.
     pub fn usage(&self, sockets: u64) -> io::Result<u64> {
         match &self.source {
-            Source::Config => Ok(resident_bytes()? + sockets * KERNEL_SOCKET_COST),
-            Source::Cgroup(cgroup) => cgroup.working_set(),
+            Source::Cgroup(cgroup) if !cgroup.shared => cgroup.working_set(),
+            _ => Ok(resident_bytes()? + sockets * KERNEL_SOCKET_COST),
+        }
+    }
+
+    /// `cgroup_working_set`, or `rss_and_sockets`.
+    fn measure_name(&self) -> &'static str {
+        match &self.source {
+            Source::Cgroup(cgroup) if !cgroup.shared => "cgroup_working_set",
+            _ => "rss_and_sockets",
         }
     }
 
     fn describe(&self) -> String {
         match &self.source {
             Source::Config => "budget.memory_bytes".into(),
-            Source::Cgroup(c) => format!("cgroup v{} limit {} at {}", c.version, c.limit, c.dir.display()),
+            Source::Cgroup(c) => format!(
+                "cgroup v{} limit {} at {}{}",
+                c.version,
+                c.limit,
+                c.dir.display(),
+                if c.shared {
+                    " (shared with other processes)"
+                } else {
+                    ""
+                }
+            ),
         }
     }
 }
@@ -184,7 +221,19 @@ fn limit_on_path(mount: &Path, path: &str, file: &str, version: u8) -> Option<Cg
         version,
         dir,
         limit: lowest?,
+        shared: false,
     })
+}
+
+/// Whether a process other than `pid` is in the cgroup at `dir` (unreadable: assumed not).
+fn shares_cgroup(dir: &Path, pid: u32) -> bool {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|procs| {
+            procs
+                .lines()
+                .any(|p| p.trim().parse::<u32>().is_ok_and(|p| p != pid))
+        })
+        .unwrap_or(false)
 }
 
 /// `max` (v2) and near-i64::MAX values (v1) are no limit.
@@ -267,6 +316,8 @@ struct LastMeasurement {
     usage: u64,
     admitted: u64,
     cost: u64,
+    trimmed: Option<std::time::Instant>,
+    logged: Option<std::time::Instant>,
 }
 
 /// What one more connection is taken to cost: the larger of [`ACCEPT_COST`] and what the
@@ -319,6 +370,8 @@ impl Budget {
                 usage: 0,
                 admitted: 0,
                 cost: ACCEPT_COST,
+                trimmed: None,
+                logged: None,
             }),
         }
     }
@@ -353,10 +406,7 @@ impl Budget {
             budget_bytes: self.limit.bytes,
             source: self.limit.describe(),
             usage_bytes: self.usage.load(Ordering::Relaxed),
-            usage_measure: match self.limit.source {
-                Source::Config => "rss_and_sockets",
-                Source::Cgroup(_) => "cgroup_working_set",
-            },
+            usage_measure: self.limit.measure_name(),
             accept_paused: self.paused.load(Ordering::Relaxed),
             shed_downstream_idle: self.sheds.downstream_idle.load(Ordering::Relaxed),
             shed_upstream_idle: self.sheds.upstream_idle.load(Ordering::Relaxed),
@@ -374,58 +424,96 @@ impl Budget {
         self.limit.usage((ctx.open_connections() + upstream) as u64)
     }
 
-    /// Measures, sheds if over, and sets the accept credit.
-    fn adjust(&self, ctx: &Context) {
+    /// Measures, sheds if over, and sets the accept credit; `on_tick` when the tick, not an
+    /// accept loop out of credit, asked.
+    fn adjust(&self, ctx: &Context, on_tick: bool) -> Option<u64> {
+        let admitted = self.admitted.load(Ordering::Relaxed);
         let Ok(mut usage) = self.measure(ctx) else {
-            // Unmeasurable now: let connections in rather than stall on a /proc hiccup.
+            // Unmeasurable now: let connections in rather than stall on a /proc hiccup, and
+            // count them as old by the next measurement.
+            self.learn_cost(None, admitted);
             self.grant(UNMEASURED_CREDIT);
-            return;
+            return None;
         };
-        let (cost, young) = self.learn_cost(usage);
-        // Connections admitted since the last measurement have yet to grow to what they cost.
-        let growing = young.saturating_mul(cost);
-        if usage + growing > self.share(SHED_ABOVE) {
+        let (cost, young) = self.learn_cost(Some(usage), admitted);
+        // Shedding follows what is measured; what young connections will still grow by only
+        // holds back new ones.
+        if usage > self.share(SHED_ABOVE) && self.trim_due() {
             // What finished requests freed counts only once it is handed back.
             crate::resident::trim_heap();
             usage = self.measure(ctx).unwrap_or(usage);
         }
-        if usage + growing > self.share(SHED_ABOVE) {
-            usage = self.shed(usage, growing, ctx);
+        if usage > self.share(SHED_ABOVE) {
+            usage = self.shed(usage, ctx);
         }
         self.remember(usage);
         let families = ctx.metrics.families();
         families
             .memory_usage
             .set(i64::try_from(usage).unwrap_or(i64::MAX));
-        let room = self.share(PAUSE_AT).saturating_sub(usage + growing) / cost;
-        let credit = if room == 0 && ctx.open_connections() == 0 {
-            1
-        } else {
-            room
-        };
+        let growing = young.saturating_mul(cost);
+        let room = self.share(PAUSE_AT).saturating_sub(usage.saturating_add(growing)) / cost;
+        // Accepts since the measurement spent credit this grant must not give again.
+        let spent = self.admitted.load(Ordering::Relaxed) - admitted;
+        let mut credit = room.saturating_sub(spent);
+        // Progress whatever stays open: a tunnel, or a connection waiting for its first request,
+        // is never shed, and waiting for it to close could be forever.
+        if credit == 0 && (on_tick || ctx.open_connections() == 0) {
+            credit = 1;
+        }
         self.grant(i64::try_from(credit).unwrap_or(i64::MAX));
-        if credit == 0 {
-            if !self.paused.swap(true, Ordering::Relaxed) {
-                self.sheds.accept_paused.fetch_add(1, Ordering::Relaxed);
-                families.memory_shed("accept_paused", 1);
-                tracing::info!(
-                    usage,
-                    budget = self.limit.bytes,
-                    "memory budget: new connections wait in the backlog"
-                );
-            }
-        } else if self.paused.swap(false, Ordering::Relaxed) {
+        self.note_pause(room == 0, usage, families);
+        Some(usage)
+    }
+
+    /// Counts and logs accepting pausing (no room under [`PAUSE_AT`]) and resuming.
+    fn note_pause(&self, paused: bool, usage: u64, families: &crate::metrics::Families) {
+        if paused == self.paused.swap(paused, Ordering::Relaxed) {
+            return;
+        }
+        if paused {
+            self.sheds.accept_paused.fetch_add(1, Ordering::Relaxed);
+            families.memory_shed("accept_paused", 1);
+        }
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if last.logged.is_some_and(|at| now.duration_since(at) < LOG_EVERY) {
+            return;
+        }
+        last.logged = Some(now);
+        drop(last);
+        if paused {
+            tracing::info!(
+                usage,
+                budget = self.limit.bytes,
+                "memory budget: new connections wait in the backlog"
+            );
+        } else {
             tracing::info!(usage, budget = self.limit.bytes, "memory budget: accepting again");
         }
     }
 
+    /// Whether a heap trim before shedding is due: at most one per [`TICK`], as `malloc_trim`
+    /// holds every arena's lock while it walks the heap.
+    fn trim_due(&self) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if last.trimmed.is_some_and(|at| now.duration_since(at) < TICK) {
+            return false;
+        }
+        last.trimmed = Some(now);
+        true
+    }
+
     /// What a new connection is taken to cost, learned from the growth since the last
-    /// measurement to `usage`, and how many were admitted since.
-    fn learn_cost(&self, usage: u64) -> (u64, u64) {
-        let admitted = self.admitted.load(Ordering::Relaxed);
+    /// measurement to `usage` (none: unmeasured), and how many were admitted since, counting
+    /// up to `admitted`.
+    fn learn_cost(&self, usage: Option<u64>, admitted: u64) -> (u64, u64) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let young = admitted - last.admitted;
-        last.cost = next_cost(last.cost, usage.saturating_sub(last.usage), young);
+        if let Some(usage) = usage {
+            last.cost = next_cost(last.cost, usage.saturating_sub(last.usage), young);
+        }
         last.admitted = admitted;
         (last.cost, young)
     }
@@ -443,13 +531,12 @@ impl Budget {
         }
     }
 
-    /// Sheds in the module's order until usage, with what young connections will still grow
-    /// by, is back to [`SHED_TO`]; returns usage after.
-    fn shed(&self, mut usage: u64, growing: u64, ctx: &Context) -> u64 {
+    /// Sheds in the module's order until usage is back to [`SHED_TO`]; returns usage after.
+    fn shed(&self, mut usage: u64, ctx: &Context) -> u64 {
         let target = self.share(SHED_TO);
         let families = ctx.metrics.families();
         for _ in 0..MAX_ROUNDS {
-            let excess = (usage + growing).saturating_sub(target);
+            let excess = usage.saturating_sub(target);
             if excess == 0 {
                 break;
             }
@@ -485,13 +572,24 @@ impl Budget {
 
 /// Keeps the footprint under `budget` for as long as the runtime runs.
 pub async fn enforce(budget: Arc<Budget>, ctx: Arc<Context>) {
-    tracing::info!(budget = budget.limit.bytes, source = %budget.limit.describe(), "memory budget");
+    tracing::info!(budget = budget.limit.bytes, source = %budget.limit.describe(), measure = budget.limit.measure_name(), "memory budget");
+    let at_rest = budget.adjust(&ctx, true);
+    if at_rest.is_some_and(|usage| usage > budget.share(SHED_ABOVE)) {
+        tracing::warn!(
+            usage = at_rest,
+            budget = budget.limit.bytes,
+            "the memory budget is below what the sidecar uses at rest: idle connections will be shed \
+             and connections let in one at a time; raise budget.memory_bytes or the memory limit"
+        );
+    }
     loop {
-        budget.adjust(&ctx);
-        tokio::select! {
-            () = tokio::time::sleep(TICK) => {}
-            () = budget.measure_now.notified() => {}
-        }
+        let tick = tokio::time::Instant::now() + TICK;
+        tokio::time::sleep(MIN_INTERVAL).await;
+        let on_tick = tokio::select! {
+            () = tokio::time::sleep_until(tick) => true,
+            () = budget.measure_now.notified() => false,
+        };
+        budget.adjust(&ctx, on_tick);
     }
 }
 
@@ -525,8 +623,12 @@ mod tests {
         }
     }
 
+    /// This process, as far as the fixtures' `cgroup.procs` files go.
+    const PID: u32 = 42;
+
     fn from_cgroup(fraction: f64) -> BudgetConfig {
         BudgetConfig {
+            enabled: true,
             memory_fraction: fraction,
             memory_bytes: None,
         }
@@ -540,12 +642,13 @@ mod tests {
             ("sys/fs/cgroup/kubepods/pod1/memory.max", "134217728\n"),
             ("sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "268435456\n"),
             ("sys/fs/cgroup/kubepods/pod1/ctr/memory.current", "10000000\n"),
+            ("sys/fs/cgroup/kubepods/pod1/ctr/cgroup.procs", "42\n"),
             (
                 "sys/fs/cgroup/kubepods/pod1/ctr/memory.stat",
                 "anon 1\ninactive_file 2000000\nactive_file 5\n",
             ),
         ]);
-        let limit = Limit::discover(&from_cgroup(0.5), &root.0).expect("a limit");
+        let limit = Limit::discover(&from_cgroup(0.5), &root.0, PID).expect("a limit");
         assert_eq!(limit.bytes, 64 << 20, "half of the pod's 128 MiB");
         let Source::Cgroup(cgroup) = &limit.source else {
             panic!("{limit:?}")
@@ -565,7 +668,7 @@ mod tests {
             ("proc/self/cgroup", "0::/\n"),
             ("sys/fs/cgroup/memory.max", "67108864\n"),
         ]);
-        let limit = Limit::discover(&from_cgroup(0.8), &root.0).expect("a limit");
+        let limit = Limit::discover(&from_cgroup(0.8), &root.0, PID).expect("a limit");
         assert_eq!(limit.bytes, (64u64 << 20) * 8 / 10);
     }
 
@@ -593,7 +696,7 @@ mod tests {
                 "cache 9\ntotal_inactive_file 1000000\n",
             ),
         ]);
-        let limit = Limit::discover(&from_cgroup(1.0), &root.0).expect("a limit");
+        let limit = Limit::discover(&from_cgroup(1.0), &root.0, PID).expect("a limit");
         assert_eq!(limit.bytes, 32 << 20);
         assert_eq!(limit.usage(10).unwrap(), 4_000_000);
     }
@@ -607,27 +710,60 @@ mod tests {
                 "9223372036854771712\n",
             ),
         ]);
-        assert_eq!(Limit::discover(&from_cgroup(0.8), &unlimited.0), None);
+        assert_eq!(Limit::discover(&from_cgroup(0.8), &unlimited.0, PID), None);
         let v2_max = FakeRoot::new(&[
             ("proc/self/cgroup", "0::/\n"),
             ("sys/fs/cgroup/memory.max", "max\n"),
         ]);
-        assert_eq!(Limit::discover(&from_cgroup(0.8), &v2_max.0), None);
+        assert_eq!(Limit::discover(&from_cgroup(0.8), &v2_max.0, PID), None);
         let nothing = FakeRoot::new(&[]);
-        assert_eq!(Limit::discover(&from_cgroup(0.8), &nothing.0), None);
+        assert_eq!(Limit::discover(&from_cgroup(0.8), &nothing.0, PID), None);
         let explicit = BudgetConfig {
+            enabled: true,
             memory_fraction: 0.8,
             memory_bytes: Some(48 << 20),
         };
-        let limit = Limit::discover(&explicit, &nothing.0).unwrap();
-        assert_eq!((limit.bytes, &limit.source), (48 << 20, &Source::Config));
-        let rss = resident_bytes().unwrap();
-        let usage = limit.usage(1000).unwrap();
-        assert!(rss > 1 << 20, "RSS of this test process");
-        assert!(
-            usage >= rss + 1000 * KERNEL_SOCKET_COST && usage < rss + (1 << 20) + 1000 * KERNEL_SOCKET_COST,
-            "{usage}"
+        let off = BudgetConfig {
+            enabled: false,
+            ..explicit
+        };
+        assert_eq!(
+            Limit::discover(&off, &nothing.0, PID),
+            None,
+            "enabled: false wins"
         );
+        let limit = Limit::discover(&explicit, &nothing.0, PID).unwrap();
+        assert_eq!((limit.bytes, &limit.source), (48 << 20, &Source::Config));
+        assert_rss_and_sockets(&limit);
+    }
+
+    /// `limit` measures this process's RSS plus 1000 sockets (other tests' threads allocate
+    /// meanwhile: the two reads may differ by a few MiB).
+    fn assert_rss_and_sockets(limit: &Limit) {
+        let usage = limit.usage(1000).unwrap();
+        let rss = resident_bytes().unwrap();
+        assert!(rss > 1 << 20, "RSS of this test process");
+        let ours = usage - 1000 * KERNEL_SOCKET_COST;
+        assert!(
+            ours.abs_diff(rss) < 8 << 20,
+            "{usage} is not RSS {rss} and the sockets"
+        );
+    }
+
+    #[test]
+    fn a_cgroup_shared_with_other_processes_sizes_the_budget_but_rss_is_measured() {
+        let root = FakeRoot::new(&[
+            ("proc/self/cgroup", "4:memory:/app\n"),
+            ("sys/fs/cgroup/memory/app/memory.limit_in_bytes", "268435456\n"),
+            ("sys/fs/cgroup/memory/app/memory.usage_in_bytes", "200000000\n"),
+            ("sys/fs/cgroup/memory/app/memory.stat", "total_inactive_file 0\n"),
+            ("sys/fs/cgroup/memory/app/cgroup.procs", "1\n42\n"),
+        ]);
+        let limit = Limit::discover(&from_cgroup(0.8), &root.0, PID).expect("a limit");
+        assert_eq!(limit.bytes, (256u64 << 20) * 8 / 10, "sized by the limit");
+        assert_eq!(limit.measure_name(), "rss_and_sockets");
+        assert!(limit.describe().contains("shared"), "{}", limit.describe());
+        assert_rss_and_sockets(&limit);
     }
 
     #[test]

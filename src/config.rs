@@ -69,7 +69,7 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(8);
 pub const DEFAULT_BUDGET_MEMORY_FRACTION: f64 = 0.8;
 /// Smallest explicit budget accepted: below it the sidecar could not hold its own start-up
 /// footprint and would stop accepting for good.
-const MIN_BUDGET_BYTES: usize = 4 << 20;
+const MIN_BUDGET_BYTES: usize = 8 << 20;
 
 // === file schema ===
 
@@ -182,6 +182,7 @@ struct FileShutdown {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct FileBudget {
+    enabled: Option<bool>,
     memory_fraction: Option<f64>,
     memory_bytes: Option<Scalar>,
 }
@@ -449,6 +450,8 @@ pub struct ShutdownConfig {
 /// The memory budget (`budget`): where its size comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct BudgetConfig {
+    /// Whether there is a budget at all.
+    pub enabled: bool,
     /// Share of the cgroup memory limit used as the budget.
     pub memory_fraction: f64,
     /// An explicit budget in bytes instead of one from the cgroup; 0 = from the cgroup.
@@ -661,11 +664,12 @@ fn validate_budget(raw: &FileBudget, problems: &mut Problems) -> BudgetConfig {
         problems.add(
             "budget.memory_bytes",
             format!(
-                "{memory_bytes} bytes is under 4MiB, less than the sidecar needs to run (0 = take the budget from the cgroup limit)"
+                "{memory_bytes} bytes is under 8MiB, too little for the sidecar and a few hundred connections (0 = take the budget from the cgroup limit)"
             ),
         );
     }
     BudgetConfig {
+        enabled: raw.enabled.unwrap_or(true),
         memory_fraction,
         memory_bytes: (memory_bytes != 0).then_some(memory_bytes),
     }

@@ -177,7 +177,7 @@ pub async fn run_with_reload(
     let (drain_tx, drain_rx) = watch::channel(false);
     let max_connections = config.downstream.max_connections;
     let limit = Arc::new(Semaphore::new(max_connections));
-    let budget = budget::Limit::discover(&config.budget, std::path::Path::new("/"))
+    let budget = budget::Limit::discover(&config.budget, std::path::Path::new("/"), std::process::id())
         .map(|l| Arc::new(budget::Budget::new(l, &metrics)));
     let ctx = Arc::new(Context {
         config: reload::Live::new(config.downstream),

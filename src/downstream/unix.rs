@@ -105,7 +105,9 @@ pub async fn bind(path: &Path) -> io::Result<UnixSocket> {
 /// Whether something accepts connections on the socket file at `path`.
 async fn answers(path: &Path) -> io::Result<bool> {
     match tokio::time::timeout(PROBE_TIMEOUT, UnixStream::connect(path)).await {
+        // A full backlog answers a non-blocking connect with EAGAIN: someone listens.
         Ok(Ok(_)) | Err(_) => Ok(true),
+        Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => Ok(true),
         // Refused: no listener (the stale file of an exited process).
         Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(false),
         Ok(Err(e)) => Err(e),
