@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
@@ -75,7 +75,9 @@ async fn serve(mut stream: TcpStream, counts: Arc<Counts>) {
     let mut idle_since = Instant::now();
     loop {
         let deadline = idle_since + IDLE;
-        let path = match tokio::time::timeout_at(deadline, read_head(&mut stream, &mut buf)).await {
+        let path = match tokio::time::timeout_at(deadline, support::read_request_path(&mut stream, &mut buf))
+            .await
+        {
             Ok(Some(path)) => path,
             Ok(None) => return, // the sidecar closed it
             Err(_) => break,    // idle timeout: decided to close
@@ -102,24 +104,10 @@ async fn serve(mut stream: TcpStream, counts: Arc<Counts>) {
 
 /// The close is decided; until its FIN "arrives" at `fin_at`, whatever comes in is lost.
 async fn linger_then_close(mut stream: TcpStream, buf: &mut Vec<u8>, counts: Arc<Counts>, fin_at: Instant) {
-    while let Ok(Some(_)) = tokio::time::timeout_at(fin_at, read_head(&mut stream, buf)).await {
+    while let Ok(Some(_)) =
+        tokio::time::timeout_at(fin_at, support::read_request_path(&mut stream, buf)).await
+    {
         counts.lost.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// Reads one request head (these requests have no body); returns its path.
-async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            buf.drain(..end + 4);
-            return head.split(' ').nth(1).map(str::to_owned);
-        }
-        let mut chunk = [0u8; 4096];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
     }
 }
 

@@ -194,34 +194,9 @@ async fn a_dropped_lease_frees_its_place_under_the_cap() {
     assert_eq!(connector.dials.load(Ordering::SeqCst), 2);
 }
 
-#[tokio::test]
-async fn idle_connections_beyond_max_idle_close_after_a_grace() {
-    let connector = Arc::new(GatedConnector::new());
-    connector.gate.add_permits(4);
-    let mut cfg = config(4, 4);
-    cfg.max_idle = 1;
-    let pool = pool(cfg, &connector);
-    let mut leases = Vec::new();
-    for _ in 0..4 {
-        leases.push(pool.checkout().await.unwrap());
-    }
-    for mut lease in leases {
-        use_once(&mut lease).await;
-        lease.release();
-    }
-    // All four are kept for now: closing them at once would churn under steady load.
-    assert_eq!(pool.snapshot().idle, 4);
-    tokio::time::sleep(IDLE_SURPLUS_GRACE + Duration::from_millis(300)).await;
-    let snapshot = pool.snapshot();
-    assert_eq!((snapshot.idle, snapshot.open), (1, 1), "{snapshot:?}");
-    // The one kept is the most recently used; reusing it needs no dial.
-    let lease = pool.checkout().await.unwrap();
-    assert!(lease.is_reused());
-    assert_eq!(connector.dials.load(Ordering::SeqCst), 4);
-}
-
-#[tokio::test]
-async fn the_memory_budget_closes_the_idle_surplus_without_the_grace() {
+/// A pool with `max_idle: 1` and four idle connections; returns it, its connector and the id
+/// of the most recently used connection.
+async fn four_idle_over_max_idle_one() -> (Arc<Pool>, Arc<GatedConnector>, u64) {
     let connector = Arc::new(GatedConnector::new());
     connector.gate.add_permits(4);
     let mut cfg = config(4, 4);
@@ -236,6 +211,26 @@ async fn the_memory_budget_closes_the_idle_surplus_without_the_grace() {
         use_once(&mut lease).await;
         lease.release();
     }
+    (pool, connector, newest)
+}
+
+#[tokio::test]
+async fn idle_connections_beyond_max_idle_close_after_a_grace() {
+    let (pool, connector, _) = four_idle_over_max_idle_one().await;
+    // All four are kept for now: closing them at once would churn under steady load.
+    assert_eq!(pool.snapshot().idle, 4);
+    tokio::time::sleep(IDLE_SURPLUS_GRACE + Duration::from_millis(300)).await;
+    let snapshot = pool.snapshot();
+    assert_eq!((snapshot.idle, snapshot.open), (1, 1), "{snapshot:?}");
+    // The one kept is the most recently used; reusing it needs no dial.
+    let lease = pool.checkout().await.unwrap();
+    assert!(lease.is_reused());
+    assert_eq!(connector.dials.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn the_memory_budget_closes_the_idle_surplus_without_the_grace() {
+    let (pool, _connector, newest) = four_idle_over_max_idle_one().await;
     assert_eq!(pool.shed_idle_surplus(), 3, "all beyond max_idle, at once");
     settle().await;
     let snapshot = pool.snapshot();

@@ -797,7 +797,7 @@ fn reset(stream: TcpStream) {
 }
 
 /// Reads one request head (these requests have no body) and returns its path.
-async fn read_request_path(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+pub async fn read_request_path(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).into_owned();
