@@ -62,9 +62,10 @@ pub const SHED_TO: f64 = 0.80;
 /// New connections stop being accepted when usage (as measured, plus what each connection
 /// accepted since costs) would pass this share.
 pub const PAUSE_AT: f64 = 0.95;
-/// What a freshly accepted connection is taken to cost at least: its task and future, a read
-/// buffer, a request in flight with an upstream buffer, and the kernel's socket.
-pub const ACCEPT_COST: u64 = 16 << 10;
+/// What a freshly accepted connection is taken to cost at least: the kernel's socket and a
+/// parked record, what a leaking client's connections cost (2-3 KiB). Connections that carry
+/// requests cost more, and the estimate learns that from measured growth.
+pub const ACCEPT_COST: u64 = 4 << 10;
 /// The most one new connection is taken to cost: usage also grows without accepts (requests
 /// already in flight), which must not stop accepting for long.
 const MAX_ACCEPT_COST: u64 = 256 << 10;
@@ -315,17 +316,34 @@ pub struct Budget {
 struct LastMeasurement {
     usage: u64,
     admitted: u64,
-    cost: u64,
+    cost: CostEstimate,
     trimmed: Option<std::time::Instant>,
     logged: Option<std::time::Instant>,
 }
 
-/// What one more connection is taken to cost: the larger of [`ACCEPT_COST`] and what the
-/// connections admitted since the last measurement did cost, remembered with a tenth decayed
-/// per measurement so that a burst is not forgotten at once nor throttles for long.
-fn next_cost(previous: u64, grew: u64, admitted: u64) -> u64 {
-    let sample = grew.checked_div(admitted).unwrap_or(0).min(MAX_ACCEPT_COST);
-    (previous - previous / 10).max(sample).max(ACCEPT_COST)
+/// What new connections have cost: growth and admits between measurements, each summed with a
+/// tenth decayed per measurement, so that a burst is remembered for a while and one noisy
+/// measurement (RSS grows in whole pages and arenas) moves it little.
+#[derive(Debug, Clone, Copy, Default)]
+struct CostEstimate {
+    grown: f64,
+    admitted: f64,
+}
+
+impl CostEstimate {
+    fn observe(&mut self, grew: u64, admitted: u64) {
+        self.grown = self.grown * 0.9 + grew as f64;
+        self.admitted = self.admitted * 0.9 + admitted as f64;
+    }
+
+    /// What one more connection is taken to cost: at least [`ACCEPT_COST`], at most
+    /// [`MAX_ACCEPT_COST`].
+    fn cost(&self) -> u64 {
+        if self.admitted < 1.0 {
+            return ACCEPT_COST;
+        }
+        ((self.grown / self.admitted) as u64).clamp(ACCEPT_COST, MAX_ACCEPT_COST)
+    }
 }
 
 /// The budget as `/debug/pools` shows it.
@@ -369,7 +387,7 @@ impl Budget {
             last: std::sync::Mutex::new(LastMeasurement {
                 usage: 0,
                 admitted: 0,
-                cost: ACCEPT_COST,
+                cost: CostEstimate::default(),
                 trimmed: None,
                 logged: None,
             }),
@@ -512,10 +530,11 @@ impl Budget {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         let young = admitted - last.admitted;
         if let Some(usage) = usage {
-            last.cost = next_cost(last.cost, usage.saturating_sub(last.usage), young);
+            let grew = usage.saturating_sub(last.usage);
+            last.cost.observe(grew, young);
         }
         last.admitted = admitted;
-        (last.cost, young)
+        (last.cost.cost(), young)
     }
 
     /// The usage the next measurement's growth is counted from.
@@ -768,31 +787,21 @@ mod tests {
 
     #[test]
     fn a_new_connection_costs_what_recent_ones_did_and_the_estimate_decays() {
-        assert_eq!(
-            next_cost(ACCEPT_COST, 0, 0),
-            ACCEPT_COST,
-            "nothing seen: the floor"
-        );
-        assert_eq!(
-            next_cost(ACCEPT_COST, 100 << 10, 1000),
-            ACCEPT_COST,
-            "cheap ones: the floor"
-        );
-        assert_eq!(
-            next_cost(ACCEPT_COST, 64 << 20, 1000),
-            65_536 + 1_572,
-            "64 MiB over 1000"
-        );
-        assert_eq!(next_cost(ACCEPT_COST, 64 << 20, 1), MAX_ACCEPT_COST, "capped");
-        let mut cost = 100_000;
-        for _ in 0..3 {
-            cost = next_cost(cost, 0, 50);
+        let mut estimate = CostEstimate::default();
+        assert_eq!(estimate.cost(), ACCEPT_COST, "nothing seen: the floor");
+        estimate.observe(1 << 20, 1000);
+        assert_eq!(estimate.cost(), ACCEPT_COST, "cheap ones: the floor");
+        estimate.observe(64 << 20, 1000);
+        assert_eq!(estimate.cost(), 35_817, "(0.9 x 1 MiB + 64 MiB) / 1900");
+        estimate.observe(1 << 20, 1);
+        assert_eq!(estimate.cost(), 36_409, "one noisy measurement moves it little");
+        let mut spike = CostEstimate::default();
+        spike.observe(64 << 20, 1);
+        assert_eq!(spike.cost(), MAX_ACCEPT_COST, "capped");
+        for _ in 0..40 {
+            estimate.observe(0, 50);
         }
-        assert_eq!(cost, 72_900, "a tenth off per quiet measurement");
-        for _ in 0..30 {
-            cost = next_cost(cost, 0, 50);
-        }
-        assert_eq!(cost, ACCEPT_COST, "back to the floor");
+        assert_eq!(estimate.cost(), ACCEPT_COST, "back to the floor");
     }
 
     #[tokio::test]
