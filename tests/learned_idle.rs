@@ -109,6 +109,11 @@ async fn linger_then_close(mut stream: TcpStream, buf: &mut Vec<u8>, counts: Arc
     {
         counts.lost.fetch_add(1, Ordering::SeqCst);
     }
+    // Bytes that arrived as the timer fired, before the socket was seen readable, are a lost
+    // request too (closing on them sends a reset, which the sidecar retries).
+    if !buf.is_empty() || matches!(stream.try_read(&mut [0u8; 4096]), Ok(n) if n > 0) {
+        counts.lost.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// The sidecar's counters this test watches.
@@ -212,9 +217,10 @@ async fn the_pool_learns_an_unannounced_upstream_idle_timeout() {
     );
     assert_eq!(learned_after, Some(3), "learned from the third close, not before");
     let learned_ms = pool["learned_idle_timeout_ms"].as_u64().expect("a learned value");
-    // The close reaches the pool FIN_DELAY after the upstream's 2 s, plus scheduling slack.
+    // The close reaches the pool FIN_DELAY after the upstream's 2 s, less the time from the
+    // upstream's answer to the pool's check-in, plus scheduling slack either way.
     assert!(
-        (2000..2250).contains(&learned_ms),
+        (1900..2400).contains(&learned_ms),
         "learned {learned_ms} ms for a 2 s upstream"
     );
     assert!(

@@ -14,10 +14,13 @@
 //!   restarts drops every idle connection at the same instant, and connections returned by one
 //!   burst have near-equal idle ages, so one event must not look like agreeing observations.
 //! - The last [`WINDOW`] observations are kept. The learned age is the smallest age `a` with
-//!   at least [`AGREE`] kept observations in `[a, a + tolerance(a)]`, where the tolerance is
-//!   the margin below. Taking the lowest such cluster, not the lowest age, means one early close
-//!   (a restart, a crash) teaches nothing, while an upstream that repeatedly closes at an age
-//!   is followed even if it sometimes closes later too.
+//!   at least [`AGREE`] kept observations in `[a, a + agreement(a)]`,
+//!   `agreement(a) = max(100 ms, a / 20)`: an idle timer fires within tens of milliseconds of
+//!   its time, while closes for other reasons (restarts, rebalancing, lifetime caps) land
+//!   anywhere, and a wide band would let three of those, hours apart, teach a low value.
+//!   Taking the lowest such cluster, not the lowest age, means one early close (a restart, a
+//!   crash) teaches nothing, while an upstream that repeatedly closes at an age is followed
+//!   even if it sometimes closes later too.
 //! - Connections are retired at `a - margin(a)`, `margin(a) = max(250 ms, a / 10)`: a 2 s
 //!   upstream gets its connections retired at 1.75 s. The margin covers the close's flight time
 //!   (the age is measured when the FIN arrives, after the upstream decided) and timer slack on
@@ -46,9 +49,15 @@ pub const AGREE: usize = 3;
 pub const TTL: Duration = Duration::from_secs(600);
 /// The smallest margin between the learned age and retirement.
 const MIN_MARGIN: Duration = Duration::from_millis(250);
+/// The narrowest band of ages that agree.
+const MIN_AGREEMENT: Duration = Duration::from_millis(100);
 
-/// How far before a learned age connections are retired, and how far apart observations may
-/// lie and still agree.
+/// How far apart observations may lie and still agree: an idle timer's jitter.
+fn agreement(age: Duration) -> Duration {
+    MIN_AGREEMENT.max(age / 20)
+}
+
+/// How far before a learned age connections are retired.
 pub fn margin(age: Duration) -> Duration {
     MIN_MARGIN.max(age / 10)
 }
@@ -124,6 +133,8 @@ impl IdleLearner {
         }
         self.recent.push_back(Observation { age, at: now });
         self.counted += 1;
+        // A value that lapsed unnoticed is gone: restoring it is a change to log.
+        self.learned = self.learned.filter(|l| now < l.until);
         self.relearn(now)
     }
 
@@ -162,15 +173,15 @@ impl IdleLearner {
     }
 }
 
-/// The smallest age with [`AGREE`] observations within its tolerance whose newest is younger
-/// than [`TTL`].
+/// The smallest age with [`AGREE`] observations within its agreement band whose newest is
+/// younger than [`TTL`].
 fn lowest_fresh_cluster(recent: &VecDeque<Observation>, now: Instant) -> Option<Learned> {
     let mut sorted: Vec<Observation> = recent.iter().copied().collect();
     sorted.sort_by_key(|o| o.age);
     sorted.iter().enumerate().find_map(|(i, low)| {
         let cluster: Vec<&Observation> = sorted[i..]
             .iter()
-            .take_while(|o| o.age <= low.age + margin(low.age))
+            .take_while(|o| o.age <= low.age + agreement(low.age))
             .collect();
         let newest = cluster.iter().map(|o| o.at).max()?;
         let until = newest + TTL;
@@ -322,6 +333,27 @@ mod tests {
         // Kept up to idle_timeout again, the next close at the same age agrees with the kept ones.
         let change = learner.observe(ms(2010), lapsed + ms(2010));
         assert_eq!(change.map(|c| (c.new, c.support)), Some((Some(ms(2000)), 4)));
+    }
+
+    #[test]
+    fn a_value_that_lapsed_unnoticed_is_restored_as_a_change() {
+        let start = Instant::now();
+        let mut learner = IdleLearner::default();
+        feed(&mut learner, start, &[2000, 2000, 2000]);
+        // No refresh ran at the lapse: the restoring close must still report a change.
+        let later = start + Duration::from_secs(2) + TTL + ms(5000);
+        let change = learner.observe(ms(2000), later);
+        assert_eq!(change.map(|c| (c.old, c.new)), Some((None, Some(ms(2000)))));
+    }
+
+    #[test]
+    fn closes_at_scattered_ages_under_the_margin_teach_nothing() {
+        let start = Instant::now();
+        let mut learner = IdleLearner::default();
+        // Three restarts hours apart, 0.9-1.1 s into idling: within the margin of each other,
+        // not within a timer's jitter.
+        assert_eq!(feed(&mut learner, start, &[900, 1100, 1000]), None);
+        assert_eq!(learner.learned(start + Duration::from_secs(3)), None);
     }
 
     #[test]

@@ -697,6 +697,7 @@ impl Pool {
         let max_pending = st.config.max_pending;
         if st.waiters.len() >= max_pending + dialable {
             drop(st);
+            self.log_learned(learned);
             self.metrics.rejected("pool_overflow");
             return Err(self.error(
                 ErrorKind::PoolOverflow,
@@ -1138,13 +1139,18 @@ impl Pool {
 
 /// Marks an idle connection the upstream closed and feeds its idle age to the learner: this
 /// close came from the upstream's side while no request was in flight, the only kind that
-/// tells its idle timeout. Returns the change of the learned value, if any.
+/// tells its idle timeout. A connection that never carried a request is not fed: servers often
+/// time out a connection waiting for its first request sooner (nginx `client_header_timeout`,
+/// Node's `headersTimeout`). Returns the change of the learned value, if any.
 fn upstream_closed_idle(
     learner: &mut learn::IdleLearner,
     idle: &Idle,
     now: Instant,
 ) -> Option<learn::Change> {
     idle.conn.track.set("upstream_close");
+    if idle.conn.track.requests() == 0 {
+        return None;
+    }
     learner.observe(now.saturating_duration_since(idle.since), now)
 }
 
