@@ -13,9 +13,9 @@
 //! each open connection, the kernel memory a cgroup would have charged (an idle socket held
 //! 1.5 KiB of kernel memory, measured in a cgroup v1 with 5000 leaked connections).
 //!
-//! One task measures every [`TICK`], and at once when new connections have used up their
-//! credit. Above [`SHED_ABOVE`] of the budget it sheds, in this order, re-measuring between
-//! rounds, until usage is back to [`SHED_TO`]:
+//! One task measures every [`TICK`], and when new connections have used up their credit (at
+//! most every `MIN_INTERVAL`). Above [`SHED_ABOVE`] of the budget it trims the heap, then
+//! sheds, in this order, re-measuring between rounds, until usage is back to [`SHED_TO`]:
 //! 1. idle keep-alive application connections, longest idle first (the parking lot's: idle
 //!    for `PARK_AFTER` at least, so never one between a request and its response);
 //! 2. idle upstream connections beyond each pool's `max_idle`, which the pool otherwise keeps
