@@ -1100,7 +1100,8 @@ impl Pool {
     fn watch_idle(&self, cx: &mut Context<'_>) {
         let mut closed = Vec::new();
         let mut learned = None;
-        let now = Instant::now();
+        // Read only when a close is found: the reaper polls this at every check-in.
+        let mut now = None;
         let mut st = self.lock();
         if !st.idle_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             st.idle_waker = Some(cx.waker().clone());
@@ -1109,6 +1110,7 @@ impl Pool {
         while i < st.idle.len() {
             if st.idle[i].conn.io.poll_closed(cx).is_ready() {
                 let idle = st.idle.remove(i);
+                let now = *now.get_or_insert_with(Instant::now);
                 learned = learned.or(upstream_closed_idle(&mut st.learner, &idle, now));
                 closed.push(idle);
             } else {
