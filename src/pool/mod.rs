@@ -345,7 +345,8 @@ pub struct PoolSnapshot {
     pub opened_total: u64,
     /// Requests that reused a connection.
     pub reused_total: u64,
-    /// The upstream's idle timeout as learned from its closes, while one is in force.
+    /// The upstream's idle timeout as learned from its closes, while one is in force and the
+    /// pool is not retired.
     pub learned_idle_timeout: Option<Duration>,
 }
 
@@ -473,7 +474,12 @@ impl Pool {
             pending: st.waiters.len(),
             opened_total: self.stats.opened.load(Ordering::Relaxed),
             reused_total: self.stats.reused.load(Ordering::Relaxed),
-            learned_idle_timeout: st.learner.learned(Instant::now()),
+            // A pool a reload retired may have learned another backend's timeout.
+            learned_idle_timeout: st
+                .retired
+                .is_none()
+                .then(|| st.learner.learned(Instant::now()))
+                .flatten(),
         }
     }
 

@@ -284,3 +284,22 @@ async fn a_finished_exchange_leaves_its_read_buffer_for_the_next_one() {
     assert_eq!(crate::spare::UPSTREAM.kept(), 1);
     drop(hog);
 }
+
+#[tokio::test]
+async fn a_retired_pool_reports_no_learned_idle_timeout() {
+    let connector = Arc::new(GatedConnector::new());
+    let pool = pool(config(4, 4), &connector);
+    let start = Instant::now();
+    for i in 0..3u64 {
+        pool.lock()
+            .learner
+            .observe(Duration::from_secs(2), start + Duration::from_secs(i));
+    }
+    assert_eq!(pool.snapshot().learned_idle_timeout, Some(Duration::from_secs(2)));
+    pool.retire("reload");
+    assert_eq!(
+        pool.snapshot().learned_idle_timeout,
+        None,
+        "its successor's gauge must not show the old backend's timeout"
+    );
+}
