@@ -77,7 +77,7 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
     }
     if req.uri().path() == "/debug/pools" {
         let pools: Vec<_> = metrics.live_pools().iter().map(|p| p.report()).collect();
-        let budget = budget.map(|b| b.report());
+        let budget = budget.map(|b| b.report(&metrics));
         return Ok(json(&serde_json::json!({ "pools": pools, "budget": budget })));
     }
     if req.uri().path() == "/metrics" {

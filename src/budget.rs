@@ -284,14 +284,6 @@ fn page_size() -> u64 {
     u64::try_from(size).unwrap_or(4096)
 }
 
-/// What was shed, by step.
-#[derive(Debug, Default)]
-struct Sheds {
-    downstream_idle: AtomicU64,
-    upstream_idle: AtomicU64,
-    accept_paused: AtomicU64,
-}
-
 /// The budget in force: shared by the accept loops (credit) and the enforcing task.
 #[derive(Debug)]
 pub struct Budget {
@@ -304,7 +296,6 @@ pub struct Budget {
     refilled: Notify,
     usage: AtomicU64,
     paused: AtomicBool,
-    sheds: Sheds,
     /// Connections admitted since start.
     admitted: AtomicU64,
     /// The enforcing task's view of the last measurement.
@@ -382,7 +373,6 @@ impl Budget {
             refilled: Notify::new(),
             usage: AtomicU64::new(0),
             paused: AtomicBool::new(false),
-            sheds: Sheds::default(),
             admitted: AtomicU64::new(0),
             last: std::sync::Mutex::new(LastMeasurement {
                 usage: 0,
@@ -418,17 +408,18 @@ impl Budget {
         }
     }
 
-    /// For `/debug/pools`.
-    pub fn report(&self) -> BudgetReport {
+    /// For `/debug/pools`; the shed counts are the ones `metrics` exports.
+    pub fn report(&self, metrics: &Metrics) -> BudgetReport {
+        let families = metrics.families();
         BudgetReport {
             budget_bytes: self.limit.bytes,
             source: self.limit.describe(),
             usage_bytes: self.usage.load(Ordering::Relaxed),
             usage_measure: self.limit.measure_name(),
             accept_paused: self.paused.load(Ordering::Relaxed),
-            shed_downstream_idle: self.sheds.downstream_idle.load(Ordering::Relaxed),
-            shed_upstream_idle: self.sheds.upstream_idle.load(Ordering::Relaxed),
-            shed_accept_paused: self.sheds.accept_paused.load(Ordering::Relaxed),
+            shed_downstream_idle: families.memory_sheds("downstream_idle"),
+            shed_upstream_idle: families.memory_sheds("upstream_idle"),
+            shed_accept_paused: families.memory_sheds("accept_paused"),
         }
     }
 
@@ -490,7 +481,6 @@ impl Budget {
             return;
         }
         if paused {
-            self.sheds.accept_paused.fetch_add(1, Ordering::Relaxed);
             families.memory_shed("accept_paused", 1);
         }
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
@@ -561,9 +551,6 @@ impl Budget {
             }
             let want = usize::try_from(excess.div_ceil(IDLE_DOWNSTREAM_FREES)).unwrap_or(usize::MAX);
             let mut closed = ctx.parking.shed_longest_idle(want, ctx);
-            self.sheds
-                .downstream_idle
-                .fetch_add(closed as u64, Ordering::Relaxed);
             families.memory_shed("downstream_idle", closed as u64);
             if closed < want {
                 let upstream: usize = ctx
@@ -572,9 +559,6 @@ impl Budget {
                     .iter()
                     .map(|p| p.shed_idle_surplus())
                     .sum();
-                self.sheds
-                    .upstream_idle
-                    .fetch_add(upstream as u64, Ordering::Relaxed);
                 families.memory_shed("upstream_idle", upstream as u64);
                 closed += upstream;
             }

@@ -132,6 +132,11 @@ impl Families {
         active
     }
 
+    /// What the memory budget shed by `action` so far.
+    pub fn memory_sheds(&self, action: &'static str) -> u64 {
+        self.memory_sheds.get_or_create(&ActionLabel { action }).get()
+    }
+
     /// Counts `n` things the memory budget shed by `action`.
     pub fn memory_shed(&self, action: &'static str, n: u64) {
         if n > 0 {

@@ -110,10 +110,6 @@ async fn budget_report(sidecar: &ChildSidecar) -> serde_json::Value {
     pools["budget"].clone()
 }
 
-fn metric(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
-    support::value(scrape, name, labels)
-}
-
 /// What a storm run saw.
 struct Storm {
     in_flight_ok: usize,
@@ -135,7 +131,7 @@ async fn storm_with_requests_in_flight(
             let mut peak: f64 = 0.0;
             while watching.load(Ordering::Relaxed) {
                 let scrape = support::scrape(admin).await;
-                peak = peak.max(metric(&scrape, "egress_downstream_connections", &[]));
+                peak = peak.max(support::value(&scrape, "egress_downstream_connections", &[]));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             peak
@@ -152,7 +148,7 @@ async fn storm_with_requests_in_flight(
     let scrape = support::scrape(sidecar.admin).await;
     Storm {
         in_flight_ok,
-        shed_downstream: metric(
+        shed_downstream: support::value(
             &scrape,
             "egress_memory_sheds_total",
             &[("action", "downstream_idle")],
@@ -174,7 +170,10 @@ async fn an_explicit_budget_holds_through_a_leak_storm() {
     ))
     .await;
     let scrape = support::scrape(sidecar.admin).await;
-    assert_eq!(metric(&scrape, "egress_memory_budget_bytes", &[]), BUDGET as f64);
+    assert_eq!(
+        support::value(&scrape, "egress_memory_budget_bytes", &[]),
+        BUDGET as f64
+    );
 
     let storm = storm_with_requests_in_flight(&leaky, &sidecar, &upstream).await;
     let peak_rss = sidecar.status_kib("VmHWM") * 1024;
