@@ -185,12 +185,17 @@ pub fn find_cgroup(root: &Path) -> Option<Cgroup> {
     {
         return Some(found);
     }
-    let v1 = membership.lines().find_map(|line| {
+    let v1 = v1_memory_path(&membership)?;
+    limit_on_path(&root.join("sys/fs/cgroup/memory"), v1, "memory.limit_in_bytes", 1)
+}
+
+/// The path of the v1 memory hierarchy's cgroup in `/proc/self/cgroup` text.
+pub fn v1_memory_path(membership: &str) -> Option<&str> {
+    membership.lines().find_map(|line| {
         let mut fields = line.splitn(3, ':');
         let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
         controllers.split(',').any(|c| c == "memory").then_some(path)
-    })?;
-    limit_on_path(&root.join("sys/fs/cgroup/memory"), v1, "memory.limit_in_bytes", 1)
+    })
 }
 
 /// The lowest limit in `file` from the cgroup at `path` under `mount` up to the mount's root.

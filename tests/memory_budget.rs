@@ -223,13 +223,7 @@ impl TestCgroup {
                 .ok_or("no v2 membership")?;
             (v2_root.join(path.trim_start_matches('/')), 2)
         } else {
-            let path = membership
-                .lines()
-                .find_map(|l| {
-                    let mut f = l.splitn(3, ':');
-                    let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
-                    controllers.split(',').any(|c| c == "memory").then_some(path)
-                })
+            let path = egress_sidecar::budget::v1_memory_path(&membership)
                 .ok_or("no memory controller in /proc/self/cgroup")?;
             (
                 Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/')),
