@@ -76,6 +76,9 @@ const IDLE_DOWNSTREAM_FREES: u64 = 2 << 10;
 /// Kernel memory an open connection holds (socket, file, epoll entry), counted into usage
 /// under an explicit budget, where nothing measures it.
 pub const KERNEL_SOCKET_COST: u64 = 1536;
+/// Connections let in per measurement at most (a measurement every `MIN_INTERVAL` at most: up
+/// to 6,400 accepts a second).
+const MAX_CREDIT: u64 = 64;
 /// Connections let in when usage cannot be read.
 const UNMEASURED_CREDIT: i64 = 64;
 /// Shedding rounds per measurement at most, each ending in a heap trim; the next measurement
@@ -469,7 +472,9 @@ impl Budget {
         let room = self.share(PAUSE_AT).saturating_sub(usage.saturating_add(growing)) / cost;
         // Accepts since the measurement spent credit this grant must not give again.
         let spent = self.admitted.load(Ordering::Relaxed) - admitted;
-        let mut credit = room.saturating_sub(spent);
+        // A burst is let in a slice at a time, so that what it costs is measured before the
+        // next slice: the cost estimate only learns from connections already admitted.
+        let mut credit = room.min(MAX_CREDIT).saturating_sub(spent);
         // Progress whatever stays open: a tunnel, or a connection waiting for its first request,
         // is never shed, and waiting for it to close could be forever.
         if credit == 0 && (on_tick || ctx.open_connections() == 0) {
