@@ -203,10 +203,10 @@ async fn python_requests_uses_http_proxy_env() {
     })
     .await;
     if !probe.status.success() {
-        println!(
-            "SKIPPED: python3 cannot import requests: {}",
+        support::skip(&format!(
+            "python3 cannot import requests: {}",
             text(&probe.stderr).trim()
-        );
+        ));
         return;
     }
     let (upstream, sidecar) = setup().await;
@@ -238,7 +238,7 @@ async fn python_requests_uses_http_proxy_env() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_proxy_from_environment_uses_http_proxy() {
     let Some(bin) = support::build_go("tests/goenv/main.go", "goenv").await else {
-        println!("SKIPPED: `go` is not on PATH");
+        support::skip("`go` is not on PATH");
         return;
     };
     let (upstream, sidecar) = setup().await;

@@ -183,7 +183,7 @@ struct Refusal<'a> {
 #[tokio::test]
 async fn curl_tunnels_through_https_proxy_to_a_tls_server() {
     if !curl_available() {
-        eprintln!("curl not found; skipping");
+        support::skip("`curl` is not on PATH");
         return;
     }
     let ca = TestCa::new();

@@ -31,7 +31,7 @@ fn source<'a>(report: &'a [serde_json::Value], ip: &str) -> &'a serde_json::Valu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leaky_client_is_flagged_and_good_clients_are_not() {
     let Some(leaky) = support::build_go("tests/leaky/main.go", "leaky").await else {
-        println!("SKIPPED: `go` is not on PATH");
+        support::skip("`go` is not on PATH");
         return;
     };
     let upstream = FakeUpstream::start().await;

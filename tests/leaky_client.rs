@@ -182,7 +182,7 @@ async fn leftover_diagnostics(sidecar: &Sidecar) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaky_go_client_is_contained_by_the_sidecar() {
     let Some(bin) = support::build_go("tests/leaky/main.go", "leaky").await else {
-        println!("SKIPPED: `go` is not on PATH; the leaky Go client cannot be built");
+        support::skip("`go` is not on PATH; the leaky Go client cannot be built");
         return;
     };
     check_fd_limit();

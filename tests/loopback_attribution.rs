@@ -25,7 +25,7 @@ fn proc_unreadable(pid: u32) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flagged_loopback_source_is_attributed_to_the_leaking_process() {
     let Some(leaky) = support::build_go("tests/leaky/main.go", "leaky").await else {
-        println!("SKIPPED: `go` is not on PATH");
+        support::skip("`go` is not on PATH");
         return;
     };
     let leaky = std::fs::canonicalize(leaky).unwrap();
@@ -46,7 +46,7 @@ async fn a_flagged_loopback_source_is_attributed_to_the_leaking_process() {
         .unwrap();
     let pid = child.id().unwrap();
     if let Some(why) = proc_unreadable(pid) {
-        println!("SKIPPED: {why}");
+        support::skip(&why);
         let _ = child.kill().await;
         return;
     }

@@ -160,7 +160,7 @@ async fn storm_with_requests_in_flight(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_explicit_budget_holds_through_a_leak_storm() {
     let Some(leaky) = support::build_go("tests/leaky/main.go", "leaky").await else {
-        println!("SKIPPED: `go` is not on PATH; the leaky Go client cannot be built");
+        support::skip("`go` is not on PATH; the leaky Go client cannot be built");
         return;
     };
     const BUDGET: u64 = 12 << 20;
@@ -281,16 +281,16 @@ impl Drop for TestCgroup {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
     let Some(leaky) = support::build_go("tests/leaky/main.go", "leaky").await else {
-        println!("SKIPPED: `go` is not on PATH; the leaky Go client cannot be built");
+        support::skip("`go` is not on PATH; the leaky Go client cannot be built");
         return;
     };
     const LIMIT: u64 = 24 << 20;
     let cgroup = match TestCgroup::create(LIMIT) {
         Ok(cgroup) => cgroup,
         Err(why) => {
-            println!(
-                "SKIPPED: cannot make a memory cgroup here ({why}); the explicit-budget test still runs"
-            );
+            support::skip(&format!(
+                "cannot make a memory cgroup here ({why}); the explicit-budget test still runs"
+            ));
             return;
         }
     };

@@ -72,11 +72,11 @@ async fn exchange(path: &Path, raw: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaky_process_on_the_unix_socket_is_named_by_pid_and_executable() {
     let Some(leaky) = support::build_go("tests/leaky/main.go", "leaky").await else {
-        println!("SKIPPED: `go` is not on PATH");
+        support::skip("`go` is not on PATH");
         return;
     };
     let Some(python) = python3().await else {
-        println!("SKIPPED: `python3` is not on PATH");
+        support::skip("`python3` is not on PATH");
         return;
     };
     let leaky = std::fs::canonicalize(leaky).unwrap();

@@ -218,6 +218,27 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, also: &[HeaderName]) {
 mod tests {
     use super::*;
 
+    /// What the h2c server (hyper-parsed heads) relies on: its credential values print as
+    /// `Sensitive` wherever a header map is logged, and HPACK never indexes them upstream.
+    #[test]
+    fn credentials_in_a_parsed_map_are_marked_sensitive() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("authorization", "Bearer x"),
+            ("proxy-authorization", "Basic y"),
+            ("cookie", "c=1"),
+            ("x-other", "z"),
+        ] {
+            headers.append(HeaderName::from_static(name), HeaderValue::from_static(value));
+        }
+        mark_credentials(&mut headers);
+        for name in ["authorization", "proxy-authorization", "cookie"] {
+            assert!(headers[name].is_sensitive(), "{name}");
+        }
+        assert!(!headers["x-other"].is_sensitive());
+        assert!(!format!("{headers:?}").contains("Bearer"), "{headers:?}");
+    }
+
     #[test]
     fn request_becomes_origin_form_without_hop_by_hop() {
         let mut req = Request::builder()

@@ -1023,6 +1023,24 @@ impl Drop for TempDir {
     }
 }
 
+// === what a test needs from the machine ===
+
+/// Whether this is a CI run (`CI=true`, as .ci/run is started): there a missing tool means a
+/// missing install step, and the test that needs it fails instead of skipping.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Says why a test cannot run on this machine. Locally it prints `SKIPPED: why` and the caller
+/// returns; in CI it fails the test, naming what is missing.
+pub fn skip(why: &str) {
+    assert!(
+        !in_ci(),
+        "CI=true and this test cannot run: {why}; .ci/run must install it"
+    );
+    println!("SKIPPED: {why}");
+}
+
 // === Go programs under tests/ ===
 
 /// Builds the stdlib-only Go program at `src` (relative to the crate root) into the cargo
