@@ -31,7 +31,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::conn::{self, Connection};
+use super::conn::Connection;
 use super::stream::{Peer, Stream};
 use super::{finish, spawn_connection, Context, Held, Served};
 use crate::routing::Entry;
@@ -133,6 +133,7 @@ impl Parking {
             peer,
             requests,
             leaky,
+            idle_deadline: deadline,
             ..
         } = conn;
         let not_parked = |held| ended(ctx, &peer, requests, false, held);
@@ -146,7 +147,6 @@ impl Parking {
                 return not_parked(held);
             }
         };
-        let deadline = Instant::now() + conn::idle_limit(leaky, ctx).saturating_sub(PARK_AFTER);
         let max_idle = ctx.config.get().max_idle_connections.max(1);
 
         let mut lot = self.lock();
@@ -213,15 +213,16 @@ impl Parking {
             peer,
             requests,
             leaky,
+            deadline,
             held,
             entry,
-            ..
         } = parked;
         self.resumed.fetch_add(1, Ordering::Relaxed);
         let woken = Woken {
             peer,
             requests,
             leaky,
+            deadline,
             held,
             entry,
         };
@@ -333,6 +334,8 @@ struct Woken {
     peer: Peer,
     requests: u64,
     leaky: bool,
+    /// The idle period's deadline, kept if the wake brought no request after all.
+    deadline: Instant,
     held: Held,
     entry: Entry,
 }
@@ -343,12 +346,13 @@ impl Woken {
             peer,
             requests,
             leaky,
+            deadline,
             held,
             entry,
         } = self;
         match stream {
             Ok(stream) => spawn_connection(
-                Connection::resume(stream, peer, requests, leaky),
+                Connection::resume(stream, peer, requests, leaky, deadline),
                 held,
                 entry,
                 ctx.clone(),
@@ -579,6 +583,37 @@ mod tests {
             ctx.parking.resumed(),
             0,
             "closed in the parking task, not in a new connection task"
+        );
+    }
+
+    /// The idle timeout runs from the connection's last exchange, not from when its task got
+    /// round to parking it: on a busy runtime that can be late, and the leaky client's
+    /// connections then outlived `idle_timeout` by as much (issue 18).
+    #[tokio::test]
+    async fn a_connection_parked_late_still_closes_at_its_idle_timeout() {
+        const IDLE: Duration = Duration::from_millis(2500);
+        const BUSY: Duration = Duration::from_secs(2);
+        let up = upstream().await;
+        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 2500ms }\n").await;
+        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
+        get(&mut client, up).await;
+        let answered = std::time::Instant::now();
+        // This runtime's only thread is busy: the connection's task cannot park it until then.
+        std::thread::sleep(BUSY);
+        assert!(eventually(|| ctx.parking.len() == 1).await);
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
+        let idled = answered.elapsed();
+        assert!(matches!(closed, Ok(Ok(0))), "closed by the sidecar: {closed:?}");
+        // Closing at BUSY + IDLE would mean the deadline ran from the park: half of BUSY
+        // either side tells the two apart on a loaded machine.
+        assert!(
+            idled < IDLE + BUSY / 2,
+            "closed {idled:?} after the response; idle_timeout is {IDLE:?}"
+        );
+        assert!(
+            idled >= IDLE,
+            "closed {idled:?} after the response, before idle_timeout"
         );
     }
 

@@ -40,6 +40,10 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 
     /// Waits until the socket is readable (data, end of stream or an error).
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
 
+    /// Reads without consuming and without waiting; `WouldBlock` (and the runtime's readiness
+    /// cleared) when nothing is there.
+    fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize>;
+
     /// Reads without consuming.
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a;
 
@@ -59,6 +63,11 @@ impl Stream for TcpStream {
 
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
         TcpStream::readable(self)
+    }
+
+    fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = self.as_raw_fd();
+        self.try_io(Interest::READABLE, || recv_peek(fd, buf))
     }
 
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a {
@@ -84,12 +93,16 @@ impl Stream for UnixStream {
         UnixStream::readable(self)
     }
 
+    fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = self.as_raw_fd();
+        self.try_io(Interest::READABLE, || recv_peek(fd, buf))
+    }
+
     async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         // tokio has no `peek` for Unix sockets: wait for readiness, then `recv(MSG_PEEK)`.
         loop {
             UnixStream::readable(self).await?;
-            let fd = self.as_raw_fd();
-            match self.try_io(Interest::READABLE, || recv_peek(fd, buf)) {
+            match self.try_peek(buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 peeked => return peeked,
             }
