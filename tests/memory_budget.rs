@@ -4,8 +4,11 @@
 //! budget can stop those connections from piling up. Meanwhile well-behaved clients keep
 //! requests in flight; none of them may fail.
 //!
-//! Two budgets: an explicit `budget.memory_bytes` (always), and 80% of a real cgroup's memory
-//! limit (where this machine lets the test make a cgroup: root and a memory controller).
+//! Two budgets: an explicit `budget.memory_bytes`, metered by a limit-less memory cgroup, and 80%
+//! of a real cgroup's memory limit. The headline is what the kernel charged the sidecar, sockets
+//! included, which RSS leaves out; sheds are counted from the client's side and checked against
+//! the sidecar's metric. The cgroups need root and a memory controller: locally their absence
+//! skips, under `CI=true` it fails.
 
 mod support;
 
@@ -221,7 +224,7 @@ fn assert_sheds_seen_and_counted(storm: &Storm) {
 }
 
 /// How far the client's count of closed connections and the sidecar's count of sheds may differ.
-const SHED_COUNT_SLACK: f64 = 64.0;
+const SHED_COUNT_SLACK: f64 = 16.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_explicit_budget_holds_through_a_leak_storm() {
@@ -235,7 +238,9 @@ async fn an_explicit_budget_holds_through_a_leak_storm() {
     let meter = match TestCgroup::create(None) {
         Ok(cgroup) => cgroup,
         Err(why) => {
-            support::skip(&format!("cannot make a memory cgroup to meter the sidecar ({why})"));
+            support::skip(&format!(
+                "cannot make a memory cgroup to meter the sidecar ({why})"
+            ));
             return;
         }
     };
@@ -276,9 +281,9 @@ async fn an_explicit_budget_holds_through_a_leak_storm() {
 /// What an explicit budget's estimate (RSS and 1.5 KiB a socket) misses of what the kernel
 /// charges, measured on kernel 6.18 with cgroup v1: 0.2 MiB of kernel memory at rest (page
 /// tables, thread stacks, listeners), sockets costing 1.7-1.9 KiB rather than 1.5 (~0.4 MiB at
-/// 1,300 open), and closed sockets the kernel still holds. The footprint peaked 0.4-0.9 MiB over
+/// 1,300 open), and closed sockets the kernel still holds. The footprint peaked 0.5-1.3 MiB over
 /// the budget in those runs; with shedding off it passes 30 MiB.
-const ESTIMATE_SLACK: u64 = 3 << 19;
+const ESTIMATE_SLACK: u64 = 2 << 20;
 
 /// A memory cgroup this test may create: v2 (`cgroup.procs`, `memory.max`) or v1.
 struct TestCgroup {
@@ -418,7 +423,9 @@ async fn a_burst_of_requests_past_the_budget_waits_in_the_backlog_and_none_fails
     let meter = match TestCgroup::create(None) {
         Ok(cgroup) => cgroup,
         Err(why) => {
-            support::skip(&format!("cannot make a memory cgroup to meter the sidecar ({why})"));
+            support::skip(&format!(
+                "cannot make a memory cgroup to meter the sidecar ({why})"
+            ));
             return;
         }
     };
