@@ -4,8 +4,11 @@
 //! budget can stop those connections from piling up. Meanwhile well-behaved clients keep
 //! requests in flight; none of them may fail.
 //!
-//! Two budgets: an explicit `budget.memory_bytes` (always), and 80% of a real cgroup's memory
-//! limit (where this machine lets the test make a cgroup: root and a memory controller).
+//! Two budgets: an explicit `budget.memory_bytes`, metered by a limit-less memory cgroup, and 80%
+//! of a real cgroup's memory limit. The headline is what the kernel charged the sidecar, sockets
+//! included, which RSS leaves out; sheds are counted from the client's side and checked against
+//! the sidecar's metric. The cgroups need root and a memory controller: locally their absence
+//! skips, under `CI=true` it fails.
 
 mod support;
 
@@ -78,8 +81,17 @@ impl InFlight {
     }
 }
 
-/// Runs the leaky client for `STORM` requests through the sidecar; returns (ok, errors).
-async fn leak_storm(leaky: &Path, sidecar: &ChildSidecar, upstream: std::net::SocketAddr) -> (u64, u64) {
+/// What the leaky client reported.
+struct Leaked {
+    ok: u64,
+    errors: u64,
+    /// Its connections the sidecar closed: `STORM` opened, less those still open a second
+    /// after the last request (its own sockets, less the ones it had before any request).
+    closed_by_sidecar: i64,
+}
+
+/// Runs the leaky client for `STORM` requests through the sidecar.
+async fn leak_storm(leaky: &Path, sidecar: &ChildSidecar, upstream: std::net::SocketAddr) -> Leaked {
     let out = tokio::process::Command::new(leaky)
         .args(["-n", &STORM.to_string(), "-wait", "1s"])
         .args(["-url", &format!("http://{upstream}/")])
@@ -96,12 +108,22 @@ async fn leak_storm(leaky: &Path, sidecar: &ChildSidecar, upstream: std::net::So
         "leaky client failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let done: serde_json::Value = stdout
-        .lines()
-        .find(|l| l.contains("\"after_requests\""))
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no after_requests line in {stdout}"));
-    (done["ok"].as_u64().unwrap(), done["errors"].as_u64().unwrap())
+    let phase = |name: &str| -> serde_json::Value {
+        stdout
+            .lines()
+            .find(|l| l.contains(&format!("\"{name}\"")))
+            .and_then(|l| serde_json::from_str(l).ok())
+            .unwrap_or_else(|| panic!("no {name} line in {stdout}"))
+    };
+    let (baseline, done) = (phase("baseline"), phase("after_wait"));
+    let sockets = |v: &serde_json::Value| v["sockets"].as_i64().expect("a socket count");
+    Leaked {
+        ok: done["ok"].as_u64().unwrap(),
+        errors: done["errors"].as_u64().unwrap(),
+        // The second of `-wait` lets the client's read loops notice the last closes. Idle
+        // timeouts are at 300 s and connection limits out of reach: nothing else closes them.
+        closed_by_sidecar: STORM as i64 - (sockets(&done) - sockets(&baseline)),
+    }
 }
 
 async fn budget_report(sidecar: &ChildSidecar) -> serde_json::Value {
@@ -113,8 +135,22 @@ async fn budget_report(sidecar: &ChildSidecar) -> serde_json::Value {
 /// What a storm run saw.
 struct Storm {
     in_flight_ok: usize,
-    shed_downstream: f64,
-    downstream_peak: f64,
+    /// Leaky connections the client saw closed.
+    client_saw_shed: i64,
+    /// What the sidecar counted as shed (`egress_memory_sheds_total{action="downstream_idle"}`).
+    counted_shed: f64,
+    /// The most sockets the sidecar's process held at once, sampled from `/proc/PID/fd`.
+    sockets_peak: usize,
+}
+
+/// Sockets among the open file descriptors of `pid` (0 once it is gone).
+fn open_sockets(pid: u32) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
 }
 
 /// The storm with in-flight clients alongside; asserts every request of both succeeded.
@@ -125,22 +161,28 @@ async fn storm_with_requests_in_flight(
 ) -> Storm {
     let in_flight = InFlight::start(sidecar.addr, upstream.addr, 4);
     let watching = Arc::new(AtomicBool::new(true));
+    let pid = sidecar.child.id().expect("running");
     let peak = tokio::spawn({
-        let (watching, admin) = (watching.clone(), sidecar.admin);
+        let watching = watching.clone();
         async move {
-            let mut peak: f64 = 0.0;
+            let mut peak = 0;
             while watching.load(Ordering::Relaxed) {
-                let scrape = support::scrape(admin).await;
-                peak = peak.max(support::value(&scrape, "egress_downstream_connections", &[]));
+                peak = peak.max(open_sockets(pid));
+                // A sampling interval, not synchronisation: the peak may fall between samples,
+                // and the cgroup's charged peak (where there is one) misses nothing.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             peak
         }
     });
-    let (ok, errors) = leak_storm(leaky, sidecar, upstream.addr).await;
+    let leaked = leak_storm(leaky, sidecar, upstream.addr).await;
     watching.store(false, Ordering::Relaxed);
     let in_flight_ok = in_flight.finish().await;
-    assert_eq!((ok, errors), (STORM as u64, 0), "every leaky request got its 200");
+    assert_eq!(
+        (leaked.ok, leaked.errors),
+        (STORM as u64, 0),
+        "every leaky request got its 200"
+    );
     assert!(
         in_flight_ok > 0,
         "the well-behaved clients made requests during the storm"
@@ -148,14 +190,41 @@ async fn storm_with_requests_in_flight(
     let scrape = support::scrape(sidecar.admin).await;
     Storm {
         in_flight_ok,
-        shed_downstream: support::value(
+        client_saw_shed: leaked.closed_by_sidecar,
+        counted_shed: support::value(
             &scrape,
             "egress_memory_sheds_total",
             &[("action", "downstream_idle")],
         ),
-        downstream_peak: peak.await.unwrap(),
+        sockets_peak: peak.await.unwrap(),
     }
 }
+
+/// The sheds the client saw against the sidecar's count, and enough of them to matter.
+fn assert_sheds_seen_and_counted(storm: &Storm) {
+    // 20,000 sockets alone are ~29 MiB of kernel memory, over either budget: most had to go.
+    assert!(
+        storm.client_saw_shed >= (STORM / 2) as i64,
+        "the leaky client saw only {} of its {STORM} connections closed",
+        storm.client_saw_shed
+    );
+    // They differ by closes the client had not yet read a second after its last request, and
+    // by sheds between its last count and the scrape: a handful at most.
+    assert!(
+        (storm.client_saw_shed as f64 - storm.counted_shed).abs() <= SHED_COUNT_SLACK,
+        "the client saw {} connections closed, the sidecar counted {} shed",
+        storm.client_saw_shed,
+        storm.counted_shed
+    );
+    assert!(
+        storm.sockets_peak < STORM / 2,
+        "the sidecar held {} sockets at once",
+        storm.sockets_peak
+    );
+}
+
+/// How far the client's count of closed connections and the sidecar's count of sheds may differ.
+const SHED_COUNT_SLACK: f64 = 16.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_explicit_budget_holds_through_a_leak_storm() {
@@ -164,10 +233,22 @@ async fn an_explicit_budget_holds_through_a_leak_storm() {
         return;
     };
     const BUDGET: u64 = 12 << 20;
+    // No limit: the cgroup only meters what the kernel charges the sidecar, sockets included,
+    // which neither RSS nor the sidecar's own estimate is.
+    let meter = match TestCgroup::create(None) {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            support::skip(&format!(
+                "cannot make a memory cgroup to meter the sidecar ({why})"
+            ));
+            return;
+        }
+    };
     let upstream = FakeUpstream::start().await;
-    let sidecar = ChildSidecar::spawn(&format!(
-        "{NO_OTHER_LIMITS}budget: {{ memory_bytes: {BUDGET} }}\n"
-    ))
+    let sidecar = ChildSidecar::spawn_in_cgroup(
+        &format!("{NO_OTHER_LIMITS}budget: {{ memory_bytes: {BUDGET} }}\n"),
+        &meter.dir.join("cgroup.procs"),
+    )
     .await;
     let scrape = support::scrape(sidecar.admin).await;
     assert_eq!(
@@ -176,33 +257,33 @@ async fn an_explicit_budget_holds_through_a_leak_storm() {
     );
 
     let storm = storm_with_requests_in_flight(&leaky, &sidecar, &upstream).await;
+    let (charged_peak, _) = meter.peak_and_failures();
     let peak_rss = sidecar.status_kib("VmHWM") * 1024;
+    // The binary's resident pages: counted in RSS, and charged to a container that reads them,
+    // but here charged to whichever cgroup first read the file (the linker's), not the meter.
+    let file_pages = sidecar.status_kib("RssFile") * 1024;
+    let footprint = charged_peak + file_pages;
     let report = budget_report(&sidecar).await;
     println!(
-        "explicit budget {BUDGET}: peak RSS {peak_rss}, {} idle connections shed, at most {} open, \
-         {} in-flight requests ok; {report}",
-        storm.shed_downstream, storm.downstream_peak, storm.in_flight_ok
+        "explicit budget {BUDGET}: footprint {footprint} (peak charged {charged_peak}, file pages \
+         {file_pages}), peak RSS {peak_rss}, the client saw {} \
+         connections closed, {} counted shed, at most {} sockets open, {} in-flight requests ok; {report}",
+        storm.client_saw_shed, storm.counted_shed, storm.sockets_peak, storm.in_flight_ok
     );
     assert!(
-        peak_rss < BUDGET,
-        "peak RSS {peak_rss} passed the budget {BUDGET}"
+        footprint < BUDGET + ESTIMATE_SLACK,
+        "the footprint peaked at {footprint} (charged {charged_peak}, file pages {file_pages}), \
+         past the budget {BUDGET} and what its estimate misses"
     );
-    assert!(
-        report["usage_bytes"].as_u64().unwrap() <= BUDGET,
-        "usage as measured (RSS and sockets) is under the budget: {report}"
-    );
-    // 20,000 sockets alone are ~29 MiB of kernel memory: most had to go.
-    assert!(storm.shed_downstream >= (STORM / 2) as f64, "{report}");
-    assert_eq!(
-        report["shed_downstream_idle"].as_f64(),
-        Some(storm.shed_downstream)
-    );
-    assert!(
-        storm.downstream_peak < (STORM / 2) as f64,
-        "at most {} open",
-        storm.downstream_peak
-    );
+    assert_sheds_seen_and_counted(&storm);
 }
+
+/// What an explicit budget's estimate (RSS and 1.5 KiB a socket) misses of what the kernel
+/// charges, measured on kernel 6.18 with cgroup v1: 0.2 MiB of kernel memory at rest (page
+/// tables, thread stacks, listeners), sockets costing 1.7-1.9 KiB rather than 1.5 (~0.4 MiB at
+/// 1,300 open), and closed sockets the kernel still holds. The footprint peaked 0.5-1.3 MiB over
+/// the budget in those runs; with shedding off it passes 30 MiB.
+const ESTIMATE_SLACK: u64 = 2 << 20;
 
 /// A memory cgroup this test may create: v2 (`cgroup.procs`, `memory.max`) or v1.
 struct TestCgroup {
@@ -211,8 +292,9 @@ struct TestCgroup {
 }
 
 impl TestCgroup {
-    /// A child of this process's own memory cgroup with `limit` bytes, or why there cannot be.
-    fn create(limit: u64) -> Result<Self, String> {
+    /// A child of this process's own memory cgroup with `limit` bytes (`None`: no limit of its
+    /// own, a meter), or why there cannot be.
+    fn create(limit: Option<u64>) -> Result<Self, String> {
         let membership =
             std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
         let v2_root = Path::new("/sys/fs/cgroup");
@@ -233,6 +315,9 @@ impl TestCgroup {
         let dir = parent.join(format!("egress-budget-test-{}", std::process::id()));
         std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let cgroup = TestCgroup { dir, version };
+        let Some(limit) = limit else {
+            return Ok(cgroup);
+        };
         let limit_file = if version == 2 {
             "memory.max"
         } else {
@@ -285,7 +370,7 @@ async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
         return;
     };
     const LIMIT: u64 = 24 << 20;
-    let cgroup = match TestCgroup::create(LIMIT) {
+    let cgroup = match TestCgroup::create(Some(LIMIT)) {
         Ok(cgroup) => cgroup,
         Err(why) => {
             support::skip(&format!(
@@ -317,26 +402,17 @@ async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
     let peak_rss = sidecar.status_kib("VmHWM") * 1024;
     let report = budget_report(&sidecar).await;
     println!(
-        "cgroup v{} limit {LIMIT}, budget {budget}: peak charged {peak}, peak RSS {peak_rss}, limit hit {failures} times, \
-         {} idle connections shed, at most {} open, {} in-flight requests ok; {report}",
-        cgroup.version, storm.shed_downstream, storm.downstream_peak, storm.in_flight_ok
+        "cgroup v{} limit {LIMIT}, budget {budget}: peak charged {peak}, peak RSS {peak_rss}, limit hit \
+         {failures} times, the client saw {} connections closed, {} counted shed, at most {} sockets \
+         open, {} in-flight requests ok; {report}",
+        cgroup.version, storm.client_saw_shed, storm.counted_shed, storm.sockets_peak, storm.in_flight_ok
     );
     assert_eq!(failures, 0, "the cgroup never hit its limit");
     assert!(
-        peak_rss < budget,
-        "peak RSS {peak_rss} passed the budget {budget}"
+        peak < budget,
+        "the kernel charged {peak} at the peak, past the budget {budget}"
     );
-    assert!(peak < LIMIT, "peak charged {peak}");
-    assert!(
-        report["usage_bytes"].as_u64().unwrap() <= budget,
-        "working set under the budget: {report}"
-    );
-    assert!(storm.shed_downstream >= (STORM / 2) as f64, "{report}");
-    assert!(
-        storm.downstream_peak < (STORM / 2) as f64,
-        "at most {} open",
-        storm.downstream_peak
-    );
+    assert_sheds_seen_and_counted(&storm);
     drop(sidecar);
 }
 
@@ -344,11 +420,23 @@ async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
 async fn a_burst_of_requests_past_the_budget_waits_in_the_backlog_and_none_fails() {
     const BUDGET: u64 = 12 << 20;
     const BURST: usize = 800;
+    let meter = match TestCgroup::create(None) {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            support::skip(&format!(
+                "cannot make a memory cgroup to meter the sidecar ({why})"
+            ));
+            return;
+        }
+    };
     let upstream = FakeUpstream::start().await;
-    let sidecar = ChildSidecar::spawn(&format!(
-        "{NO_OTHER_LIMITS}defaults: {{ pool: {{ max_connections: 1000, max_idle: 1000, pending_timeout: 30s }} }}\n\
-         budget: {{ memory_bytes: {BUDGET} }}\n"
-    ))
+    let sidecar = ChildSidecar::spawn_in_cgroup(
+        &format!(
+            "{NO_OTHER_LIMITS}defaults: {{ pool: {{ max_connections: 1000, max_idle: 1000, pending_timeout: 30s }} }}\n\
+             budget: {{ memory_bytes: {BUDGET} }}\n"
+        ),
+        &meter.dir.join("cgroup.procs"),
+    )
     .await;
     let url = format!("http://{}/sleep/1000", upstream.addr);
     let started = tokio::time::Instant::now();
@@ -365,8 +453,14 @@ async fn a_burst_of_requests_past_the_budget_waits_in_the_backlog_and_none_fails
     }
     let took = started.elapsed();
     let peak_rss = sidecar.status_kib("VmHWM") * 1024;
+    let (charged_peak, _) = meter.peak_and_failures();
+    let file_pages = sidecar.status_kib("RssFile") * 1024;
     let report = budget_report(&sidecar).await;
-    println!("{BURST} requests of 1 s in {took:?}: {statuses:?}, peak RSS {peak_rss}; {report}");
+    println!(
+        "{BURST} requests of 1 s in {took:?}: {statuses:?}, peak RSS {peak_rss}, footprint {} (peak \
+         charged {charged_peak}, file pages {file_pages}); {report}",
+        charged_peak + file_pages
+    );
     assert_eq!(
         statuses.get(&200),
         Some(&BURST),
@@ -380,11 +474,11 @@ async fn a_burst_of_requests_past_the_budget_waits_in_the_backlog_and_none_fails
         took > Duration::from_secs(2),
         "some waited for earlier ones to finish"
     );
-    // Requests admitted before a measurement keep growing after it (their futures, buffers
-    // and upstream connections); the budget pauses at 95% and learns what they cost, but on a
-    // loaded machine the enforcing task can lag: allow a tenth over, and no more.
+    // The budget's promise for a burst: the heap it grows stays under the budget. Requests
+    // admitted before a measurement keep growing after it, so accepting pauses at 95% and at
+    // most 64 connections come in per measurement.
     assert!(
-        peak_rss < BUDGET + BUDGET / 10,
-        "peak RSS {peak_rss} passed the budget {BUDGET} by more than a tenth"
+        peak_rss < BUDGET,
+        "peak RSS {peak_rss} passed the budget {BUDGET}"
     );
 }
