@@ -17,9 +17,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 const REQUESTS: usize = 2000;
-/// The sidecar's `downstream.idle_timeout`. It must outlast the client's whole sequential run
-/// (about 1.3 s for 2000 requests on a 2-core machine), or the sidecar reaps the first leaked
-/// connections before the client reports how many it holds; 5 s leaves a 4x margin.
+/// The sidecar's `downstream.idle_timeout`: about 4x the client's sequential run on an idle
+/// 2-core machine (1.3 s for 2000 requests), so the client's socket count shows the leak whole;
+/// a run slowed past it is still judged right (connections reaped before the count are counted).
 const IDLE_TIMEOUT_SECS: u64 = 5;
 
 /// One JSON line the Go program printed.
@@ -207,10 +207,16 @@ async fn leaky_go_client_is_contained_by_the_sidecar() {
     );
     let base = client.next("baseline").await;
     let after = client.next("after_requests").await;
+    // Read as soon as the client has counted its sockets: what the sidecar had reaped by then.
+    let reaped_by_then = support::value(
+        &support::scrape(sidecar.admin).await,
+        "egress_downstream_idle_closed_total",
+        &[],
+    );
     let waited = client.next("after_wait").await;
     if waited.sockets != base.sockets {
-        // Flaky once in a while on this machine, not reproduced on demand: record what the
-        // sidecar and the kernel say about the connection that is still open.
+        // A connection outliving its idle timeout (issue 18 found one that a stale readiness
+        // kept waiting for a head): record what the sidecar and the kernel say about it.
         println!("{}", leftover_diagnostics(&sidecar).await);
     }
     client.finish().await;
@@ -236,13 +242,15 @@ async fn leaky_go_client_is_contained_by_the_sidecar() {
         sidecar_accepted <= 8,
         "the upstream accepted {sidecar_accepted} connections; the pool caps it at 8"
     );
-    // The leak is real on the client side: right after the requests it holds one socket per
-    // request (the sidecar reaps none of them before idle_timeout, which outlasts the run).
+    // The leak is real on the client side: every request left its connection open until the
+    // sidecar closed it for idling. idle_timeout outlasts the run on an idle machine (about
+    // 1.3 s); on a loaded one the first connections may already be reaped, and count as such.
+    let held = after.sockets - base.sockets;
     assert!(
-        after.sockets - base.sockets >= 1900,
-        "the leaky client held only {} sockets after {REQUESTS} requests; expected ~{REQUESTS} \
-         (the run took {} ms; idle_timeout is {IDLE_TIMEOUT_SECS}s)",
-        after.sockets - base.sockets,
+        held as f64 + reaped_by_then >= (REQUESTS - 10) as f64,
+        "after {REQUESTS} requests the leaky client held {held} sockets and the sidecar had \
+         closed {reaped_by_then} idle ones; expected one of the two per request (the run took \
+         {} ms; idle_timeout is {IDLE_TIMEOUT_SECS}s)",
         after.elapsed_ms
     );
     // ...and the sidecar's idle_timeout cleans it up.
