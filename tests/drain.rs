@@ -32,7 +32,9 @@ async fn sigterm_during_load_finishes_the_work_and_exits_zero() {
 
     let signalled = Instant::now();
     sigterm(&sidecar);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The signal is handled asynchronously: wait for readiness to turn off, then check it.
+    let admin = sidecar.admin;
+    support::eventually_async(Duration::from_secs(5), || async move { readyz(admin).await == 503 }).await;
     assert_eq!(readyz(sidecar.admin).await, 503, "readiness off while draining");
     // An application still finishing its work can open a new connection and be served.
     let during = RawClient::connect(sidecar.addr)
