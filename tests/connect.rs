@@ -264,7 +264,8 @@ async fn raw_tunnel_moves_bytes_both_ways_and_passes_half_close() {
         "the upstream side of the tunnel stayed open"
     );
     assert_eq!(echo.accepted(), 1);
-    let active = |m: &prometheus_parse::Scrape| support::value(m, "egress_tunnels_active", &[("kind", "connect")]);
+    let active =
+        |m: &prometheus_parse::Scrape| support::value(m, "egress_tunnels_active", &[("kind", "connect")]);
     let m = support::scrape_until(sidecar.admin, Duration::from_secs(3), |m| active(m) == 0.0).await;
     assert_eq!(active(&m), 0.0, "the tunnel gauge returns to 0");
     assert_eq!(

@@ -72,11 +72,7 @@ impl Nginx {
             .stderr(std::process::Stdio::null())
             .spawn()
             .ok()?;
-        Some(Nginx {
-            addr,
-            child,
-            dir,
-        })
+        Some(Nginx { addr, child, dir })
     }
 
     /// Waits (10 s at most) until a GET through this nginx reaches `upstream`: what answers on
@@ -96,7 +92,8 @@ impl Nginx {
                 client
                     .send_raw(format!("GET / HTTP/1.1\r\nHost: {}\r\n\r\n", upstream.addr).as_bytes())
                     .await;
-                let answered = tokio::time::timeout(Duration::from_secs(5), client.read_response(false)).await;
+                let answered =
+                    tokio::time::timeout(Duration::from_secs(5), client.read_response(false)).await;
                 if matches!(answered, Ok(Some(ref r)) if r.status == 200) && upstream.requests() > before {
                     return Ok(());
                 }

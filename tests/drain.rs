@@ -36,7 +36,11 @@ async fn sigterm_during_load_finishes_the_work_and_exits_zero() {
     // The signal is handled asynchronously: wait for readiness to turn off, then check it
     // (the sidecar cannot exit meanwhile: the request above is still in flight).
     let admin = sidecar.admin;
-    support::eventually_async(Duration::from_secs(5), || async move { readyz(admin).await == 503 }).await;
+    support::eventually_async(
+        Duration::from_secs(5),
+        || async move { readyz(admin).await == 503 },
+    )
+    .await;
     assert_eq!(readyz(sidecar.admin).await, 503, "readiness off while draining");
     // An application still finishing its work can open a new connection and be served.
     let during = RawClient::connect(sidecar.addr)

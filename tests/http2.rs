@@ -324,8 +324,14 @@ async fn the_pool_follows_a_server_that_lowers_its_limit_mid_run() {
     relay.lower.notify_one();
     // Wait until the sidecar has acknowledged the injected SETTINGS: its HTTP/2 client has
     // applied the new limit (the pool reads it at the connection's next request).
-    let acked = support::eventually(Duration::from_secs(5), || relay.acked.load(std::sync::atomic::Ordering::SeqCst)).await;
-    assert!(acked, "the sidecar acknowledged the lowered SETTINGS_MAX_CONCURRENT_STREAMS");
+    let acked = support::eventually(Duration::from_secs(5), || {
+        relay.acked.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    assert!(
+        acked,
+        "the sidecar acknowledged the lowered SETTINGS_MAX_CONCURRENT_STREAMS"
+    );
     assert_eq!(server.open(), 1, "the first connection survived the new SETTINGS");
     let started = std::time::Instant::now();
     for task in burst_via(50) {

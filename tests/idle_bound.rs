@@ -31,8 +31,15 @@ async fn beyond_max_idle_connections_the_longest_idle_close_first() {
         let parked = |m: &prometheus_parse::Scrape| value(m, "egress_downstream_parked_connections", &[]);
         let closed = |m: &prometheus_parse::Scrape| value(m, "egress_downstream_idle_closed_total", &[]);
         let want = ((i + 1).min(3) as f64, i.saturating_sub(2) as f64);
-        let m = support::scrape_until(sidecar.admin, Duration::from_secs(5), |m| (parked(m), closed(m)) == want).await;
-        assert_eq!((parked(&m), closed(&m)), want, "(parked, closed) once client {i} idles");
+        let m = support::scrape_until(sidecar.admin, Duration::from_secs(5), |m| {
+            (parked(m), closed(m)) == want
+        })
+        .await;
+        assert_eq!(
+            (parked(&m), closed(&m)),
+            want,
+            "(parked, closed) once client {i} idles"
+        );
     }
     let mut closed = Vec::new();
     for client in &mut clients {

@@ -767,7 +767,10 @@ async fn a_renewed_certificate_is_picked_up_without_a_restart() {
 
     // A broken pair (say, mid-rotation) keeps the last good one in service.
     std::fs::write(&hook.files.cert, "not a certificate").unwrap();
-    let file = std::fs::File::options().write(true).open(&hook.files.cert).unwrap();
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&hook.files.cert)
+        .unwrap();
     file.set_modified(first_mtime + Duration::from_secs(2)).unwrap();
     // Not synchronisation: a window of four of the watcher's 50 ms polls in which the broken
     // pair must not replace the good one (nothing observable happens when it is kept).

@@ -80,7 +80,12 @@ async fn the_leaky_client_is_flagged_and_good_clients_are_not() {
     // Let the sidecar see every connection close: requests are counted per source as each
     // connection closes, so all 453 are in once all have.
     assert!(support::eventually(std::time::Duration::from_secs(5), || upstream.requests() >= 453).await);
-    let closed = |report: &[serde_json::Value]| report.iter().map(|r| r["requests"].as_u64().unwrap()).sum::<u64>();
+    let closed = |report: &[serde_json::Value]| {
+        report
+            .iter()
+            .map(|r| r["requests"].as_u64().unwrap())
+            .sum::<u64>()
+    };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     let mut report = debug_clients(sidecar.admin).await;
     while closed(&report) < 453 && tokio::time::Instant::now() < deadline {

@@ -176,9 +176,10 @@ async fn max_pending_answers_503_pool_overflow() {
     let url = slow.clone();
     let queued = tokio::spawn(async move { RawClient::connect(addr).await.get(&url).await });
     let admin = sidecar.admin;
-    let waiting =
-        support::eventually_async(Duration::from_secs(5), || async move { support::debug_pool(admin, "up").await["pending"] == 1 })
-            .await;
+    let waiting = support::eventually_async(Duration::from_secs(5), || async move {
+        support::debug_pool(admin, "up").await["pending"] == 1
+    })
+    .await;
     assert!(waiting, "the second request waits in the queue");
     let resp = RawClient::connect(sidecar.addr).await.get(&slow).await;
     assert_eq!(resp.status, 503);
@@ -506,9 +507,8 @@ async fn an_upstream_closing_an_idle_connection_frees_its_place_at_once() {
     // closes them within moments (not at idle_timeout) and counts why.
     upstream.counters.kill.notify_waiters();
     let reason = [("upstream", "up"), ("reason", "upstream_close")];
-    let upstream_closes = |m: &prometheus_parse::Scrape| {
-        support::value(m, "egress_upstream_connections_closed_total", &reason)
-    };
+    let upstream_closes =
+        |m: &prometheus_parse::Scrape| support::value(m, "egress_upstream_connections_closed_total", &reason);
     let m = support::scrape_until(sidecar.admin, Duration::from_secs(1), |m| {
         idle(m) == 0.0 && upstream_closes(m) == 2.0
     })

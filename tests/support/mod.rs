@@ -1307,7 +1307,10 @@ impl Blackhole {
         }
         // Nothing accepts, so once one filler is established the backlog-0 queue is full and
         // every later SYN is dropped; the others stay in SYN-SENT (no peer address).
-        let full = eventually(Duration::from_secs(5), || fillers.iter().any(|s| s.peer_addr().is_ok())).await;
+        let full = eventually(Duration::from_secs(5), || {
+            fillers.iter().any(|s| s.peer_addr().is_ok())
+        })
+        .await;
         assert!(full, "no filler connection was established");
         Blackhole {
             addr,
