@@ -221,6 +221,7 @@ async fn handle(
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let resp = match segments.as_slice() {
         ["sleep", ms] => {
+            // A slow upstream is the scenario here (not synchronisation).
             tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
             Response::new(full("ok"))
         }
