@@ -104,6 +104,8 @@ pub struct Families {
     pub downstream_opened: Counter,
     /// Downstream connections open now (a guard per connection task keeps it exact).
     pub downstream_open: Gauge,
+    /// Idle application connections parked now (`downstream::park`).
+    pub downstream_parked: Gauge,
     /// Downstream keep-alive connections closed by `idle_timeout`.
     pub downstream_idle_closed: Counter,
     /// Requests each downstream connection carried, observed when it closes.
@@ -189,6 +191,7 @@ impl Metrics {
             retries: Family::default(),
             downstream_opened: Counter::default(),
             downstream_open: Gauge::default(),
+            downstream_parked: Gauge::default(),
             downstream_idle_closed: Counter::default(),
             downstream_requests_per_connection: requests_per_connection_histogram(),
             tunnels_opened: Family::default(),
@@ -252,6 +255,11 @@ impl Metrics {
             "downstream_connections",
             "Open application connections",
             f.downstream_open.clone(),
+        );
+        registry.register(
+            "downstream_parked_connections",
+            "Idle application keep-alive connections parked outside their tasks (idle over 100 ms)",
+            f.downstream_parked.clone(),
         );
         registry.register(
             "downstream_idle_closed",

@@ -77,15 +77,6 @@ impl Drop for EchoServer {
     }
 }
 
-/// A port nothing listens on (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Sends a CONNECT for `target` (plus `extra` bytes in the same write) and reads the answer's
 /// head. A 200 leaves the client's stream at the first tunnelled byte (bytes read past the head
 /// are returned); anything else is read whole.
@@ -273,20 +264,14 @@ async fn raw_tunnel_moves_bytes_both_ways_and_passes_half_close() {
         "the upstream side of the tunnel stayed open"
     );
     assert_eq!(echo.accepted(), 1);
-    let mut active = 1.0;
-    for _ in 0..60 {
-        let m = support::scrape(sidecar.admin).await;
-        assert_eq!(
-            support::value(&m, "egress_tunnels_opened_total", &[("kind", "connect")]),
-            1.0
-        );
-        active = support::value(&m, "egress_tunnels_active", &[("kind", "connect")]);
-        if active == 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(active, 0.0, "the tunnel gauge returns to 0");
+    let active =
+        |m: &prometheus_parse::Scrape| support::value(m, "egress_tunnels_active", &[("kind", "connect")]);
+    let m = support::scrape_until(sidecar.admin, Duration::from_secs(3), |m| active(m) == 0.0).await;
+    assert_eq!(active(&m), 0.0, "the tunnel gauge returns to 0");
+    assert_eq!(
+        support::value(&m, "egress_tunnels_opened_total", &[("kind", "connect")]),
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -294,13 +279,16 @@ async fn refused_connects_get_documented_errors_and_close() {
     let echo = EchoServer::start().await;
     let port = echo.addr.port();
     let target = echo.addr.to_string();
-    let dead = free_port();
-    let route_port = free_port();
-    let open = Sidecar::start(&format!(
-        "upstreams:\n  - name: routed\n    url: http://routed.example\n    listen: 127.0.0.1:{route_port}\n\
-         policy:\n  connect_ports: [{port}, {dead}, {route_port}]\n"
-    ))
+    let refusing = support::RefusingPort::new();
+    let dead = refusing.port();
+    let open = Sidecar::start_with_route(|route_port| {
+        format!(
+            "upstreams:\n  - name: routed\n    url: http://routed.example\n    listen: 127.0.0.1:{route_port}\n\
+             policy:\n  connect_ports: [{port}, {dead}, {route_port}]\n"
+        )
+    })
     .await;
+    let route_port = open.routes[0].port();
     let disabled = Sidecar::start(&format!("policy:\n  connect: false\n  connect_ports: [{port}]\n")).await;
     let denied = Sidecar::start(&format!(
         "policy:\n  deny_hosts: [127.0.0.0/8]\n  connect_ports: [{port}]\n"
@@ -477,6 +465,7 @@ async fn idle_tunnels_close_after_idle_timeout_and_busy_ones_stay() {
     let mut early = answer.expect("tunnel");
     let mut busy = client.stream;
     for i in 0..12u8 {
+        // The scenario: a client that pauses between bytes (not synchronisation).
         tokio::time::sleep(Duration::from_millis(100)).await;
         busy.write_all(&[i]).await.unwrap();
         assert_eq!(

@@ -22,17 +22,25 @@ async fn sigterm_during_load_finishes_the_work_and_exits_zero() {
     let mut sidecar = ChildSidecar::spawn("shutdown: { drain_timeout: 8s }\n").await;
     assert_eq!(readyz(sidecar.admin).await, 200);
     let (addr, up) = (sidecar.addr, upstream.addr);
+    // In flight until the test releases it: its response's second event waits for sse_next.
     let in_flight = tokio::spawn(async move {
         RawClient::connect(addr)
             .await
-            .get(&format!("http://{up}/sleep/1500"))
+            .get(&format!("http://{up}/sse/2"))
             .await
     });
     assert!(support::eventually(Duration::from_secs(5), || upstream.requests() == 1).await);
 
     let signalled = Instant::now();
     sigterm(&sidecar);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The signal is handled asynchronously: wait for readiness to turn off, then check it
+    // (the sidecar cannot exit meanwhile: the request above is still in flight).
+    let admin = sidecar.admin;
+    support::eventually_async(
+        Duration::from_secs(5),
+        || async move { readyz(admin).await == 503 },
+    )
+    .await;
     assert_eq!(readyz(sidecar.admin).await, 503, "readiness off while draining");
     // An application still finishing its work can open a new connection and be served.
     let during = RawClient::connect(sidecar.addr)
@@ -42,8 +50,10 @@ async fn sigterm_during_load_finishes_the_work_and_exits_zero() {
     assert_eq!(during.status, 200);
     assert_eq!(during.header("connection"), Some("close"));
 
+    upstream.sse_next.notify_one();
     let finished = in_flight.await.unwrap();
     assert_eq!(finished.status, 200, "in-flight request completed");
+    assert_eq!(finished.text(), "data: event 0\n\ndata: event 1\n\n");
     sidecar.assert_exits_ok_within(Duration::from_secs(8)).await;
     println!("exited {:?} after SIGTERM", signalled.elapsed());
     assert!(

@@ -24,7 +24,7 @@ use support::{fault_upstream, settle, ChildSidecar, RawClient, RawResponse, FAUL
 async fn baseline_fds(sidecar: &ChildSidecar, url: &str) -> usize {
     let mut warm = RawClient::connect(sidecar.addr).await;
     assert_eq!(warm.get(url).await.status, 200);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    support::wait_parked(sidecar.admin, 1, Some(1)).await;
     drop(warm);
     let (up_open, down_open, baseline) = settle(sidecar, None).await;
     assert_eq!(
@@ -111,10 +111,8 @@ async fn each_upstream_fault_ends_as_documented_and_leaks_nothing() {
 #[tokio::test]
 async fn slow_silent_refusing_and_closing_upstreams_end_as_documented_and_leak_nothing() {
     let up = fault_upstream().await;
-    let dead = {
-        let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        spare.local_addr().unwrap()
-    };
+    let refusing = support::RefusingPort::new();
+    let dead = refusing.addr;
     let sidecar =
         ChildSidecar::spawn("defaults: { response_header_timeout: 500ms, pool: { idle_timeout: 1s } }\n")
             .await;

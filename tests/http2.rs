@@ -215,6 +215,8 @@ async fn an_upstream_that_dies_mid_stream_costs_only_requests_that_cannot_be_rep
 struct LoweringRelay {
     addr: std::net::SocketAddr,
     lower: std::sync::Arc<tokio::sync::Notify>,
+    /// The client acknowledged the injected SETTINGS (and so applied it).
+    acked: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LoweringRelay {
@@ -224,6 +226,8 @@ impl LoweringRelay {
         let addr = listener.local_addr().unwrap();
         let lower = std::sync::Arc::new(tokio::sync::Notify::new());
         let lower_first = lower.clone();
+        let acked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acked_first = acked.clone();
         tokio::spawn(async move {
             let mut first = true;
             while let Ok((client, _)) = listener.accept().await {
@@ -233,6 +237,7 @@ impl LoweringRelay {
                 let injecting = std::mem::take(&mut first);
                 let swallow_ack = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let (swallow, lower) = (swallow_ack.clone(), lower_first.clone());
+                let acked = acked_first.clone();
                 tokio::spawn(async move {
                     // Server to client, frame by frame, with the injection.
                     let mut injected = !injecting;
@@ -262,6 +267,7 @@ impl LoweringRelay {
                     while let Some(frame) = read_frame(&mut cr).await {
                         let is_settings_ack = frame[3] == 4 && frame[4] & 1 == 1;
                         if is_settings_ack && swallow_ack.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                            acked.store(true, std::sync::atomic::Ordering::SeqCst);
                             continue;
                         }
                         if uw.write_all(&frame).await.is_err() {
@@ -280,7 +286,7 @@ impl LoweringRelay {
             r.read_exact(&mut frame[9..]).await.ok()?;
             Some(frame)
         }
-        LoweringRelay { addr, lower }
+        LoweringRelay { addr, lower, acked }
     }
 }
 
@@ -316,7 +322,16 @@ async fn the_pool_follows_a_server_that_lowers_its_limit_mid_run() {
     assert_eq!(server.accepted(), 1);
     // The server now allows 10 streams on that connection: the next 50 need a second one.
     relay.lower.notify_one();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Wait until the sidecar has acknowledged the injected SETTINGS: its HTTP/2 client has
+    // applied the new limit (the pool reads it at the connection's next request).
+    let acked = support::eventually(Duration::from_secs(5), || {
+        relay.acked.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    assert!(
+        acked,
+        "the sidecar acknowledged the lowered SETTINGS_MAX_CONCURRENT_STREAMS"
+    );
     assert_eq!(server.open(), 1, "the first connection survived the new SETTINGS");
     let started = std::time::Instant::now();
     for task in burst_via(50) {
@@ -350,6 +365,8 @@ async fn max_lifetime_retires_an_h2_connection_gracefully() {
         tokio::spawn(async move { RawClient::connect(addr).await.get(&url).await })
     };
     assert!(support::eventually(Duration::from_secs(3), || upstream.requests() == 1).await);
+    // The scenario: max_lifetime (400 ms from the dial, which came before that request)
+    // passes while the stream runs. Not synchronisation: the clock has to move.
     tokio::time::sleep(Duration::from_millis(450)).await;
     // ...while new requests go to a new connection.
     let resp = RawClient::connect(sidecar.addr)

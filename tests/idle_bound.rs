@@ -22,12 +22,24 @@ async fn beyond_max_idle_connections_the_longest_idle_close_first() {
     let sidecar = Sidecar::start("downstream: { idle_timeout: 30s, max_idle_connections: 3 }\n").await;
     let url = format!("http://{}/", upstream.addr);
     let mut clients = Vec::new();
-    for _ in 0..6 {
+    for i in 0..6usize {
         let mut client = RawClient::connect(sidecar.addr).await;
         assert_eq!(client.get(&url).await.status, 200);
         clients.push(client);
-        // Each goes idle, and into the idle list, before the next one.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Each goes idle, and into the idle list (parked), before the next one; from the
+        // fourth on, parking one closes the longest idle, so the lot stays at 3.
+        let parked = |m: &prometheus_parse::Scrape| value(m, "egress_downstream_parked_connections", &[]);
+        let closed = |m: &prometheus_parse::Scrape| value(m, "egress_downstream_idle_closed_total", &[]);
+        let want = ((i + 1).min(3) as f64, i.saturating_sub(2) as f64);
+        let m = support::scrape_until(sidecar.admin, Duration::from_secs(5), |m| {
+            (parked(m), closed(m)) == want
+        })
+        .await;
+        assert_eq!(
+            (parked(&m), closed(&m)),
+            want,
+            "(parked, closed) once client {i} idles"
+        );
     }
     let mut closed = Vec::new();
     for client in &mut clients {
@@ -53,12 +65,24 @@ async fn a_flagged_source_gets_the_short_idle_timeout() {
         let mut client = connect_from("127.0.0.3", sidecar.addr).await;
         assert_eq!(client.get(&url).await.status, 200);
     }
-    // Its connections are closed by the client here; wait until the sidecar saw them close.
+    // Its connections are closed by the client here; wait until the sidecar saw them close
+    // and its leak detector flags the source.
     assert!(
         support::eventually(Duration::from_secs(3), || upstream.requests() == 120).await,
         "all served"
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let admin = sidecar.admin;
+    let flagged = support::eventually_async(Duration::from_secs(5), || async move {
+        let resp = support::admin_get(admin, "/debug/clients").await;
+        let report: serde_json::Value = serde_json::from_slice(&resp.body).expect("JSON");
+        report
+            .as_array()
+            .expect("an array of sources")
+            .iter()
+            .any(|s| s["source"] == "127.0.0.3" && s["leaking"] == true)
+    })
+    .await;
+    assert!(flagged, "the leak detector flags 127.0.0.3");
 
     let mut leaky = connect_from("127.0.0.3", sidecar.addr).await;
     let mut good = connect_from("127.0.0.4", sidecar.addr).await;

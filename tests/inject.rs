@@ -743,10 +743,15 @@ async fn a_renewed_certificate_is_picked_up_without_a_restart() {
     // cert-manager writes a new pair into the same files.
     let dir = TempDir::new();
     let renewed = hook.ca.write_leaf(&dir, WEBHOOK_NAME);
-    // A later mtime than the first pair's, even on a coarse-grained clock.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let first_mtime = std::fs::metadata(&hook.files.cert).unwrap().modified().unwrap();
     std::fs::copy(&renewed.key, &hook.files.key).unwrap();
     std::fs::copy(&renewed.cert, &hook.files.cert).unwrap();
+    // A later mtime than the first pair's, even on a coarse-grained clock: the watcher looks
+    // for a changed mtime.
+    for path in [&hook.files.key, &hook.files.cert] {
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(first_mtime + Duration::from_secs(1)).unwrap();
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         let (_, leaf) = connect(hook.addr, &hook.ca.pem).await.unwrap();
@@ -762,6 +767,13 @@ async fn a_renewed_certificate_is_picked_up_without_a_restart() {
 
     // A broken pair (say, mid-rotation) keeps the last good one in service.
     std::fs::write(&hook.files.cert, "not a certificate").unwrap();
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&hook.files.cert)
+        .unwrap();
+    file.set_modified(first_mtime + Duration::from_secs(2)).unwrap();
+    // Not synchronisation: a window of four of the watcher's 50 ms polls in which the broken
+    // pair must not replace the good one (nothing observable happens when it is kept).
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(hook.post(read_fixture("plain-pod.json")).await.status, 200);
     hook.stop().await;

@@ -77,10 +77,21 @@ async fn the_leaky_client_is_flagged_and_good_clients_are_not() {
         assert!(status.success());
     }
 
-    // Let the sidecar see every connection close.
+    // Let the sidecar see every connection close: requests are counted per source as each
+    // connection closes, so all 453 are in once all have.
     assert!(support::eventually(std::time::Duration::from_secs(5), || upstream.requests() >= 453).await);
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let report = debug_clients(sidecar.admin).await;
+    let closed = |report: &[serde_json::Value]| {
+        report
+            .iter()
+            .map(|r| r["requests"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut report = debug_clients(sidecar.admin).await;
+    while closed(&report) < 453 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        report = debug_clients(sidecar.admin).await;
+    }
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
     let leaky = source(&report, "127.0.0.1");
     assert_eq!(leaky["leaking"], true);

@@ -147,6 +147,7 @@ async fn observe(admin: SocketAddr) -> Observed {
 
 /// Sleeps `gap`, then GETs `/req/{n}` through the sidecar and checks the whole answer.
 async fn request_after(client: &mut RawClient, upstream: SocketAddr, n: usize, gap: Duration) {
+    // The scenario: the application idles for `gap` against the upstream's idle timeout.
     tokio::time::sleep(gap).await;
     let resp = client.get(&format!("http://{upstream}/req/{n}")).await;
     assert_eq!(resp.status, 200, "request {n} after {gap:?}: {}", resp.text());

@@ -11,10 +11,8 @@ use support::{scrape, value, FakeUpstream, RawClient, Sidecar};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_match_a_scripted_load_and_gauges_return_to_zero() {
     let upstream = FakeUpstream::start().await;
-    let refused = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let refusing = support::RefusingPort::new();
+    let refused = refusing.addr;
     let sidecar = Sidecar::start(&format!(
         "upstreams:\n  - name: up\n    url: http://{}\n    pool: {{ idle_timeout: 300ms, max_connections: 2, max_pending: 0 }}\n",
         upstream.addr
@@ -111,8 +109,13 @@ async fn metrics_match_a_scripted_load_and_gauges_return_to_zero() {
 
     // Idle upstream connections close after 300ms: gauges to 0, closes counted with their reason.
     drop((a, b));
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let m = scrape(sidecar.admin).await;
+    let m = support::scrape_until(sidecar.admin, Duration::from_secs(5), |m| {
+        let closed = [("upstream", "up"), ("reason", "idle_timeout")];
+        value(m, "egress_upstream_connections_closed_total", &closed) == 2.0
+            && value(m, "egress_upstream_connections", &up_label) == 0.0
+            && value(m, "egress_downstream_connections", &[]) == 0.0
+    })
+    .await;
     for state in ["idle", "active"] {
         assert_eq!(
             value(
@@ -133,7 +136,10 @@ async fn metrics_match_a_scripted_load_and_gauges_return_to_zero() {
         ),
         2.0
     );
-    assert_eq!(upstream.open(), 0);
+    assert!(
+        support::eventually(Duration::from_secs(2), || upstream.open() == 0).await,
+        "the upstream saw its connections close"
+    );
     assert_eq!(value(&m, "egress_downstream_connections", &[]), 0.0);
     assert!(value(&m, "egress_downstream_requests_per_connection_count", &[]) >= 4.0);
 }
@@ -173,8 +179,12 @@ async fn http2_pool_metrics_count_streams_on_one_connection_and_return_to_zero()
         ),
         1.0
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let m = scrape(sidecar.admin).await;
+    let m = support::scrape_until(sidecar.admin, Duration::from_secs(5), |m| {
+        let closed = [("upstream", "h2"), ("reason", "idle_timeout")];
+        value(m, "egress_upstream_connections_closed_total", &closed) == 1.0
+            && value(m, "egress_upstream_connections", &label) == 0.0
+    })
+    .await;
     for state in ["idle", "active"] {
         assert_eq!(
             value(

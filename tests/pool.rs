@@ -175,7 +175,12 @@ async fn max_pending_answers_503_pool_overflow() {
     assert!(support::eventually(Duration::from_secs(2), || upstream.requests() == 1).await);
     let url = slow.clone();
     let queued = tokio::spawn(async move { RawClient::connect(addr).await.get(&url).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let admin = sidecar.admin;
+    let waiting = support::eventually_async(Duration::from_secs(5), || async move {
+        support::debug_pool(admin, "up").await["pending"] == 1
+    })
+    .await;
+    assert!(waiting, "the second request waits in the queue");
     let resp = RawClient::connect(sidecar.addr).await.get(&slow).await;
     assert_eq!(resp.status, 503);
     assert_eq!(resp.header("x-egress-error"), Some("pool_overflow"));
@@ -205,10 +210,8 @@ async fn response_header_timeout_answers_504() {
 
 #[tokio::test]
 async fn refused_connections_answer_502_connect_failed() {
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let refusing = support::RefusingPort::new();
+    let closed = refusing.addr;
     let sidecar = Sidecar::start("").await;
     let resp = RawClient::connect(sidecar.addr)
         .await
@@ -382,20 +385,24 @@ async fn stale_connection_race_retries_get_but_not_post() {
     );
 }
 
-/// An upstream that closes every keep-alive connection 100 ms after answering.
+/// An upstream that closes every keep-alive connection 100 ms after answering; counts the
+/// POSTs it answered and the connections it closed.
 async fn short_keepalive_upstream() -> (
     std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let posts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let posts2 = posts.clone();
+    let closes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (posts2, closes2) = (posts.clone(), closes.clone());
     tokio::spawn(async move {
         loop {
             let (mut stream, _) = listener.accept().await.unwrap();
             let posts = posts2.clone();
+            let closes = closes2.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
@@ -407,7 +414,12 @@ async fn short_keepalive_upstream() -> (
                     };
                     let n = match tokio::time::timeout(wait, stream.read(&mut tmp)).await {
                         Ok(Ok(n)) if n > 0 => n,
-                        _ => return, // idle too long: close
+                        _ => {
+                            // Idle too long: close, and count it once the FIN is sent.
+                            drop(stream);
+                            closes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            return;
+                        }
                     };
                     buf.extend_from_slice(&tmp[..n]);
                     if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -424,15 +436,15 @@ async fn short_keepalive_upstream() -> (
             });
         }
     });
-    (addr, posts)
+    (addr, posts, closes)
 }
 
 #[tokio::test]
 async fn a_closed_idle_connection_is_never_handed_out() {
-    let (addr, posts) = short_keepalive_upstream().await;
+    let (addr, posts, closes) = short_keepalive_upstream().await;
     let sidecar = Sidecar::start(&format!("upstreams:\n  - name: short\n    url: http://{addr}\n")).await;
     let mut client = RawClient::connect(sidecar.addr).await;
-    for _ in 0..3 {
+    for i in 0..3 {
         client
             .send_raw(
                 format!("POST http://{addr}/ HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")
@@ -443,7 +455,12 @@ async fn a_closed_idle_connection_is_never_handed_out() {
         // A POST is never retried, so a 200 here means the pool did not hand out the
         // connection the upstream had closed meanwhile.
         assert_eq!(resp.status, 200, "{}", resp.text());
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The upstream closes the idle pooled connection before the next request.
+        let closed = support::eventually(Duration::from_secs(5), || {
+            closes.load(std::sync::atomic::Ordering::SeqCst) == i + 1
+        })
+        .await;
+        assert!(closed, "the upstream closed connection {}", i + 1);
     }
     assert_eq!(posts.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
@@ -489,17 +506,17 @@ async fn an_upstream_closing_an_idle_connection_frees_its_place_at_once() {
     // The upstream drops both idle connections; no request comes to notice it, yet the pool
     // closes them within moments (not at idle_timeout) and counts why.
     upstream.counters.kill.notify_waiters();
-    let mut closed = false;
-    for _ in 0..50 {
-        let m = support::scrape(sidecar.admin).await;
-        let reason = [("upstream", "up"), ("reason", "upstream_close")];
-        if idle(&m) == 0.0 && support::value(&m, "egress_upstream_connections_closed_total", &reason) == 2.0 {
-            closed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(closed, "idle connections the upstream closed are still pooled");
+    let reason = [("upstream", "up"), ("reason", "upstream_close")];
+    let upstream_closes =
+        |m: &prometheus_parse::Scrape| support::value(m, "egress_upstream_connections_closed_total", &reason);
+    let m = support::scrape_until(sidecar.admin, Duration::from_secs(1), |m| {
+        idle(m) == 0.0 && upstream_closes(m) == 2.0
+    })
+    .await;
+    assert!(
+        idle(&m) == 0.0 && upstream_closes(&m) == 2.0,
+        "idle connections the upstream closed are still pooled"
+    );
     let pool = support::debug_pool(sidecar.admin, "up").await;
     assert_eq!(pool["open"], 0, "{pool}");
     // And the next request dials afresh without an error.

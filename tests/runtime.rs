@@ -63,8 +63,9 @@ async fn one_worker_runs_on_the_main_thread_and_serves_everything() {
     let resp = client.get(&format!("http://{up}/bytes/{len}")).await;
     assert_eq!(resp.body.len(), len);
 
-    // Idle long enough to be parked (100 ms), then used again.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Idle long enough to be parked (100 ms), then used again: wait until it is the one
+    // connection open and it is parked.
+    support::wait_parked(sidecar.admin, 1, Some(1)).await;
     let resp = client.get(&format!("http://{up}/")).await;
     assert_eq!(resp.text(), "ok");
 

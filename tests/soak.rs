@@ -95,6 +95,7 @@ async fn keepalive(sidecar: SocketAddr, url: String, body_len: usize, until: Ins
             client = RawClient::connect(sidecar).await;
         }
         tally.check(&url, outcome);
+        // Paces the traffic (the scenario's request rate), not synchronisation.
         tokio::time::sleep(LOOP_INTERVAL).await;
     }
     tally
@@ -116,6 +117,7 @@ async fn leaky(sidecar: SocketAddr, url: String, until: Instant) -> Tally {
         while held.front().is_some_and(|(at, _)| at.elapsed() > LEAKY_HOLD) {
             held.pop_front();
         }
+        // Paces the traffic (the scenario's request rate), not synchronisation.
         tokio::time::sleep(LEAKY_INTERVAL).await;
     }
     tally
@@ -162,6 +164,7 @@ async fn failing(sidecar: SocketAddr, faults: SocketAddr, dead: SocketAddr, unti
             "denied host",
             denied.and_then(|r| expect(&r, 403, Some("denied"), None)),
         );
+        // Paces the traffic (the scenario's request rate), not synchronisation.
         tokio::time::sleep(LOOP_INTERVAL * 10).await;
     }
     tally
@@ -235,10 +238,8 @@ async fn soak() {
     let h1 = FakeUpstream::start().await;
     let h2 = FakeUpstream::start_h2(None, 100).await;
     let faults = fault_upstream().await;
-    let dead = {
-        let spare = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        spare.local_addr().unwrap()
-    };
+    let refusing = support::RefusingPort::new();
+    let dead = refusing.addr;
     let sidecar = Arc::new(
         ChildSidecar::spawn(&format!(
             "downstream: {{ idle_timeout: 2s }}\n\
@@ -254,7 +255,7 @@ async fn soak() {
     // connection, with every connection closed again.
     let mut warm = RawClient::connect(sidecar.addr).await;
     request(&mut warm, &format!("http://{}/", h1.addr)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    support::wait_parked(sidecar.admin, 1, Some(1)).await;
     drop(warm);
     let baseline = quiet(&sidecar, None).await;
     println!("baseline: {baseline:?}");

@@ -256,7 +256,8 @@ async fn the_unix_listener_serves_like_the_tcp_one_and_owns_its_socket_file() {
             got.extend_from_slice(&buf[..n]);
         }
         assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"));
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Until it is parked (the h2c connection above is never parked).
+        support::wait_parked(sidecar.admin, 1, None).await;
     }
     drop(kept);
 

@@ -398,6 +398,7 @@ async fn idle_switched_connections_close_after_idle_timeout() {
     .await;
     assert_eq!(read_n(&mut ws, &mut early, GREETING.len()).await, GREETING);
     for _ in 0..6 {
+        // The scenario: a client that pauses between bytes (not synchronisation).
         tokio::time::sleep(Duration::from_millis(100)).await;
         ws.write_all(b"x").await.unwrap();
         assert_eq!(read_n(&mut ws, &mut early, 1).await, b"x", "closed while busy");

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use super::conn::Connection;
 use super::stream::{Peer, Stream};
-use super::{finish, spawn_connection, Context, Held, Served};
+use super::{finish, spawn_connection, Context, Held, OpenGuard, Served};
 use crate::routing::Entry;
 
 /// How long a connection idles in its task before it is parked: under load connections idle
@@ -86,6 +86,8 @@ struct Parked {
     deadline: Instant,
     held: Held,
     entry: Entry,
+    /// Counts it in `egress_downstream_parked_connections` until it leaves the lot, however.
+    _counted: OpenGuard,
 }
 
 impl Default for Parking {
@@ -170,6 +172,7 @@ impl Parking {
             deadline,
             held,
             entry,
+            _counted: OpenGuard::new(&ctx.metrics.families().downstream_parked),
         };
         lot.deadlines.insert((deadline, seq));
         lot.parked.insert(seq, parked);
@@ -216,7 +219,10 @@ impl Parking {
             deadline,
             held,
             entry,
+            _counted: counted,
         } = parked;
+        // Uncounted before its task can answer, so a client never sees it counted as parked.
+        drop(counted);
         self.resumed.fetch_add(1, Ordering::Relaxed);
         let woken = Woken {
             peer,

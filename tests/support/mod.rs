@@ -221,6 +221,7 @@ async fn handle(
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let resp = match segments.as_slice() {
         ["sleep", ms] => {
+            // A slow upstream is the scenario here (not synchronisation).
             tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
             Response::new(full("ok"))
         }
@@ -364,6 +365,33 @@ impl Sidecar {
         text.push_str(yaml);
         let config = egress_sidecar::config::parse(&text, &Default::default()).expect("valid test config");
         let listeners = egress_sidecar::Listeners::bind(&config).await.unwrap();
+        Self::run(config, listeners)
+    }
+
+    /// Like [`Sidecar::start`], with the one route-mode listener bound by the test first:
+    /// `yaml` gets its port, for configs that must name it elsewhere too (`connect_ports`).
+    /// The listener is handed over bound, so no other process can take the port meanwhile.
+    pub async fn start_with_route(yaml: impl FnOnce(u16) -> String) -> Self {
+        let route = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = route.local_addr().unwrap().port();
+        let mut text = String::from("listen: 127.0.0.1:0\nadmin: 127.0.0.1:0\n");
+        text.push_str(&yaml(port));
+        let config = egress_sidecar::config::parse(&text, &Default::default()).expect("valid test config");
+        let index = config
+            .upstreams
+            .iter()
+            .position(|u| u.listen.is_some_and(|a| a.port() == port))
+            .expect("an upstream listening on the given port");
+        let listeners = egress_sidecar::Listeners {
+            proxy: TcpListener::bind(config.listen).await.unwrap(),
+            unix: None,
+            admin: TcpListener::bind(config.admin).await.unwrap(),
+            routes: vec![(index, route)],
+        };
+        Self::run(config, listeners)
+    }
+
+    fn run(config: egress_sidecar::config::Config, listeners: egress_sidecar::Listeners) -> Self {
         let addr = listeners.proxy.local_addr().unwrap();
         let admin = listeners.admin.local_addr().unwrap();
         let routes = listeners
@@ -704,6 +732,58 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
     }
 }
 
+/// Like [`eventually`], for a condition that must await something (an admin endpoint, say).
+pub async fn eventually_async<F, Fut>(within: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Scrapes `/metrics` every 20 ms until `cond` holds or `within` passes, and returns the last
+/// scrape either way: the caller asserts on it, so a timeout fails with the values it saw.
+pub async fn scrape_until(
+    admin: SocketAddr,
+    within: Duration,
+    mut cond: impl FnMut(&prometheus_parse::Scrape) -> bool,
+) -> prometheus_parse::Scrape {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let scrape = scrape(admin).await;
+        if cond(&scrape) || tokio::time::Instant::now() >= deadline {
+            return scrape;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (up to 5 s) until `parked` idle application connections are parked
+/// (`egress_downstream_parked_connections`; a keep-alive connection is parked once it has idled
+/// for 100 ms) and, when given, `open` are open (`egress_downstream_connections`). Panics
+/// otherwise.
+pub async fn wait_parked(admin: SocketAddr, parked: usize, open: Option<usize>) {
+    let counts = |m: &prometheus_parse::Scrape| {
+        let open_now = value(m, "egress_downstream_connections", &[]);
+        (
+            value(m, "egress_downstream_parked_connections", &[]),
+            open.map_or(0.0, |_| open_now),
+        )
+    };
+    let want = (parked as f64, open.unwrap_or(0) as f64);
+    let m = scrape_until(admin, Duration::from_secs(5), |m| counts(m) == want).await;
+    assert_eq!(counts(&m), want, "(parked, open) application connections");
+}
+
 // === a fault-injecting upstream, and what a faulted sidecar should return to ===
 
 /// What the fault upstream promises in `Content-Length` before it breaks off.
@@ -759,6 +839,7 @@ async fn serve_faults(mut stream: TcpStream) {
             }
             "/slow-head" => {
                 let _ = stream.write_all(b"HTTP/1.1 200 OK\r\n").await;
+                // The fault itself: a head that takes 3 s to finish (not synchronisation).
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 if stream.write_all(b"Content-Length: 2\r\n\r\nok").await.is_err() {
                     return;
@@ -1225,11 +1306,43 @@ impl Blackhole {
             let _ = s.connect(&addr.into());
             fillers.push(s);
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Nothing accepts, so once one filler is established the backlog-0 queue is full and
+        // every later SYN is dropped; the others stay in SYN-SENT (no peer address).
+        let full = eventually(Duration::from_secs(5), || {
+            fillers.iter().any(|s| s.peer_addr().is_ok())
+        })
+        .await;
+        assert!(full, "no filler connection was established");
         Blackhole {
             addr,
             _listener: listener,
             _fillers: fillers,
         }
+    }
+}
+
+/// A loopback address that refuses connections for as long as this value lives: a TCP socket
+/// bound to it but not listening answers a SYN with an RST, and holding the port keeps anyone
+/// else from taking it (a port bound, released and then used could be taken meanwhile).
+pub struct RefusingPort {
+    pub addr: SocketAddr,
+    _socket: socket2::Socket,
+}
+
+impl RefusingPort {
+    pub fn new() -> Self {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket
+            .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        let addr = socket.local_addr().unwrap().as_socket().unwrap();
+        RefusingPort {
+            addr,
+            _socket: socket,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
     }
 }
