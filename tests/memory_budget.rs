@@ -235,14 +235,8 @@ async fn an_explicit_budget_holds_through_a_leak_storm() {
     const BUDGET: u64 = 12 << 20;
     // No limit: the cgroup only meters what the kernel charges the sidecar, sockets included,
     // which neither RSS nor the sidecar's own estimate is.
-    let meter = match TestCgroup::create(None) {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            support::skip(&format!(
-                "cannot make a memory cgroup to meter the sidecar ({why})"
-            ));
-            return;
-        }
+    let Some(meter) = TestCgroup::meter() else {
+        return;
     };
     let upstream = FakeUpstream::start().await;
     let sidecar = ChildSidecar::spawn_in_cgroup(
@@ -292,6 +286,18 @@ struct TestCgroup {
 }
 
 impl TestCgroup {
+    /// A cgroup with no limit of its own, to meter the sidecar; `None` (said as a skip) where
+    /// this machine cannot make one.
+    fn meter() -> Option<Self> {
+        TestCgroup::create(None)
+            .inspect_err(|why| {
+                support::skip(&format!(
+                    "cannot make a memory cgroup to meter the sidecar ({why})"
+                ))
+            })
+            .ok()
+    }
+
     /// A child of this process's own memory cgroup with `limit` bytes (`None`: no limit of its
     /// own, a meter), or why there cannot be.
     fn create(limit: Option<u64>) -> Result<Self, String> {
@@ -420,14 +426,8 @@ async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
 async fn a_burst_of_requests_past_the_budget_waits_in_the_backlog_and_none_fails() {
     const BUDGET: u64 = 12 << 20;
     const BURST: usize = 800;
-    let meter = match TestCgroup::create(None) {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            support::skip(&format!(
-                "cannot make a memory cgroup to meter the sidecar ({why})"
-            ));
-            return;
-        }
+    let Some(meter) = TestCgroup::meter() else {
+        return;
     };
     let upstream = FakeUpstream::start().await;
     let sidecar = ChildSidecar::spawn_in_cgroup(
