@@ -232,6 +232,10 @@ async fn http2_stream_resets_and_goaway_lose_no_idempotent_request_and_leak_noth
     .await;
     let url = |path: &str| format!("http://{}{path}", up.addr);
     let baseline = baseline_fds(&sidecar, &url("/ok")).await;
+    // Read at rest, after the warm-up: a task left behind by a reset or GOAWAY shows above it.
+    let runtime_tasks =
+        || async { support::value(&support::scrape(sidecar.admin).await, "egress_runtime_tasks", &[]) };
+    let baseline_tasks = runtime_tasks().await;
     let mut client = RawClient::connect(sidecar.addr).await;
 
     // REFUSED_STREAM says the stream was not processed: a GET goes again. A refused POST whose
@@ -276,4 +280,11 @@ async fn http2_stream_resets_and_goaway_lose_no_idempotent_request_and_leak_noth
     drop(client);
 
     assert_back_to_baseline(&sidecar, baseline).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut tasks = runtime_tasks().await;
+    while tasks != baseline_tasks && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        tasks = runtime_tasks().await;
+    }
+    assert_eq!(tasks, baseline_tasks, "runtime tasks after the faults");
 }

@@ -151,10 +151,36 @@ fn get(path: &str) -> impl Fn(usize) -> String + '_ {
     move |_| format!("GET http://UPSTREAM{path} HTTP/1.1\r\nHost: UPSTREAM\r\n\r\n")
 }
 
+/// Pool gauges and runtime tasks: (upstream connections in every state, pending requests,
+/// `runtime_tasks`). In-process, `runtime_tasks` counts this test's runtime, the test's own
+/// tasks and the fake upstream's included, so it is compared to a baseline taken at rest.
+async fn pool_and_tasks(sidecar: &Sidecar) -> (f64, f64, f64) {
+    let scrape = support::scrape(sidecar.admin).await;
+    (
+        support::value(&scrape, "egress_upstream_connections", &[]),
+        support::value(&scrape, "egress_pool_pending_requests", &[]),
+        support::value(&scrape, "egress_runtime_tasks", &[]),
+    )
+}
+
+/// Waits (up to 5 s) until no upstream connection is open or request pending and the runtime
+/// is back to `baseline_tasks`; returns what it last saw.
+async fn settle_to(sidecar: &Sidecar, baseline_tasks: f64) -> (f64, f64, f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = pool_and_tasks(sidecar).await;
+        if seen == (0.0, 0.0, baseline_tasks) || tokio::time::Instant::now() >= deadline {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn goaway_under_load_loses_no_request() {
     let upstream = FakeUpstream::start_h2(None, 100).await;
     let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "idle_timeout: 300ms")).await;
+    let (_, _, baseline_tasks) = pool_and_tasks(&sidecar).await;
     let first = spawn_requests(sidecar.addr, upstream.addr, get("/sleep/400"), 150);
     assert!(support::eventually(Duration::from_secs(5), || upstream.requests() >= 50).await);
     upstream.counters.goaway.notify_waiters();
@@ -172,12 +198,18 @@ async fn goaway_under_load_loses_no_request() {
         "connections left open after the load ({} open)",
         upstream.open()
     );
+    assert_eq!(
+        settle_to(&sidecar, baseline_tasks).await,
+        (0.0, 0.0, baseline_tasks),
+        "(upstream connections, pending requests, runtime tasks) after GOAWAY"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_dies_mid_stream_costs_only_requests_that_cannot_be_replayed() {
     let upstream = FakeUpstream::start_h2(None, 100).await;
     let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "idle_timeout: 300ms")).await;
+    let (_, _, baseline_tasks) = pool_and_tasks(&sidecar).await;
     let gets = spawn_requests(sidecar.addr, upstream.addr, get("/sleep/600"), 40);
     let posts = spawn_requests(
         sidecar.addr,
@@ -204,6 +236,11 @@ async fn an_upstream_that_dies_mid_stream_costs_only_requests_that_cannot_be_rep
         support::eventually(Duration::from_secs(5), || upstream.open() == 0).await,
         "connections left open ({} open)",
         upstream.open()
+    );
+    assert_eq!(
+        settle_to(&sidecar, baseline_tasks).await,
+        (0.0, 0.0, baseline_tasks),
+        "(upstream connections, pending requests, runtime tasks) after the upstream died"
     );
 }
 
