@@ -181,7 +181,7 @@ fn serve(args: &RunArgs, startup: resident::StartupMappings) -> ExitCode {
     on_runtime(async {
         // Signal handlers before the listeners: once applications can connect, a SIGTERM or
         // SIGHUP must not meet the default action (exit).
-        let shutdown_signal = shutdown::signal();
+        let mut signals = shutdown::Signals::new();
         let watcher = reload::Watcher::new(args.source());
         let listeners = match Listeners::bind(&config).await {
             Ok(l) => l,
@@ -190,11 +190,11 @@ fn serve(args: &RunArgs, startup: resident::StartupMappings) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let first_signal = async {
-            shutdown_signal.await;
+        let first_signal = async move {
+            signals.recv().await;
             // A second signal means "now": skip the drain.
-            tokio::spawn(async {
-                shutdown::signal().await;
+            tokio::spawn(async move {
+                signals.recv().await;
                 eprintln!("second signal: exiting without finishing the drain");
                 std::process::exit(130);
             });

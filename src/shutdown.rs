@@ -7,12 +7,38 @@
 /// Must be called inside a runtime.
 #[cfg(unix)]
 pub fn signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate()).inspect_err(|e| tracing::warn!("no SIGTERM handler: {e}"));
-    let int = signal(SignalKind::interrupt()).inspect_err(|e| tracing::warn!("no SIGINT handler: {e}"));
-    async move {
-        let mut term = term.ok();
-        let mut int = int.ok();
+    let mut signals = Signals::new();
+    async move { signals.recv().await }
+}
+
+/// SIGTERM and SIGINT, one after another: the first starts the drain, the second cuts it short.
+/// One listener for both, installed once, so that a second signal sent right after the first
+/// is counted even before anything awaits it (a listener installed after the first signal
+/// missed it).
+#[cfg(unix)]
+#[derive(Debug)]
+pub struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+#[cfg(unix)]
+impl Signals {
+    /// Installs the handlers. Must be called inside a runtime.
+    pub fn new() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate()).inspect_err(|e| tracing::warn!("no SIGTERM handler: {e}"));
+        let int = signal(SignalKind::interrupt()).inspect_err(|e| tracing::warn!("no SIGINT handler: {e}"));
+        Signals {
+            term: term.ok(),
+            int: int.ok(),
+        }
+    }
+
+    /// The next SIGTERM or SIGINT since the last one this returned (signals that arrive
+    /// together may count as one).
+    pub async fn recv(&mut self) {
+        let Signals { term, int } = self;
         tokio::select! {
             Some(_) = async { term.as_mut()?.recv().await } => {}
             Some(_) = async { int.as_mut()?.recv().await } => {}
