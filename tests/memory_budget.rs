@@ -318,7 +318,13 @@ impl TestCgroup {
                 1,
             )
         };
-        let dir = parent.join(format!("egress-budget-test-{}", std::process::id()));
+        // The tests of this file run at once in one process: each needs a cgroup of its own.
+        static MADE: AtomicUsize = AtomicUsize::new(0);
+        let dir = parent.join(format!(
+            "egress-budget-test-{}-{}",
+            std::process::id(),
+            MADE.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let cgroup = TestCgroup { dir, version };
         let Some(limit) = limit else {
