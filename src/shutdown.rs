@@ -23,6 +23,13 @@ pub struct Signals {
 }
 
 #[cfg(unix)]
+impl Default for Signals {
+    fn default() -> Self {
+        Signals::new()
+    }
+}
+
+#[cfg(unix)]
 impl Signals {
     /// Installs the handlers. Must be called inside a runtime.
     pub fn new() -> Self {

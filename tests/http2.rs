@@ -43,15 +43,60 @@ fn h2c_upstream_config(upstream: &FakeUpstream, pool: &str) -> String {
 async fn four_hundred_requests_use_four_connections_of_a_hundred_streams() {
     let upstream = FakeUpstream::start_h2(None, 100).await;
     let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "max_connections: 64")).await;
-    let statuses = burst(&sidecar, upstream.addr, "/sleep/2000", 400).await;
-    assert_eq!(statuses.len(), 400);
+    let held = HeldStreams::open(&sidecar, &upstream, 400).await;
     println!(
         "400 concurrent requests, server limit 100 streams: {} upstream connections (peak open {})",
         upstream.accepted(),
         upstream.peak()
     );
     assert_eq!(upstream.accepted(), 4);
+    held.release(&upstream).await;
     assert!(upstream.seen().iter().all(|s| s.version == http::Version::HTTP_2));
+}
+
+/// Requests whose upstream streams stay open until released (`/sse/2` sends its second event
+/// on `sse_next`): all of them are open at once however slowly a loaded machine sends them,
+/// which a fixed `/sleep` cannot promise.
+struct HeldStreams {
+    requests: Vec<tokio::task::JoinHandle<u16>>,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl HeldStreams {
+    /// Sends `n` requests and returns once the server has all of them.
+    async fn open(sidecar: &Sidecar, upstream: &FakeUpstream, n: usize) -> Self {
+        let turn = BURSTS.lock().await;
+        let url = format!("http://{}/sse/2", upstream.addr);
+        let requests = (0..n)
+            .map(|_| {
+                let (addr, url) = (sidecar.addr, url.clone());
+                tokio::spawn(async move { RawClient::connect(addr).await.get(&url).await.status })
+            })
+            .collect();
+        assert!(
+            support::eventually(Duration::from_secs(20), || upstream.requests() == n).await,
+            "all {n} streams reached the server: {}",
+            upstream.requests()
+        );
+        HeldStreams {
+            requests,
+            _turn: turn,
+        }
+    }
+
+    /// Lets every stream finish; each must answer 200.
+    async fn release(self, upstream: &FakeUpstream) {
+        // Each stream's handler waits for a notification it may not have started waiting for.
+        let released = support::eventually(Duration::from_secs(10), || {
+            upstream.sse_next.notify_waiters();
+            self.requests.iter().all(|r| r.is_finished())
+        })
+        .await;
+        assert!(released, "every held stream finished once released");
+        for status in self.requests {
+            assert_eq!(status.await.unwrap(), 200);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,12 +117,13 @@ async fn one_connection_allowed_means_the_rest_queue() {
 async fn the_pool_follows_a_server_that_allows_fewer_streams() {
     let upstream = FakeUpstream::start_h2(None, 10).await;
     let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "max_connections: 64")).await;
-    burst(&sidecar, upstream.addr, "/sleep/2000", 100).await;
+    let held = HeldStreams::open(&sidecar, &upstream, 100).await;
     println!(
-        "100 concurrent requests, server limit 10 streams: {} connections",
+        "100 concurrent streams, server limit 10 streams: {} connections",
         upstream.accepted()
     );
-    assert_eq!(upstream.accepted(), 10);
+    assert_eq!(upstream.accepted(), 10, "ten connections of ten streams each");
+    held.release(&upstream).await;
 }
 
 #[tokio::test]
