@@ -1,0 +1,191 @@
+//! What tests need from the machine: tools (skipping or failing without them), Go programs,
+//! a test CA, and sockets that hold ports.
+
+use super::*;
+
+// === what a test needs from the machine ===
+
+/// Whether this is a CI run (`CI=true`, as .ci/run is started): there a missing tool means a
+/// missing install step, and the test that needs it fails instead of skipping.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Says why a test cannot run on this machine. Locally it prints `SKIPPED: why` and the caller
+/// returns; in CI it fails the test, naming what is missing.
+pub fn skip(why: &str) {
+    assert!(
+        !in_ci(),
+        "CI=true and this test cannot run: {why}; .ci/run must install it"
+    );
+    println!("SKIPPED: {why}");
+}
+
+// === Go programs under tests/ ===
+
+/// Builds the stdlib-only Go program at `src` (relative to the crate root) into the cargo
+/// target tmpdir; `None` when `go` is not on PATH.
+pub async fn build_go(src: &str, name: &str) -> Option<std::path::PathBuf> {
+    use std::process::Stdio;
+    let have_go = tokio::process::Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success());
+    if !have_go {
+        return None;
+    }
+    let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-bin");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join(name);
+    let mut cmd = tokio::process::Command::new("go");
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(src)
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "")
+        .env("GOWORK", "off")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let has_cache_home = ["GOCACHE", "XDG_CACHE_HOME", "HOME"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
+    if !has_cache_home {
+        cmd.env(
+            "GOCACHE",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gocache"),
+        );
+    }
+    let output = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .expect("go build took longer than 180s")
+        .expect("running go build");
+    assert!(
+        output.status.success(),
+        "go build {src} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(out)
+}
+
+// === TLS ===
+
+/// A throwaway certificate authority for TLS tests.
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    /// The CA certificate, PEM.
+    pub pem: String,
+}
+
+impl TestCa {
+    pub fn new() -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "egress-sidecar test CA");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        TestCa {
+            pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A server config with a certificate for `names` (expired when asked) offering `alpn`.
+    pub fn server(&self, names: &[&str], expired: bool, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let key_der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key_der)
+            .unwrap();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    }
+
+    /// Writes the CA certificate into `dir`; returns the path.
+    pub fn write_pem(&self, dir: &TempDir) -> std::path::PathBuf {
+        let path = dir.path.join("ca.pem");
+        std::fs::write(&path, &self.pem).unwrap();
+        path
+    }
+}
+
+/// A loopback address whose connects hang: a listener with a full accept queue drops further
+/// SYNs. Kept alive by this value.
+pub struct Blackhole {
+    pub addr: SocketAddr,
+    _listener: socket2::Socket,
+    _fillers: Vec<socket2::Socket>,
+}
+
+impl Blackhole {
+    pub async fn start() -> Self {
+        let listener = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        listener
+            .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        listener.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap().as_socket().unwrap();
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.set_nonblocking(true).unwrap();
+            let _ = s.connect(&addr.into());
+            fillers.push(s);
+        }
+        // Nothing accepts, so once one filler is established the backlog-0 queue is full and
+        // every later SYN is dropped; the others stay in SYN-SENT (no peer address).
+        let full = eventually(Duration::from_secs(5), || {
+            fillers.iter().any(|s| s.peer_addr().is_ok())
+        })
+        .await;
+        assert!(full, "no filler connection was established");
+        Blackhole {
+            addr,
+            _listener: listener,
+            _fillers: fillers,
+        }
+    }
+}
+
+/// A loopback address that refuses connections for as long as this value lives: a TCP socket
+/// bound to it but not listening answers a SYN with an RST, and holding the port keeps anyone
+/// else from taking it (a port bound, released and then used could be taken meanwhile).
+pub struct RefusingPort {
+    pub addr: SocketAddr,
+    _socket: socket2::Socket,
+}
+
+impl RefusingPort {
+    pub fn new() -> Self {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket
+            .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        let addr = socket.local_addr().unwrap().as_socket().unwrap();
+        RefusingPort {
+            addr,
+            _socket: socket,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+}
