@@ -326,7 +326,7 @@ impl LoweringRelay {
                     let mut injected = !injecting;
                     loop {
                         let frame = tokio::select! {
-                            frame = read_frame(&mut ur) => frame,
+                            frame = support::read_h2_frame(&mut ur) => frame,
                             _ = lower.notified(), if !injected => {
                                 injected = true;
                                 swallow.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -347,7 +347,7 @@ impl LoweringRelay {
                     if cr.read_exact(&mut preface).await.is_err() || uw.write_all(&preface).await.is_err() {
                         return;
                     }
-                    while let Some(frame) = read_frame(&mut cr).await {
+                    while let Some(frame) = support::read_h2_frame(&mut cr).await {
                         let is_settings_ack = frame[3] == 4 && frame[4] & 1 == 1;
                         if is_settings_ack && swallow_ack.swap(false, std::sync::atomic::Ordering::SeqCst) {
                             acked.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -361,14 +361,6 @@ impl LoweringRelay {
             }
         });
 
-        async fn read_frame(r: &mut tokio::net::tcp::OwnedReadHalf) -> Option<Vec<u8>> {
-            let mut frame = vec![0u8; 9];
-            r.read_exact(&mut frame).await.ok()?;
-            let len = (usize::from(frame[0]) << 16) | (usize::from(frame[1]) << 8) | usize::from(frame[2]);
-            frame.resize(9 + len, 0);
-            r.read_exact(&mut frame[9..]).await.ok()?;
-            Some(frame)
-        }
         LoweringRelay { addr, lower, acked }
     }
 }

@@ -266,3 +266,13 @@ pub async fn closes_within(stream: &mut TcpStream, wait: Duration) -> bool {
         }
     }
 }
+
+/// One HTTP/2 frame, its 9-byte header included, as a relay between two peers forwards it.
+pub async fn read_h2_frame(r: &mut tokio::net::tcp::OwnedReadHalf) -> Option<Vec<u8>> {
+    let mut frame = vec![0u8; 9];
+    r.read_exact(&mut frame).await.ok()?;
+    let len = (usize::from(frame[0]) << 16) | (usize::from(frame[1]) << 8) | usize::from(frame[2]);
+    frame.resize(9 + len, 0);
+    r.read_exact(&mut frame[9..]).await.ok()?;
+    Some(frame)
+}
