@@ -172,7 +172,10 @@ fn connection_names(headers: &HeaderMap) -> Vec<http::HeaderName> {
         // `close` is the connection option, never taken as a field name.
         .filter(|token| !token.eq_ignore_ascii_case(b"close"))
         .filter_map(|token| http::HeaderName::from_bytes(token).ok())
-        .filter(|name| *name != HOST && *name != CONTENT_LENGTH)
+        // `TE: trailers` is sent on by design (gRPC needs it), whatever `Connection` names; a
+        // client sending TE must name it there (RFC 9110 §10.1.4). The TE checks hold it to
+        // `trailers`.
+        .filter(|name| *name != HOST && *name != CONTENT_LENGTH && *name != TE)
         .collect()
 }
 
