@@ -200,33 +200,30 @@ fn get(path: &str) -> impl Fn(usize) -> String + '_ {
 /// Pool gauges and runtime tasks: (upstream connections in every state, pending requests,
 /// `runtime_tasks`). In-process, `runtime_tasks` counts this test's runtime, the test's own
 /// tasks and the fake upstream's included, so it is compared to a baseline taken at rest.
-async fn pool_and_tasks(sidecar: &Sidecar) -> (f64, f64, f64) {
-    let scrape = support::scrape(sidecar.admin).await;
+fn pool_and_tasks(m: &prometheus_parse::Scrape) -> (f64, f64, f64) {
     (
-        support::value(&scrape, "egress_upstream_connections", &[]),
-        support::value(&scrape, "egress_pool_pending_requests", &[]),
-        support::value(&scrape, "egress_runtime_tasks", &[]),
+        support::value(m, "egress_upstream_connections", &[]),
+        support::value(m, "egress_pool_pending_requests", &[]),
+        support::value(m, "egress_runtime_tasks", &[]),
     )
 }
 
 /// Waits (up to 5 s) until no upstream connection is open or request pending and the runtime
 /// is back to `baseline_tasks`; returns what it last saw.
 async fn settle_to(sidecar: &Sidecar, baseline_tasks: f64) -> (f64, f64, f64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let seen = pool_and_tasks(sidecar).await;
-        if seen == (0.0, 0.0, baseline_tasks) || tokio::time::Instant::now() >= deadline {
-            return seen;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let settled = (0.0, 0.0, baseline_tasks);
+    let m = support::scrape_until(sidecar.admin, Duration::from_secs(5), |m| {
+        pool_and_tasks(m) == settled
+    })
+    .await;
+    pool_and_tasks(&m)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn goaway_under_load_loses_no_request() {
     let upstream = FakeUpstream::start_h2(None, 100).await;
     let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "idle_timeout: 300ms")).await;
-    let (_, _, baseline_tasks) = pool_and_tasks(&sidecar).await;
+    let (_, _, baseline_tasks) = pool_and_tasks(&support::scrape(sidecar.admin).await);
     let first = spawn_requests(sidecar.addr, upstream.addr, get("/sleep/400"), 150);
     assert!(support::eventually(Duration::from_secs(5), || upstream.requests() >= 50).await);
     upstream.counters.goaway.notify_waiters();
@@ -255,7 +252,7 @@ async fn goaway_under_load_loses_no_request() {
 async fn an_upstream_that_dies_mid_stream_costs_only_requests_that_cannot_be_replayed() {
     let upstream = FakeUpstream::start_h2(None, 100).await;
     let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "idle_timeout: 300ms")).await;
-    let (_, _, baseline_tasks) = pool_and_tasks(&sidecar).await;
+    let (_, _, baseline_tasks) = pool_and_tasks(&support::scrape(sidecar.admin).await);
     let gets = spawn_requests(sidecar.addr, upstream.addr, get("/sleep/600"), 40);
     let posts = spawn_requests(
         sidecar.addr,

@@ -128,30 +128,6 @@ async fn past_max_connections_a_connection_waits_in_the_backlog_until_one_closes
     assert_eq!(second.get(&url).await.status, 200);
 }
 
-/// `runtime_tasks` from `/metrics`: each idle connection still in its task counts one, a parked
-/// one none.
-async fn runtime_tasks(admin: SocketAddr) -> f64 {
-    support::value(&support::scrape(admin).await, "egress_runtime_tasks", &[])
-}
-
-/// Waits until the connections opened since `baseline` was read have all left their tasks
-/// (parked). The first parked connection starts the parking task and the first request the
-/// upstream pool's: 2 more than a baseline read at start.
-async fn all_parked(admin: SocketAddr, baseline: f64) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let tasks = runtime_tasks(admin).await;
-        if tasks <= baseline + 2.0 {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            println!("runtime_tasks {tasks}, baseline {baseline}");
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Opens a keep-alive connection and sends two requests on it: the sidecar has accepted it, and
 /// the leak detector (about one request per connection) leaves the source alone.
 async fn idle_connection(sidecar: &ChildSidecar, url: &str) -> RawClient {
@@ -198,17 +174,13 @@ async fn out_of_descriptors_the_64_longest_idle_connections_make_room() {
         .unwrap();
     assert!(status.success(), "prlimit --pid {pid}: {status}");
 
-    let baseline = runtime_tasks(sidecar.admin).await;
     // The longest idle: all parked before any other connection is opened, so they are the 64
     // the sidecar sheds first.
     let mut oldest = Vec::new();
     for _ in 0..SHED {
         oldest.push(idle_connection(&sidecar, &url).await);
     }
-    assert!(
-        all_parked(sidecar.admin, baseline).await,
-        "the oldest connections parked"
-    );
+    support::wait_parked(sidecar.admin, SHED, Some(SHED)).await;
     // Then connections until one meets EMFILE at accept. Each is served (idle_connection says
     // so), the one that met EMFILE included, once the sidecar has made room.
     let mut newer = Vec::new();

@@ -36,16 +36,10 @@ async fn hold_a_request(
 
 /// Polls `/readyz` until it answers `status` (at most `within`).
 async fn readyz_becomes(admin: SocketAddr, status: u16, within: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if support::admin_get(admin, "/readyz").await.status == status {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::eventually_async(within, || async move {
+        support::admin_get(admin, "/readyz").await.status == status
+    })
+    .await
 }
 
 #[tokio::test]

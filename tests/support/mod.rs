@@ -165,19 +165,11 @@ pub async fn debug_pool(admin: SocketAddr, label: &str) -> serde_json::Value {
 
 /// Polls `cond` every 20ms until it holds or `within` passes.
 pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if cond() {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(within, || std::future::ready(cond())).await
 }
 
-/// Like [`eventually`], for a condition that must await something (an admin endpoint, say).
+/// Polls `cond`, which may await something (an admin endpoint, say), every 20 ms until it
+/// holds or `within` passes.
 pub async fn eventually_async<F, Fut>(within: Duration, mut cond: F) -> bool
 where
     F: FnMut() -> Fut,
