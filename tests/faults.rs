@@ -280,11 +280,6 @@ async fn http2_stream_resets_and_goaway_lose_no_idempotent_request_and_leak_noth
     drop(client);
 
     assert_back_to_baseline(&sidecar, baseline).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let mut tasks = runtime_tasks().await;
-    while tasks != baseline_tasks && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        tasks = runtime_tasks().await;
-    }
+    let tasks = support::fetch_until(Duration::from_secs(5), runtime_tasks, |t| *t == baseline_tasks).await;
     assert_eq!(tasks, baseline_tasks, "runtime tasks after the faults");
 }

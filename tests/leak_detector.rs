@@ -86,12 +86,12 @@ async fn the_leaky_client_is_flagged_and_good_clients_are_not() {
             .map(|r| r["requests"].as_u64().unwrap())
             .sum::<u64>()
     };
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-    let mut report = debug_clients(sidecar.admin).await;
-    while closed(&report) < 453 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        report = debug_clients(sidecar.admin).await;
-    }
+    let report = support::fetch_until(
+        std::time::Duration::from_secs(5),
+        || debug_clients(sidecar.admin),
+        |report| closed(report) >= 453,
+    )
+    .await;
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
     let leaky = source(&report, "127.0.0.1");
     assert_eq!(leaky["leaking"], true);

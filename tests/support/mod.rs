@@ -187,21 +187,33 @@ where
     }
 }
 
-/// Scrapes `/metrics` every 20 ms until `cond` holds or `within` passes, and returns the last
-/// scrape either way: the caller asserts on it, so a timeout fails with the values it saw.
-pub async fn scrape_until(
-    admin: SocketAddr,
+/// Fetches a value every 20 ms until `cond` holds of it or `within` passes, and returns the
+/// last value either way: the caller asserts on it, so a timeout fails with what it saw.
+pub async fn fetch_until<T, Fut>(
     within: Duration,
-    mut cond: impl FnMut(&prometheus_parse::Scrape) -> bool,
-) -> prometheus_parse::Scrape {
+    mut fetch: impl FnMut() -> Fut,
+    mut cond: impl FnMut(&T) -> bool,
+) -> T
+where
+    Fut: std::future::Future<Output = T>,
+{
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        let scrape = scrape(admin).await;
-        if cond(&scrape) || tokio::time::Instant::now() >= deadline {
-            return scrape;
+        let value = fetch().await;
+        if cond(&value) || tokio::time::Instant::now() >= deadline {
+            return value;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// [`fetch_until`] for `/metrics`.
+pub async fn scrape_until(
+    admin: SocketAddr,
+    within: Duration,
+    cond: impl FnMut(&prometheus_parse::Scrape) -> bool,
+) -> prometheus_parse::Scrape {
+    fetch_until(within, || scrape(admin), cond).await
 }
 
 /// Waits (up to 5 s) until `parked` idle application connections are parked
