@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
@@ -40,9 +41,9 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 
     /// Waits until the socket is readable (data, end of stream or an error).
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
 
-    /// Reads without consuming and without waiting; `WouldBlock` (and the runtime's readiness
-    /// cleared) when nothing is there.
-    fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// Reads what is there into `buf` without waiting; `WouldBlock` (and the runtime's readiness
+    /// cleared) when nothing is.
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
 
     /// Reads without consuming.
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a;
@@ -65,9 +66,8 @@ impl Stream for TcpStream {
         TcpStream::readable(self)
     }
 
-    fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let fd = self.as_raw_fd();
-        self.try_io(Interest::READABLE, || recv_peek(fd, buf))
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        TcpStream::try_read_buf(self, buf)
     }
 
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a {
@@ -93,16 +93,16 @@ impl Stream for UnixStream {
         UnixStream::readable(self)
     }
 
-    fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let fd = self.as_raw_fd();
-        self.try_io(Interest::READABLE, || recv_peek(fd, buf))
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        UnixStream::try_read_buf(self, buf)
     }
 
     async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         // tokio has no `peek` for Unix sockets: wait for readiness, then `recv(MSG_PEEK)`.
         loop {
             UnixStream::readable(self).await?;
-            match self.try_peek(buf) {
+            let fd = self.as_raw_fd();
+            match self.try_io(Interest::READABLE, || recv_peek(fd, buf)) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 peeked => return peeked,
             }
