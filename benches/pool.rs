@@ -21,10 +21,11 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use egress_sidecar::config::{self, Overrides};
-use egress_sidecar::downstream::RequestBody;
+use egress_sidecar::connector::{Connect, Dialed, Place};
 use egress_sidecar::error::ProxyError;
 use egress_sidecar::metrics::Metrics;
-use egress_sidecar::pool::{Connect, Dialed, Pool, Protocol, Slot};
+use egress_sidecar::pool::{Pool, Protocol};
+use egress_sidecar::wire::RequestBody;
 
 /// Dials an in-memory HTTP/1.1 server answering every request with an empty 200.
 #[derive(Debug, Default)]
@@ -33,15 +34,18 @@ struct DuplexConnector {
 }
 
 impl DuplexConnector {
-    async fn dial(&self, slot: Slot) -> Result<Dialed, ProxyError> {
+    async fn dial(&self, place: Box<dyn Place>) -> Result<Dialed, ProxyError> {
         self.dials.fetch_add(1, Ordering::Relaxed);
-        egress_sidecar::pool::in_memory::dial(slot, 16 * 1024).await
+        egress_sidecar::pool::in_memory::dial(place, 16 * 1024).await
     }
 }
 
 impl Connect for DuplexConnector {
-    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
-        Box::pin(self.dial(slot))
+    fn connect(
+        &self,
+        place: Box<dyn Place>,
+    ) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
+        Box::pin(self.dial(place))
     }
 }
 

@@ -4,12 +4,12 @@
 //! Cases, each on a typical small request or response (a Go `net/http` client's GET through
 //! `HTTP_PROXY`: absolute-form, `User-Agent`, `Accept-Encoding`, `Proxy-Connection`, an
 //! `Authorization` token):
-//! - `parse_head_absolute_form`: `downstream::codec::parse_head` from the raw bytes;
+//! - `parse_head_absolute_form`: `wire::codec::parse_head` from the raw bytes;
 //! - `to_upstream_absolute_form`: `proxy::headers::to_upstream` (origin-form target, hop-by-hop
 //!   fields out, `Host` set) on the parsed request;
 //! - `request_parse_and_rewrite`: both, what a request costs before it reaches the pool;
 //! - `to_downstream_response`: `proxy::headers::to_downstream` on a 200 with hop-by-hop fields;
-//! - `encode_head_response`: `downstream::codec::encode_head` of that response into a buffer.
+//! - `encode_head_response`: `wire::codec::encode_head` of that response into a buffer.
 //!
 //! Run: `cargo bench --bench rewrite` (numbers are reported, not asserted).
 
@@ -20,8 +20,8 @@ use std::hint::black_box;
 
 use bytes::BytesMut;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use egress_sidecar::downstream::codec::{encode_head, parse_head, RequestHead, ResponseFraming};
 use egress_sidecar::proxy::headers::{to_downstream, to_upstream};
+use egress_sidecar::wire::codec::{encode_head, parse_head, RequestHead, ResponseFraming};
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 
 const MAX_HEADER_BYTES: usize = 64 * 1024;

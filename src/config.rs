@@ -1002,7 +1002,7 @@ fn validate_upstream(
         insecure_skip_verify: raw.tls.insecure_skip_verify.unwrap_or(false),
     };
     if let Some(ca) = &tls.ca_file {
-        if let Err(why) = crate::upstream::tls::load_ca_file(ca) {
+        if let Err(why) = crate::connector::tls::load_ca_file(ca) {
             problems.add(key("tls.ca_file"), why);
         }
     }

@@ -18,9 +18,9 @@ use http::header::{
 use http::{HeaderMap, HeaderValue, Request, Response};
 
 use crate::config::{self, Authority};
-use crate::downstream::codec::{self, BodyFraming, Decoder};
 use crate::policy::{canonical_host, HostPattern};
 use crate::proxy::headers;
+use crate::wire::codec::{self, BodyFraming, Decoder};
 
 const PROXY_CONNECTION: http::HeaderName = http::HeaderName::from_static("proxy-connection");
 const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");

@@ -13,7 +13,7 @@
 //!                            upstream (retry, response deadline) ─▶ pool (cap, FIFO queue, MRU idle)
 //!                                 │                                    │ dial (resolve, connect, handshake)
 //!                                 ▼                                    ▼
-//!  application ◀──stream── PooledBody ◀── upstream::h1 (HTTP/1.1, run by the request's task) ──▶ upstream
+//!  application ◀──stream── PooledBody ◀── connector::h1 (HTTP/1.1, run by the request's task) ──▶ upstream
 //!                                        ◀── hyper HTTP/2 client connection (its own task) ──▶ upstream
 //! ```
 //!
@@ -27,11 +27,24 @@
 //! queue (`pool::Waiting`), a checked-out connection whose exchange did not finish is closed
 //! rather than pooled (`pool::Lease`), and a place under `max_connections` is returned when the
 //! connection's socket closes (`pool::Slot`).
+//!
+//! # Layers
+//! | layer | modules | owns |
+//! |---|---|---|
+//! | entry | `admin`, `inject`, `fuzzing` | x |
+//! | downstream | `downstream/` | x |
+//! | request path | `proxy/` | x |
+//! | routing | `routing` | x |
+//! | upstream | `upstream/` | x |
+//! | pool | `pool/` | x |
+//! | services | `budget`, `reload` | x |
+//! | leaves | `metrics`, `policy`, `config`, `error`, `clients/`, `resident`, `spare`, `shutdown` | x |
 
 pub mod admin;
 pub mod budget;
 pub mod clients;
 pub mod config;
+pub mod connector;
 pub mod downstream;
 pub mod error;
 #[doc(hidden)]
@@ -47,6 +60,7 @@ pub mod routing;
 pub mod shutdown;
 pub mod spare;
 pub mod upstream;
+pub mod wire;
 
 use std::future::Future;
 use std::io;

@@ -419,6 +419,11 @@ impl Guard {
         &self.local
     }
 
+    /// Whether `addr` is one of the sidecar's own listeners, never to be dialed.
+    pub fn is_own_listener(&self, addr: SocketAddr) -> bool {
+        self.local.iter().any(|l| is_same_listener(*l, addr))
+    }
+
     /// The policy in force.
     pub fn policy(&self) -> Arc<PolicyConfig> {
         self.policy.get()
@@ -445,6 +450,17 @@ impl Guard {
         }
         Ok(())
     }
+}
+
+/// Whether two addresses are the same listening socket (a listener on 0.0.0.0 is every
+/// local address on its port).
+pub fn is_same_listener(local: SocketAddr, target: SocketAddr) -> bool {
+    if local.port() != target.port() {
+        return false;
+    }
+    let target_ip = target.ip();
+    local.ip() == target_ip
+        || (local.ip().is_unspecified() && (target_ip.is_loopback() || target_ip.is_unspecified()))
 }
 
 #[cfg(test)]
@@ -639,5 +655,15 @@ mod tests {
         assert!(denied
             .check_address("good.example", "::ffff:10.1.1.1".parse().unwrap())
             .is_err());
+    }
+
+    #[test]
+    fn same_listener() {
+        let any: SocketAddr = "0.0.0.0:15080".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:15080".parse().unwrap();
+        assert!(is_same_listener(any, lo));
+        assert!(!is_same_listener(lo, "127.0.0.2:15080".parse().unwrap()));
+        assert!(!is_same_listener(lo, "127.0.0.1:15081".parse().unwrap()));
+        assert!(!is_same_listener(lo, "10.0.0.1:15080".parse().unwrap()));
     }
 }

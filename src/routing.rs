@@ -313,12 +313,7 @@ impl Router {
             "localhost" => Some(IpAddr::from([127, 0, 0, 1])),
             host => host.parse::<IpAddr>().ok(),
         };
-        let is_self = ip.is_some_and(|ip| {
-            self.guard
-                .local_addrs()
-                .iter()
-                .any(|local| is_same_listener(*local, SocketAddr::new(ip, authority.port)))
-        });
+        let is_self = ip.is_some_and(|ip| self.guard.is_own_listener(SocketAddr::new(ip, authority.port)));
         if is_self {
             return Err(ProxyError::new(
                 ErrorKind::Loop,
@@ -372,17 +367,6 @@ fn check_policy(config: &Config, authority: &Authority) -> Result<(), ProxyError
         .map_err(|why| ProxyError::new(ErrorKind::Denied, why).with_upstream(authority.to_string()))
 }
 
-/// Whether two addresses are the same listening socket (a listener on 0.0.0.0 is every
-/// local address on its port).
-pub fn is_same_listener(local: SocketAddr, target: SocketAddr) -> bool {
-    if local.port() != target.port() {
-        return false;
-    }
-    let target_ip = target.ip();
-    local.ip() == target_ip
-        || (local.ip().is_unspecified() && (target_ip.is_loopback() || target_ip.is_unspecified()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,15 +396,5 @@ mod tests {
         let err = off.check_connect_target("api.example.com:443").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Denied);
         assert!(err.to_string().contains("policy.connect: false"), "{err}");
-    }
-
-    #[test]
-    fn same_listener() {
-        let any: SocketAddr = "0.0.0.0:15080".parse().unwrap();
-        let lo: SocketAddr = "127.0.0.1:15080".parse().unwrap();
-        assert!(is_same_listener(any, lo));
-        assert!(!is_same_listener(lo, "127.0.0.2:15080".parse().unwrap()));
-        assert!(!is_same_listener(lo, "127.0.0.1:15081".parse().unwrap()));
-        assert!(!is_same_listener(lo, "10.0.0.1:15080".parse().unwrap()));
     }
 }

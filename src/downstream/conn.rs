@@ -32,8 +32,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::body::{BodySender, RequestBody};
-use super::codec::{self, BodyError, Decoder, HeadError, RequestHead, ResponseFraming};
 use super::park::PARK_AFTER;
 use super::stream::{Peer, Stream};
 use super::{Context, Served};
@@ -41,6 +39,8 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::proxy::connect::TunnelEnd;
 use crate::proxy::{upgrade, ResponseBody};
 use crate::routing::Entry;
+use crate::wire::codec::{self, BodyError, Decoder, HeadError, RequestHead, ResponseFraming};
+use crate::wire::{BodySender, RequestBody};
 
 /// First read buffer for a request head; grows up to `max_header_bytes`.
 const HEAD_BUF_INITIAL: usize = 2048;

@@ -19,9 +19,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
 use super::stream::Stream;
-use super::{Context, RequestBody};
-use crate::proxy::headers::mark_credentials;
+use super::Context;
 use crate::routing::Entry;
+use crate::wire::mark_credentials;
+use crate::wire::RequestBody;
 
 /// The client connection preface (RFC 9113 §3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

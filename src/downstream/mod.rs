@@ -22,8 +22,6 @@
 //!
 //! Not handled here: what a request means (`proxy`), HTTP/2 downstream (h2c).
 
-mod body;
-pub mod codec;
 mod conn;
 mod h2;
 pub mod park;
@@ -39,7 +37,6 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
-pub use body::{BodySender, RequestBody, StreamingBody};
 use conn::{Connection, Ended};
 pub(crate) use stream::Peer;
 use stream::{Accept, Stream, UnixAccept};

@@ -14,9 +14,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::Lease;
-use crate::downstream::RequestBody;
-use crate::proxy::BoxError;
-use crate::upstream::h1;
+use crate::connector::h1;
+use crate::wire::{BoxError, RequestBody};
 
 /// The body of a response as [`Lease::send`] returns it, before it is tied to its lease.
 #[derive(Debug)]

@@ -5,12 +5,11 @@
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
-use super::{Dialed, Slot};
+use crate::connector::{h1, Dialed, Place};
 use crate::error::ProxyError;
-use crate::upstream::h1;
 
-/// Dials an in-memory connection with `buffer` bytes each way; `slot` lives as long as it does.
-pub async fn dial(slot: Slot, buffer: usize) -> Result<Dialed, ProxyError> {
+/// Dials an in-memory connection with `buffer` bytes each way; `place` lives as long as it does.
+pub async fn dial(place: Box<dyn Place>, buffer: usize) -> Result<Dialed, ProxyError> {
     let (client, server) = tokio::io::duplex(buffer);
     tokio::spawn(async move {
         let svc = service_fn(|_req| async {
@@ -24,6 +23,6 @@ pub async fn dial(slot: Slot, buffer: usize) -> Result<Dialed, ProxyError> {
     });
     Ok(Dialed::Http1(h1::Connection::new(
         h1::Stream::Memory(client),
-        slot,
+        place,
     )))
 }

@@ -31,7 +31,7 @@
 //! `min(N, max_connections)` HTTP/1.1 connections, or `ceil(N / streams)` HTTP/2 ones, and a
 //! connection that frees up first serves the burst before the dial finishes (no dial storm).
 //!
-//! Not handled here: how a connection is dialed ([`crate::upstream::dial`]), retries and
+//! Not handled here: how a connection is dialed ([`crate::connector`]), retries and
 //! timeouts of a request on its connection ([`crate::upstream`]).
 //!
 //! # Race window
@@ -72,35 +72,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use hyper::client::conn::http2;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 pub use body::{PooledBody, SendError, UpstreamBody};
 
 use crate::config::PoolConfig;
-use crate::downstream::RequestBody;
+use crate::connector::{h1, Connect, Dialed, H2Sender, Place};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::UpstreamMetrics;
-use crate::upstream::h1;
+use crate::wire::RequestBody;
 
 /// Idle connections beyond `max_idle` are closed once idle this long, rather than at once: under
 /// steady load the idle count swings past `max_idle` for microseconds as requests complete
 /// together, and closing then would churn connections (HAProxy's `pool-purge-delay` idea).
 const IDLE_SURPLUS_GRACE: Duration = Duration::from_secs(1);
-
-/// The request handle of one upstream HTTP/2 connection (cloned per stream).
-pub type H2Sender = http2::SendRequest<RequestBody>;
-
-/// A freshly dialed connection, by the protocol it speaks.
-#[derive(Debug)]
-pub enum Dialed {
-    /// HTTP/1.1: one request at a time, run by the task of the request it carries.
-    Http1(h1::Connection),
-    /// HTTP/2: many streams, up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, which the
-    /// connection's driver task keeps current in the shared counter.
-    Http2(H2Sender, Arc<AtomicUsize>),
-}
 
 /// What the pool knows the upstream speaks; it decides how many dials a queue needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,12 +97,6 @@ pub enum Protocol {
     Http1,
     /// HTTP/2.
     Http2,
-}
-
-/// Dials a new connection for a pool; the `Slot` must live as long as the connection's socket.
-pub trait Connect: Send + Sync + fmt::Debug + 'static {
-    /// Opens a connection that holds `slot` (in its driver task, for HTTP/2).
-    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>>;
 }
 
 /// One connection's shared record, held by its [`Slot`], its pool entry and the pool's registry
@@ -771,7 +751,7 @@ impl Pool {
 
     async fn dial(self: Arc<Self>, slot: Slot) {
         let (track, id) = (slot.track.clone(), slot.id);
-        let result = self.connector.connect(slot).await;
+        let result = self.connector.connect(Box::new(slot)).await;
         if let Ok(dialed) = &result {
             track.opened(matches!(dialed, Dialed::Http2(..)));
             self.stats.opened.fetch_add(1, Ordering::Relaxed);
@@ -1303,9 +1283,8 @@ pub struct Slot {
     id: u64,
 }
 
-impl Slot {
-    /// The connection ended with an error (unless a reason was already recorded).
-    pub fn failed(&self) {
+impl Place for Slot {
+    fn failed(&self) {
         self.track.set("error");
     }
 }
@@ -1404,7 +1383,7 @@ impl Lease {
 
     /// Reads a response body from [`Lease::send`] to its end on this lease. The proxy streams
     /// bodies through [`PooledBody`] instead; this is for tests and benches of the pool.
-    pub async fn read_to_end(&mut self, body: UpstreamBody) -> Result<u64, crate::proxy::BoxError> {
+    pub async fn read_to_end(&mut self, body: UpstreamBody) -> Result<u64, crate::wire::BoxError> {
         use http_body::Body as _;
         let mut body = body;
         let mut read = 0;

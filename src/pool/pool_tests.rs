@@ -28,20 +28,23 @@ impl GatedConnector {
         }
     }
 
-    async fn dial(&self, slot: Slot) -> Result<Dialed, ProxyError> {
+    async fn dial(&self, place: Box<dyn Place>) -> Result<Dialed, ProxyError> {
         self.dials.fetch_add(1, Ordering::SeqCst);
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak_in_flight.fetch_max(now, Ordering::SeqCst);
         let permit = self.gate.acquire().await.expect("gate open");
         permit.forget();
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        super::in_memory::dial(slot, 4096).await
+        super::in_memory::dial(place, 4096).await
     }
 }
 
 impl Connect for Arc<GatedConnector> {
-    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
-        Box::pin(self.dial(slot))
+    fn connect(
+        &self,
+        place: Box<dyn Place>,
+    ) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
+        Box::pin(self.dial(place))
     }
 }
 

@@ -11,7 +11,7 @@
 //! refused by `allow_hosts`/`deny_hosts` is `403 denied`; the sidecar's own listener is
 //! `508 loop` (also after resolving). Dialing uses `defaults.connect_timeout`.
 //!
-//! Not handled here: parsing the CONNECT head (`downstream::codec`), moving bytes
+//! Not handled here: parsing the CONNECT head (`wire::codec`), moving bytes
 //! (`proxy::splice`).
 
 use bytes::BytesMut;
@@ -21,10 +21,10 @@ use tokio::net::TcpStream;
 use tracing::Instrument;
 
 use super::splice::{self, ActiveGuard};
-use crate::downstream::codec::BodyFraming;
+use crate::connector::dial::{self, DialTarget};
 use crate::downstream::Context;
 use crate::error::{ErrorKind, ProxyError};
-use crate::upstream::dial::{self, DialTarget};
+use crate::wire::codec::BodyFraming;
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
 

@@ -16,7 +16,7 @@
 //! ([`take_hop`], [`last_hop_answer`]).
 //!
 //! Credentials (`Authorization`, `Proxy-Authorization`, `Cookie`) are marked sensitive as they
-//! are read ([`is_credential`]): their `Debug` form is `Sensitive`, so no log line at any level
+//! are read ([`crate::wire::is_credential`]): their `Debug` form is `Sensitive`, so no log line at any level
 //! carries them, and HPACK never indexes them on HTTP/2 (RFC 7541 §7.1.3).
 //!
 //! No `Via` or `X-Forwarded-*` is added: egress requests leave the cluster, where they would
@@ -25,11 +25,13 @@
 
 use bytes::Bytes;
 use http::header::{
-    ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, EXPECT, HOST, MAX_FORWARDS,
-    PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
+    ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, HOST, MAX_FORWARDS, PROXY_AUTHENTICATE,
+    PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
 };
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version};
+
+use crate::wire::is_credential;
 
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -93,20 +95,6 @@ pub fn last_hop_answer<B>(req: &Request<B>) -> Response<Bytes> {
     let length = HeaderValue::from(resp.body().len());
     resp.headers_mut().insert(CONTENT_LENGTH, length);
     resp
-}
-
-/// Whether a field carries credentials whose values must never be logged.
-pub fn is_credential(name: &HeaderName) -> bool {
-    name == AUTHORIZATION || name == PROXY_AUTHORIZATION || name == COOKIE
-}
-
-/// Marks every credential field in `headers` sensitive (for maps parsed by hyper).
-pub fn mark_credentials(headers: &mut HeaderMap) {
-    for (name, value) in headers.iter_mut() {
-        if is_credential(name) {
-            value.set_sensitive(true);
-        }
-    }
 }
 
 /// Rewrites a downstream request for the upstream named by `host`.
@@ -217,27 +205,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, also: &[HeaderName]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// What the h2c server (hyper-parsed heads) relies on: its credential values print as
-    /// `Sensitive` wherever a header map is logged, and HPACK never indexes them upstream.
-    #[test]
-    fn credentials_in_a_parsed_map_are_marked_sensitive() {
-        let mut headers = HeaderMap::new();
-        for (name, value) in [
-            ("authorization", "Bearer x"),
-            ("proxy-authorization", "Basic y"),
-            ("cookie", "c=1"),
-            ("x-other", "z"),
-        ] {
-            headers.append(HeaderName::from_static(name), HeaderValue::from_static(value));
-        }
-        mark_credentials(&mut headers);
-        for name in ["authorization", "proxy-authorization", "cookie"] {
-            assert!(headers[name].is_sensitive(), "{name}");
-        }
-        assert!(!headers["x-other"].is_sensitive());
-        assert!(!format!("{headers:?}").contains("Bearer"), "{headers:?}");
-    }
 
     #[test]
     fn request_becomes_origin_form_without_hop_by_hop() {

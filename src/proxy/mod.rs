@@ -26,14 +26,11 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::downstream::codec::{self, ResponseFraming};
-use crate::downstream::RequestBody;
 use crate::error::{ErrorKind, ProxyError};
 use crate::pool::PooledBody;
 use crate::routing::{Entry, Router};
-
-/// Boxed error for response bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::wire::codec::{self, ResponseFraming};
+use crate::wire::{BoxError, RequestBody};
 
 /// Handles downstream requests.
 #[derive(Debug)]

@@ -41,11 +41,12 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use super::splice::{self, ActiveGuard};
 use super::ResponseBody;
 use crate::config::Protocol;
-use crate::downstream::codec::{self, ResponseFraming};
-use crate::downstream::{Context, RequestBody};
+use crate::downstream::Context;
 use crate::error::{ErrorKind, ProxyError};
 use crate::routing::Router;
 use crate::upstream::Upstream;
+use crate::wire::codec::{self, ResponseFraming};
+use crate::wire::RequestBody;
 
 /// Marks a `101` response from [`send`]: the connection task switches the client to the
 /// upstream connection this resolves to.

@@ -10,10 +10,6 @@
 //!
 //! Not handled here: header rewriting (`proxy::headers`), the pool itself (`pool`).
 
-pub mod dial;
-pub mod h1;
-pub mod tls;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -21,11 +17,12 @@ use std::time::Duration;
 use http::{HeaderValue, Method, Request, Response};
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
-use crate::downstream::RequestBody;
+use crate::connector::{dial, h1, tls};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::policy::Guard;
 use crate::pool::{self, Lease, Pool, PooledBody, SendError, UpstreamBody};
+use crate::wire::RequestBody;
 
 /// How often a request handed back unsent may be tried on yet another connection.
 const MAX_UNSENT_ATTEMPTS: usize = 3;

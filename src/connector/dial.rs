@@ -28,13 +28,12 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::h1::{self, Stream};
+use super::tls::TlsConnector;
+use super::{Connect, Dialed, Place};
 use crate::config::{Authority, Http2Config, Protocol};
 use crate::error::{ErrorKind, ProxyError};
 use crate::policy::Guard;
-use crate::pool::{Connect, Dialed, Slot};
-use crate::routing::is_same_listener;
-use crate::upstream::h1::{self, Stream};
-use crate::upstream::tls::TlsConnector;
 
 /// TCP keepalive probes on upstream sockets find peers that vanished without a FIN.
 const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
@@ -118,41 +117,41 @@ impl Connector {
         }
     }
 
-    async fn connect(&self, slot: Slot) -> Result<Dialed, ProxyError> {
+    async fn connect(&self, place: Box<dyn Place>) -> Result<Dialed, ProxyError> {
         let started = Instant::now();
         let deadline = started + self.connect_timeout;
         let tcp = tcp(self.dial_target()).await?;
         // A TCP handshake is one round trip: the measure of how soon a server's SETTINGS come.
         let rtt = started.elapsed();
         match &self.tls {
-            None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, slot, rtt, deadline).await,
-            None => Ok(self.http1(Stream::Plain(tcp), slot)),
+            None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, place, rtt, deadline).await,
+            None => Ok(self.http1(Stream::Plain(tcp), place)),
             Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
             Some(Ok(tls)) => {
                 let stream = handshake_tls(&self.dial_target(), tls, tcp, deadline).await?;
                 if TlsConnector::negotiated_h2(&stream) {
-                    self.handshake_h2(stream, slot, rtt, deadline).await
+                    self.handshake_h2(stream, place, rtt, deadline).await
                 } else if self.protocol == Protocol::Http2 {
                     Err(self.error(
                         ErrorKind::ProtocolError,
                         "the upstream did not agree to h2 in ALPN",
                     ))
                 } else {
-                    Ok(self.http1(Stream::Tls(Box::new(stream)), slot))
+                    Ok(self.http1(Stream::Tls(Box::new(stream)), place))
                 }
             }
         }
     }
 
     /// HTTP/1.1 needs no handshake, and no task: the requests it carries run it.
-    fn http1(&self, stream: Stream, slot: Slot) -> Dialed {
-        Dialed::Http1(h1::Connection::new(stream, slot))
+    fn http1(&self, stream: Stream, place: Box<dyn Place>) -> Dialed {
+        Dialed::Http1(h1::Connection::new(stream, place))
     }
 
     async fn handshake_h2<T>(
         &self,
         io: T,
-        slot: Slot,
+        place: Box<dyn Place>,
         rtt: Duration,
         deadline: Instant,
     ) -> Result<Dialed, ProxyError>
@@ -191,29 +190,32 @@ impl Connector {
             published.store(conn.current_max_send_streams(), Ordering::Relaxed);
             poll
         });
-        self.drive(slot, driven);
+        self.drive(place, driven);
         Ok(Dialed::Http2(sender, max_streams))
     }
 
-    /// Runs a connection's driver task, which holds `slot` until the socket is closed.
-    fn drive<F>(&self, slot: Slot, conn: F)
+    /// Runs a connection's driver task, which holds `place` until the socket is closed.
+    fn drive<F>(&self, place: Box<dyn Place>, conn: F)
     where
         F: Future<Output = Result<(), hyper::Error>> + Send + 'static,
     {
         let label = self.label.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
-                slot.failed();
+                place.failed();
                 tracing::debug!(upstream = %label, error = %e, "upstream connection ended with an error");
             }
-            drop(slot);
+            drop(place);
         });
     }
 }
 
 impl Connect for Connector {
-    fn connect(&self, slot: Slot) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
-        Box::pin(Connector::connect(self, slot))
+    fn connect(
+        &self,
+        place: Box<dyn Place>,
+    ) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>> {
+        Box::pin(Connector::connect(self, place))
     }
 }
 
@@ -319,12 +321,7 @@ pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
         .map_err(|_| target.timeout_error())??;
     let mut last_err: Option<io::Error> = None;
     for addr in &addrs {
-        if target
-            .guard
-            .local_addrs()
-            .iter()
-            .any(|l| is_same_listener(*l, *addr))
-        {
+        if target.guard.is_own_listener(*addr) {
             return Err(target.loop_error(*addr));
         }
         match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {

@@ -1,5 +1,5 @@
-//! HTTP/1.1 wire format on the downstream side: parsing request heads, decoding request bodies
-//! (Content-Length and chunked; `upstream::h1` decodes response bodies with the same
+//! The HTTP/1.1 wire format: parsing request heads, decoding request bodies
+//! (Content-Length and chunked; `connector::h1` decodes response bodies with the same
 //! [`Decoder`]), and encoding response heads and chunked bodies.
 //!
 //! Framing follows RFC 9112 §6 strictly, because a proxy that disagrees with its upstream about
@@ -17,7 +17,7 @@ use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use http_body::Frame;
 
-use crate::proxy::headers::is_credential;
+use super::is_credential;
 
 /// Most header fields accepted in one request head.
 pub const MAX_HEADERS: usize = 128;

@@ -36,10 +36,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, DuplexStream, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::downstream::codec::{self, BodyFraming, Decoder};
-use crate::downstream::RequestBody;
-use crate::pool::Slot;
+use super::Place;
 use crate::spare;
+use crate::wire::codec::{self, BodyFraming, Decoder};
+use crate::wire::RequestBody;
 
 /// Largest response head (and trailer section) accepted: the read buffer's cap.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -148,7 +148,7 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// An HTTP/1.1 upstream connection. It holds its pool [`Slot`], so it counts under
+/// An HTTP/1.1 upstream connection. It holds its pool [`Place`], so it counts under
 /// `max_connections` until it is dropped, which closes the socket.
 #[derive(Debug)]
 pub struct Connection {
@@ -156,17 +156,17 @@ pub struct Connection {
     buf: BytesMut,
     /// Set when the last exchange left it unusable.
     broken: bool,
-    _slot: Slot,
+    _place: Box<dyn Place>,
 }
 
 impl Connection {
     /// A connection over `stream`, freshly dialed.
-    pub fn new(stream: Stream, slot: Slot) -> Self {
+    pub fn new(stream: Stream, place: Box<dyn Place>) -> Self {
         Connection {
             stream,
             buf: BytesMut::new(),
             broken: false,
-            _slot: slot,
+            _place: place,
         }
     }
 

@@ -1,0 +1,53 @@
+//! One upstream connection: resolve, dial, TLS, and the HTTP/1.1 client side (or the HTTP/2
+//! handshake and its driver task). It knows nothing of pools.
+//!
+//! A connection's place under its pool's `max_connections` must live exactly as long as its
+//! socket, so the pool hands each dial an opaque [`Place`] that the connection (HTTP/1.1) or its
+//! driver task (HTTP/2) holds and drops with the socket. The connector only ever drops it, or
+//! says the connection failed; what it counts is the pool's business.
+//!
+//! Not handled here: which connection a request gets (`pool`), retries and deadlines
+//! (`upstream`).
+
+pub mod dial;
+pub mod h1;
+pub mod tls;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+use hyper::client::conn::http2;
+
+use crate::error::ProxyError;
+use crate::wire::RequestBody;
+
+/// A connection's place under its pool's cap, held for as long as the socket is open.
+pub trait Place: Send + Sync + fmt::Debug + 'static {
+    /// The connection ended with an error (unless a reason was already recorded).
+    fn failed(&self);
+}
+
+/// The request handle of one upstream HTTP/2 connection (cloned per stream).
+pub type H2Sender = http2::SendRequest<RequestBody>;
+
+/// A freshly dialed connection, by the protocol it speaks.
+#[derive(Debug)]
+pub enum Dialed {
+    /// HTTP/1.1: one request at a time, run by the task of the request it carries.
+    Http1(h1::Connection),
+    /// HTTP/2: many streams, up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, which the
+    /// connection's driver task keeps current in the shared counter.
+    Http2(H2Sender, Arc<AtomicUsize>),
+}
+
+/// Dials a new connection; `place` must live as long as the connection's socket.
+pub trait Connect: Send + Sync + fmt::Debug + 'static {
+    /// Opens a connection that holds `place` (in its driver task, for HTTP/2).
+    fn connect(
+        &self,
+        place: Box<dyn Place>,
+    ) -> Pin<Box<dyn Future<Output = Result<Dialed, ProxyError>> + Send + '_>>;
+}
