@@ -22,12 +22,14 @@ use tokio::sync::watch;
 use crate::budget::Budget;
 use crate::clients::Clients;
 use crate::metrics::Metrics;
+use crate::pool::Registry;
 
 /// Serves the admin endpoints until `stop` flips to true.
 pub async fn serve(
     listener: TcpListener,
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
+    pools: Arc<Registry>,
     clients: Arc<Clients>,
     budget: Option<Arc<Budget>>,
     mut stop: watch::Receiver<bool>,
@@ -44,6 +46,7 @@ pub async fn serve(
         let state = Admin {
             ready: ready.clone(),
             metrics: metrics.clone(),
+            pools: pools.clone(),
             clients: clients.clone(),
             budget: budget.clone(),
         };
@@ -61,6 +64,7 @@ pub async fn serve(
 struct Admin {
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
+    pools: Arc<Registry>,
     clients: Arc<Clients>,
     budget: Option<Arc<Budget>>,
 }
@@ -69,6 +73,7 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
     let Admin {
         ready,
         metrics,
+        pools,
         clients,
         budget,
     } = admin;
@@ -76,7 +81,7 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         return Ok(json(&clients.report_attributed().await));
     }
     if req.uri().path() == "/debug/pools" {
-        let pools: Vec<_> = metrics.live_pools().iter().map(|p| p.report()).collect();
+        let pools: Vec<_> = pools.live().iter().map(|p| p.report()).collect();
         let budget = budget.map(|b| b.report(&metrics));
         return Ok(json(&serde_json::json!({ "pools": pools, "budget": budget })));
     }

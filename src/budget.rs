@@ -50,7 +50,6 @@ use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::config::BudgetConfig;
-use crate::downstream::Context;
 use crate::metrics::Metrics;
 
 /// How often usage is measured while nothing else asks for it.
@@ -292,6 +291,19 @@ fn page_size() -> u64 {
     u64::try_from(size).unwrap_or(4096)
 }
 
+/// The connections the budget measures and sheds, handed in by the wiring so that the budget
+/// need not know the downstream server or the pools.
+pub trait Connections: Send + Sync {
+    /// Application connections open now.
+    fn downstream_open(&self) -> usize;
+    /// Upstream connections open now, over every pool.
+    fn upstream_open(&self) -> usize;
+    /// Closes up to `n` idle application connections, longest idle first; returns how many.
+    fn shed_downstream_idle(&self, n: usize) -> usize;
+    /// Closes each pool's idle connections beyond its `max_idle`; returns how many.
+    fn shed_upstream_idle(&self) -> usize;
+}
+
 /// The budget in force: shared by the accept loops (credit) and the enforcing task.
 #[derive(Debug)]
 pub struct Budget {
@@ -431,21 +443,16 @@ impl Budget {
         }
     }
 
-    fn measure(&self, ctx: &Context) -> io::Result<u64> {
-        let upstream: usize = ctx
-            .metrics
-            .live_pools()
-            .iter()
-            .map(|p| p.open_connections())
-            .sum();
-        self.limit.usage((ctx.open_connections() + upstream) as u64)
+    fn measure(&self, conns: &dyn Connections) -> io::Result<u64> {
+        let open = conns.downstream_open() + conns.upstream_open();
+        self.limit.usage(open as u64)
     }
 
     /// Measures, sheds if over, and sets the accept credit; `on_tick` when the tick, not an
     /// accept loop out of credit, asked.
-    fn adjust(&self, ctx: &Context, on_tick: bool) -> Option<u64> {
+    fn adjust(&self, conns: &dyn Connections, metrics: &Metrics, on_tick: bool) -> Option<u64> {
         let admitted = self.admitted.load(Ordering::Relaxed);
-        let Ok(mut usage) = self.measure(ctx) else {
+        let Ok(mut usage) = self.measure(conns) else {
             // Unmeasurable now: let connections in rather than stall on a /proc hiccup, and
             // count them as old by the next measurement.
             self.learn_cost(None, admitted);
@@ -458,13 +465,13 @@ impl Budget {
         if usage > self.share(SHED_ABOVE) && self.trim_due() {
             // What finished requests freed counts only once it is handed back.
             crate::resident::trim_heap();
-            usage = self.measure(ctx).unwrap_or(usage);
+            usage = self.measure(conns).unwrap_or(usage);
         }
         if usage > self.share(SHED_ABOVE) {
-            usage = self.shed(usage, ctx);
+            usage = self.shed(usage, conns, metrics);
         }
         self.remember(usage);
-        let families = ctx.metrics.families();
+        let families = metrics.families();
         families
             .memory_usage
             .set(i64::try_from(usage).unwrap_or(i64::MAX));
@@ -477,7 +484,7 @@ impl Budget {
         let mut credit = room.min(MAX_CREDIT).saturating_sub(spent);
         // Progress whatever stays open: a tunnel, or a connection waiting for its first request,
         // is never shed, and waiting for it to close could be forever.
-        if credit == 0 && (on_tick || ctx.open_connections() == 0) {
+        if credit == 0 && (on_tick || conns.downstream_open() == 0) {
             credit = 1;
         }
         self.grant(i64::try_from(credit).unwrap_or(i64::MAX));
@@ -551,24 +558,19 @@ impl Budget {
     }
 
     /// Sheds in the module's order until usage is back to [`SHED_TO`]; returns usage after.
-    fn shed(&self, mut usage: u64, ctx: &Context) -> u64 {
+    fn shed(&self, mut usage: u64, conns: &dyn Connections, metrics: &Metrics) -> u64 {
         let target = self.share(SHED_TO);
-        let families = ctx.metrics.families();
+        let families = metrics.families();
         for _ in 0..MAX_ROUNDS {
             let excess = usage.saturating_sub(target);
             if excess == 0 {
                 break;
             }
             let want = usize::try_from(excess.div_ceil(IDLE_DOWNSTREAM_FREES)).unwrap_or(usize::MAX);
-            let mut closed = ctx.parking.shed_longest_idle(want, ctx);
+            let mut closed = conns.shed_downstream_idle(want);
             families.memory_shed("downstream_idle", closed as u64);
             if closed < want {
-                let upstream: usize = ctx
-                    .metrics
-                    .live_pools()
-                    .iter()
-                    .map(|p| p.shed_idle_surplus())
-                    .sum();
+                let upstream = conns.shed_upstream_idle();
                 families.memory_shed("upstream_idle", upstream as u64);
                 closed += upstream;
             }
@@ -577,16 +579,16 @@ impl Budget {
             }
             tracing::debug!(usage, closed, "memory budget: shed idle connections");
             crate::resident::trim_heap();
-            usage = self.measure(ctx).unwrap_or(usage);
+            usage = self.measure(conns).unwrap_or(usage);
         }
         usage
     }
 }
 
 /// Keeps the footprint under `budget` for as long as the runtime runs.
-pub async fn enforce(budget: Arc<Budget>, ctx: Arc<Context>) {
+pub async fn enforce(budget: Arc<Budget>, conns: Arc<dyn Connections>, metrics: Arc<Metrics>) {
     tracing::info!(budget = budget.limit.bytes, source = %budget.limit.describe(), measure = budget.limit.measure_name(), "memory budget");
-    let at_rest = budget.adjust(&ctx, true);
+    let at_rest = budget.adjust(&*conns, &metrics, true);
     if at_rest.is_some_and(|usage| usage > budget.share(SHED_ABOVE)) {
         tracing::warn!(
             usage = at_rest,
@@ -602,7 +604,7 @@ pub async fn enforce(budget: Arc<Budget>, ctx: Arc<Context>) {
             () = tokio::time::sleep_until(tick) => true,
             () = budget.measure_now.notified() => false,
         };
-        budget.adjust(&ctx, on_tick);
+        budget.adjust(&*conns, &metrics, on_tick);
     }
 }
 

@@ -25,8 +25,6 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::pool::Pool;
-
 /// Distinct `upstream` label values before new ones become `other`.
 pub const MAX_UPSTREAM_LABELS: usize = 256;
 /// The label for upstreams past the budget.
@@ -156,10 +154,29 @@ impl Families {
     }
 }
 
+/// What a pool tells the gauges at scrape time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PoolCounts {
+    /// Connections dialing, in use or idle.
+    pub open: usize,
+    /// Idle connections: HTTP/1.1 ones in the idle list and HTTP/2 ones carrying no stream.
+    pub idle: usize,
+    /// Requests waiting for a connection or stream.
+    pub pending: usize,
+    /// The upstream's own idle timeout, once learned.
+    pub learned_idle_timeout: Option<std::time::Duration>,
+}
+
+/// A pool as the gauges see it; the pool implements it, so metrics need not know pools.
+pub trait PoolSource: Send + Sync + std::fmt::Debug {
+    /// The counts now.
+    fn counts(&self) -> PoolCounts;
+}
+
 /// What gauges are read from at scrape time.
 #[derive(Debug, Default)]
 struct GaugeSources {
-    pools: Mutex<Vec<(String, Weak<Pool>)>>,
+    pools: Mutex<Vec<(String, Weak<dyn PoolSource>)>>,
 }
 
 /// The registry and its families.
@@ -338,14 +355,6 @@ impl Metrics {
         }
     }
 
-    /// Every pool alive now, retired ones included until their last connection closes, in the
-    /// order they were made: the list the gauges are read from doubles as the registry that
-    /// `/debug/pools` and the shutdown walk.
-    pub fn live_pools(&self) -> Vec<Arc<Pool>> {
-        let pools = self.sources.pools.lock().unwrap_or_else(|p| p.into_inner());
-        pools.iter().filter_map(|(_, weak)| weak.upgrade()).collect()
-    }
-
     /// Handles for one upstream named `name`.
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         let label = UpstreamLabel {
@@ -423,10 +432,10 @@ impl UpstreamMetrics {
     }
 
     /// Reports `pool`'s gauges under this upstream's label from now on.
-    pub fn watch_pool(&self, pool: &Arc<Pool>) {
+    pub fn watch_pool(&self, pool: Weak<dyn PoolSource>) {
         let mut pools = self.sources.pools.lock().unwrap_or_else(|p| p.into_inner());
         pools.retain(|(_, weak)| weak.strong_count() > 0);
-        pools.push((self.label.clone(), Arc::downgrade(pool)));
+        pools.push((self.label.clone(), pool));
     }
 }
 
@@ -457,8 +466,8 @@ impl GaugeCollector {
         let mut by_label: std::collections::BTreeMap<String, PoolGauges> = Default::default();
         for (label, pool) in self.0.pools.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             let Some(pool) = pool.upgrade() else { continue };
-            let s = pool.snapshot();
-            let idle = (s.idle + s.idle_http2) as i64;
+            let s = pool.counts();
+            let idle = s.idle as i64;
             let entry = by_label.entry(label.clone()).or_default();
             entry.active += s.open as i64 - idle;
             entry.idle += idle;

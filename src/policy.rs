@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crate::config::{Authority, PolicyConfig};
 use crate::error::{ErrorKind, ProxyError};
-use crate::reload::Live;
+use crate::live::Live;
 
 /// Longest DNS name (RFC 1035), without the trailing dot.
 const MAX_NAME_LEN: usize = 253;

@@ -20,37 +20,37 @@
 //! Not handled here: what each setting does (the modules owning them).
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::config::{self, Config, Overrides};
-use crate::downstream::Context;
-use crate::routing::ReloadSummary;
+use crate::metrics::Metrics;
 
 /// How often the config file is read for changes.
 pub const FILE_POLL: Duration = Duration::from_millis(500);
 
-/// A value a reload replaces; readers take a copy (cheap: a small struct or an `Arc`).
-#[derive(Debug, Default)]
-pub struct Live<T>(RwLock<T>);
+/// What a reload did to the configured upstreams.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Kept their pool and connections (new pool limits applied).
+    pub kept: usize,
+    /// New names.
+    pub added: usize,
+    /// Same name, but where or how connections are made changed: a new pool, the old drains.
+    pub replaced: usize,
+    /// Gone from the config: their pools drain.
+    pub removed: usize,
+}
 
-impl<T: Clone> Live<T> {
-    /// Holds `value` until the next [`Live::set`].
-    pub fn new(value: T) -> Self {
-        Live(RwLock::new(value))
-    }
-
-    /// The current value.
-    pub fn get(&self) -> T {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Replaces the value.
-    pub fn set(&self, value: T) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = value;
-    }
+/// What a reload acts on, handed in by the wiring so that reloading need not know the router or
+/// the downstream server.
+pub trait Apply: Send + Sync {
+    /// The config in force.
+    fn config(&self) -> Arc<Config>;
+    /// Puts `config` in force; it has passed the checks of what is fixed at start.
+    fn apply(&self, config: Config) -> Summary;
 }
 
 /// Where a reload reads its config from: the same file and overrides as at start.
@@ -87,7 +87,12 @@ impl Watcher {
 }
 
 /// Reloads on SIGHUP and on file changes until `stop` flips to true.
-pub async fn watch(watcher: Watcher, ctx: Arc<Context>, mut stop: watch::Receiver<bool>) {
+pub async fn watch(
+    watcher: Watcher,
+    target: Arc<dyn Apply>,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
     let Watcher { source, mut hangup } = watcher;
     let mut applied = read(&source).await;
     let mut candidate: Option<Option<Vec<u8>>> = None;
@@ -98,7 +103,7 @@ pub async fn watch(watcher: Watcher, ctx: Arc<Context>, mut stop: watch::Receive
             _ = recv(&mut hangup) => {
                 applied = read(&source).await;
                 candidate = None;
-                reload(&source, &ctx, "SIGHUP");
+                reload(&source, &*target, &metrics, "SIGHUP");
             }
             _ = poll.tick(), if source.path.is_some() => {
                 let now = read(&source).await;
@@ -107,7 +112,7 @@ pub async fn watch(watcher: Watcher, ctx: Arc<Context>, mut stop: watch::Receive
                 } else if candidate.as_ref() == Some(&now) {
                     applied = now;
                     candidate = None;
-                    reload(&source, &ctx, "config file changed");
+                    reload(&source, &*target, &metrics, "config file changed");
                 } else {
                     candidate = Some(now);
                 }
@@ -153,11 +158,11 @@ async fn recv(_: &mut Option<Hangup>) {
 }
 
 /// Loads and applies the config, or logs why not; counts the outcome.
-pub fn reload(source: &Source, ctx: &Context, why: &str) {
-    let families = ctx.metrics.families();
+pub fn reload(source: &Source, target: &dyn Apply, metrics: &Metrics, why: &str) {
+    let families = metrics.families();
     let result = config::load(source.path.as_deref(), &source.overrides)
         .map_err(|e| e.to_string())
-        .and_then(|config| apply(ctx, config));
+        .and_then(|config| apply(target, config));
     match result {
         // Logged before counted: whoever sees the count can find the log line.
         Ok(summary) => {
@@ -189,15 +194,9 @@ fn outcome(result: &'static str) -> crate::metrics::ResultLabel {
 }
 
 /// Applies a validated config, unless it changes a listening socket.
-fn apply(ctx: &Context, config: Config) -> Result<ReloadSummary, String> {
-    let router = ctx.proxy.router();
-    let old = router.config();
-    check_fixed_at_start(&old, &config)?;
-    let downstream = config.downstream;
-    let summary = router.reload(Arc::new(config));
-    resize_limit(ctx, ctx.config.get().max_connections, downstream.max_connections);
-    ctx.config.set(downstream);
-    Ok(summary)
+fn apply(target: &dyn Apply, config: Config) -> Result<Summary, String> {
+    check_fixed_at_start(&target.config(), &config)?;
+    Ok(target.apply(config))
 }
 
 /// The sockets are bound once, at start, and the memory budget is sized then; a reload that
@@ -241,22 +240,6 @@ fn check_fixed_at_start(old: &Config, new: &Config) -> Result<(), String> {
         "{}; restart the sidecar to change what is fixed at start",
         problems.join("; ")
     ))
-}
-
-/// Grows or shrinks the `downstream.max_connections` semaphore. Shrinking takes permits as
-/// connections close, so no open connection is cut.
-fn resize_limit(ctx: &Context, old: usize, new: usize) {
-    if new > old {
-        ctx.limit.add_permits(new - old);
-    } else if new < old {
-        let limit = ctx.limit.clone();
-        let excess = u32::try_from(old - new).unwrap_or(u32::MAX);
-        tokio::spawn(async move {
-            if let Ok(permits) = limit.acquire_many_owned(excess).await {
-                permits.forget();
-            }
-        });
-    }
 }
 
 #[cfg(test)]

@@ -23,10 +23,11 @@ use http::Uri;
 
 use crate::config::{Authority, Config, Scheme};
 use crate::error::{ErrorKind, ProxyError};
+use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::policy::Guard;
-use crate::reload::Live;
-use crate::upstream::{Spec, Upstream};
+use crate::reload::Summary;
+use crate::upstream::{Shared, Spec, Upstream};
 
 /// An on-the-fly upstream unused this long (and holding no connection) is forgotten.
 const DYNAMIC_UPSTREAM_TTL: Duration = Duration::from_secs(300);
@@ -79,57 +80,38 @@ impl Routes {
     }
 }
 
-/// What a reload did to the configured upstreams.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ReloadSummary {
-    /// Kept their pool and connections (new pool limits applied).
-    pub kept: usize,
-    /// New names.
-    pub added: usize,
-    /// Same name, but where or how connections are made changed: a new pool, the old drains.
-    pub replaced: usize,
-    /// Gone from the config: their pools drain.
-    pub removed: usize,
-}
-
 /// Finds upstreams for requests; owns the on-the-fly upstream table.
 #[derive(Debug)]
 pub struct Router {
     routes: Live<Arc<Routes>>,
     dynamic: Mutex<HashMap<DynamicKey, DynamicEntry>>,
-    /// The policy in force and the sidecar's own listeners, shared with every connector.
-    guard: Arc<Guard>,
-    metrics: Arc<Metrics>,
+    /// The policy, metrics and pool registry every upstream is built with.
+    shared: Shared,
 }
 
 impl Router {
     /// Builds the router over configured upstreams (by name order in `config.upstreams`).
-    pub fn new(
-        config: Arc<Config>,
-        upstreams: &[Arc<Upstream>],
-        guard: Arc<Guard>,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(config: Arc<Config>, upstreams: &[Arc<Upstream>], shared: Shared) -> Self {
         Router {
             routes: Live::new(Arc::new(Routes::new(config, upstreams))),
             dynamic: Mutex::new(HashMap::new()),
-            guard,
-            metrics,
+            shared,
         }
     }
 
     /// Upstream connections open now, over every pool (draining ones included).
     pub fn upstream_connections(&self) -> usize {
-        self.metrics
-            .live_pools()
-            .iter()
-            .map(|pool| pool.open_connections())
-            .sum()
+        self.shared.pools.open_connections()
     }
 
     /// The policy in force and the sidecar's own listeners.
     pub fn guard(&self) -> &Arc<Guard> {
-        &self.guard
+        &self.shared.guard
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
     }
 
     /// The configuration in force.
@@ -140,20 +122,15 @@ impl Router {
     /// Switches to `config`: configured upstreams whose pool key is unchanged keep their pools
     /// (with the new limits), others get new pools; pools no longer routed to drain. On-the-fly
     /// upstreams follow the new `defaults` the same way.
-    pub fn reload(&self, config: Arc<Config>) -> ReloadSummary {
+    pub fn reload(&self, config: Arc<Config>) -> Summary {
         let old = self.routes.get();
-        let mut summary = ReloadSummary::default();
+        let mut summary = Summary::default();
         let upstreams: Vec<Arc<Upstream>> = config
             .upstreams
             .iter()
             .map(|cfg| {
                 let previous = old.by_name.get(cfg.name.as_str());
-                let up = Upstream::new(
-                    Spec::configured(cfg),
-                    &self.guard,
-                    &self.metrics,
-                    previous.map(|p| &**p),
-                );
+                let up = Upstream::new(Spec::configured(cfg), &self.shared, previous.map(|p| &**p));
                 match previous {
                     Some(p) if Arc::ptr_eq(p.pool(), up.pool()) => summary.kept += 1,
                     Some(_) => summary.replaced += 1,
@@ -176,13 +153,13 @@ impl Router {
                     continue;
                 }
                 let spec = Spec::dynamic(scheme, authority.clone(), &routes.config);
-                let next = Upstream::new(spec, &self.guard, &self.metrics, Some(&up));
+                let next = Upstream::new(spec, &self.shared, Some(&up));
                 if !Arc::ptr_eq(next.pool(), up.pool()) {
                     unused.push(up);
                 }
                 table.insert((scheme, authority), (Arc::new(next), used));
             }
-            self.guard.set_policy(routes.config.policy.clone());
+            self.shared.guard.set_policy(routes.config.policy.clone());
             self.routes.set(routes.clone());
         }
         for (name, up) in &old.by_name {
@@ -313,7 +290,11 @@ impl Router {
             "localhost" => Some(IpAddr::from([127, 0, 0, 1])),
             host => host.parse::<IpAddr>().ok(),
         };
-        let is_self = ip.is_some_and(|ip| self.guard.is_own_listener(SocketAddr::new(ip, authority.port)));
+        let is_self = ip.is_some_and(|ip| {
+            self.shared
+                .guard
+                .is_own_listener(SocketAddr::new(ip, authority.port))
+        });
         if is_self {
             return Err(ProxyError::new(
                 ErrorKind::Loop,
@@ -348,13 +329,7 @@ impl Router {
                 now.duration_since(*used) < DYNAMIC_UPSTREAM_TTL || up.pool().open_connections() > 0
             });
         }
-        let up = Arc::new(Upstream::dynamic(
-            scheme,
-            authority.clone(),
-            config,
-            &self.guard,
-            &self.metrics,
-        ));
+        let up = Arc::new(Upstream::dynamic(scheme, authority.clone(), config, &self.shared));
         table.insert((scheme, authority), (up.clone(), now));
         up
     }
@@ -376,7 +351,15 @@ mod tests {
         let router = |yaml: &str| {
             let config = crate::config::parse(yaml, &Default::default()).unwrap();
             let guard = Guard::new(vec!["127.0.0.1:15080".parse().unwrap()], config.policy.clone());
-            Router::new(Arc::new(config), &[], Arc::new(guard), Default::default())
+            Router::new(
+                Arc::new(config),
+                &[],
+                Shared {
+                    guard: Arc::new(guard),
+                    metrics: Default::default(),
+                    pools: Default::default(),
+                },
+            )
         };
         let kind = |r: &Router, target: &str| r.check_connect_target(target).map_err(|e| e.kind());
         let open = router("policy: { connect_ports: [443, 15080], deny_hosts: [bad.example] }\n");

@@ -19,7 +19,6 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -299,7 +298,6 @@ async fn exchange<S: Stream>(conn: &mut Connection<S>, entry: &Entry, ctx: &Cont
         }
     };
     conn.requests += 1;
-    ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
     let RequestHead {
         method,
         uri,
@@ -313,7 +311,15 @@ async fn exchange<S: Stream>(conn: &mut Connection<S>, entry: &Entry, ctx: &Cont
         // A tunnel ends HTTP on this connection whatever happens.
         let Connection { stream, buf, .. } = conn;
         // Boxed: a tunnel's state should not weigh on every request's future.
-        let end = Box::pin(crate::proxy::connect::serve(stream, buf, &uri, framing, ctx)).await;
+        let end = Box::pin(crate::proxy::connect::serve(
+            stream,
+            buf,
+            &uri,
+            framing,
+            &ctx.proxy,
+            ctx.config.get().idle_timeout,
+        ))
+        .await;
         if end == TunnelEnd::Refused {
             linger(stream).await;
         }
@@ -357,9 +363,16 @@ async fn exchange<S: Stream>(conn: &mut Connection<S>, entry: &Entry, ctx: &Cont
         return false;
     };
     if let Some(pending) = resp.extensions_mut().remove::<upgrade::Switch>() {
-        Box::pin(upgrade::switch(stream, buf, resp, pending, ctx))
-            .instrument(span)
-            .await;
+        Box::pin(upgrade::switch(
+            stream,
+            buf,
+            resp,
+            pending,
+            &ctx.proxy,
+            ctx.config.get().idle_timeout,
+        ))
+        .instrument(span)
+        .await;
         return false;
     }
     let abandoned = pump.abandon_unstarted();
@@ -802,26 +815,8 @@ mod tests {
 
     /// A downstream context with the default config, and the draining signal it watches.
     fn context() -> (Arc<super::Context>, tokio::sync::watch::Receiver<bool>) {
-        let config = Arc::new(crate::Config::default());
-        let (drain_tx, drain) = tokio::sync::watch::channel(false);
-        // Leaked: draining never starts.
-        std::mem::forget(drain_tx);
-        let ctx = Arc::new(super::Context {
-            config: crate::reload::Live::new(config.downstream),
-            proxy: crate::proxy::Proxy::new(crate::routing::Router::new(
-                config.clone(),
-                &[],
-                Arc::new(crate::policy::Guard::new(vec![], config.policy.clone())),
-                Default::default(),
-            )),
-            drain: drain.clone(),
-            limit: Arc::new(tokio::sync::Semaphore::new(1)),
-            stats: Default::default(),
-            metrics: Default::default(),
-            clients: Default::default(),
-            parking: Default::default(),
-            budget: None,
-        });
+        let ctx = crate::downstream::testing::context(crate::Config::default(), vec![], 1);
+        let drain = ctx.drain.clone();
         (ctx, drain)
     }
 

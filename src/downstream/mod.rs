@@ -26,10 +26,11 @@ mod conn;
 mod h2;
 pub mod park;
 mod stream;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod unix;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,9 +45,9 @@ use stream::{Accept, Stream, UnixAccept};
 use crate::budget::Budget;
 use crate::clients::{loopback::Scan, Clients, Leak};
 use crate::config::DownstreamConfig;
+use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
-use crate::reload::Live;
 use crate::routing::Entry;
 
 /// After an accept error (EMFILE, ENFILE, ...) wait this long before accepting again.
@@ -63,8 +64,6 @@ pub struct Context {
     pub drain: watch::Receiver<bool>,
     /// `downstream.max_connections` permits; all back means no connection is open.
     pub limit: Arc<Semaphore>,
-    /// Counters.
-    pub stats: DownstreamStats,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
     /// Per-source accounting and the leak detector.
@@ -75,18 +74,57 @@ pub struct Context {
     pub budget: Option<Arc<Budget>>,
 }
 
-/// Downstream counters.
-#[derive(Debug, Default)]
-pub struct DownstreamStats {
-    /// Connections accepted.
-    pub opened: AtomicU64,
-    /// Keep-alive connections closed by `idle_timeout`.
-    pub idle_closed: AtomicU64,
-    /// Requests served.
-    pub requests: AtomicU64,
-}
-
 impl Context {
+    /// What the downstream connections of one sidecar share; `drain` flips to `true` when
+    /// draining starts.
+    pub fn new(
+        config: DownstreamConfig,
+        proxy: Proxy,
+        drain: watch::Receiver<bool>,
+        metrics: Arc<Metrics>,
+        clients: Arc<Clients>,
+        budget: Option<Arc<Budget>>,
+    ) -> Self {
+        Context {
+            limit: Arc::new(Semaphore::new(config.max_connections)),
+            config: Live::new(config),
+            proxy,
+            drain,
+            metrics,
+            clients,
+            parking: Default::default(),
+            budget,
+        }
+    }
+
+    /// Switches to the downstream settings of a reloaded config.
+    pub fn reconfigure(&self, config: DownstreamConfig) {
+        self.resize_limit(self.config.get().max_connections, config.max_connections);
+        self.config.set(config);
+    }
+
+    /// Grows or shrinks the `downstream.max_connections` semaphore. Shrinking takes permits as
+    /// connections close, so no open connection is cut.
+    fn resize_limit(&self, old: usize, new: usize) {
+        if new > old {
+            self.limit.add_permits(new - old);
+        } else if new < old {
+            let limit = self.limit.clone();
+            let excess = u32::try_from(old - new).unwrap_or(u32::MAX);
+            tokio::spawn(async move {
+                if let Ok(permits) = limit.acquire_many_owned(excess).await {
+                    permits.forget();
+                }
+            });
+        }
+    }
+
+    /// Closes up to `n` parked connections, longest idle first (the memory budget's first
+    /// step); returns how many.
+    pub fn shed_longest_idle(&self, n: usize) -> usize {
+        self.parking.shed_longest_idle(n, self)
+    }
+
     /// Whether the sidecar is draining.
     pub fn draining(&self) -> bool {
         *self.drain.borrow()
@@ -94,7 +132,6 @@ impl Context {
 
     /// Counts a keep-alive connection closed for idling (timeout or `max_idle_connections`).
     fn count_idle_close(&self, requests: u64) {
-        self.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
         self.metrics.families().downstream_idle_closed.inc();
         tracing::debug!(requests, "closing idle downstream connection");
     }
@@ -148,7 +185,6 @@ async fn accept_loop<L: Accept>(listener: L, entry: Entry, ctx: Arc<Context>) {
                 continue;
             }
         };
-        ctx.stats.opened.fetch_add(1, Ordering::Relaxed);
         ctx.metrics.families().downstream_opened.inc();
         let leaky = ctx.clients.opened(&peer.source());
         let held = Held {

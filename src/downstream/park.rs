@@ -453,7 +453,7 @@ mod tests {
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    use crate::proxy::eventually;
+    use crate::downstream::testing::eventually;
 
     /// A plain upstream answering every request with `ok` (no keep-alive limit).
     async fn upstream() -> std::net::SocketAddr {
@@ -504,7 +504,8 @@ mod tests {
     #[tokio::test]
     async fn an_idle_connection_is_parked_and_woken_by_its_next_request() {
         let up = upstream().await;
-        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
+        let (sidecar, ctx) =
+            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
         let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
         assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
         assert!(
@@ -527,7 +528,13 @@ mod tests {
             15,
             "the max_connections permit is back"
         );
-        assert_eq!(ctx.stats.requests.load(std::sync::atomic::Ordering::Relaxed), 4);
+        let answered = ctx.metrics.render();
+        assert!(
+            answered.contains(&format!(
+                "egress_upstream_requests_total{{upstream=\"{up}\",code=\"200\"}} 4"
+            )),
+            "four requests answered 200: {answered}"
+        );
     }
 
     /// The sidecar and this test share the thread, so the thread's spare buffers are the ones
@@ -536,7 +543,8 @@ mod tests {
     async fn keep_alive_exchanges_reuse_the_threads_spare_buffers() {
         use crate::spare::{DOWNSTREAM, UPSTREAM};
         let up = upstream().await;
-        let (sidecar, _ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
+        let (sidecar, _ctx) =
+            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
         let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
         for _ in 0..4 {
             assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
@@ -552,7 +560,8 @@ mod tests {
     #[tokio::test]
     async fn the_memory_budget_closes_the_longest_idle_first() {
         let up = upstream().await;
-        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
+        let (sidecar, ctx) =
+            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
         let mut clients = Vec::new();
         for parked in 1..=3 {
             let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
@@ -578,7 +587,8 @@ mod tests {
     #[tokio::test]
     async fn a_client_closing_a_parked_connection_needs_no_task() {
         let up = upstream().await;
-        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
+        let (sidecar, ctx) =
+            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
         let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
         get(&mut client, up).await;
         assert!(eventually(|| ctx.parking.len() == 1).await);
@@ -600,7 +610,8 @@ mod tests {
         const IDLE: Duration = Duration::from_millis(2500);
         const BUSY: Duration = Duration::from_secs(2);
         let up = upstream().await;
-        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 2500ms }\n").await;
+        let (sidecar, ctx) =
+            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 2500ms }\n").await;
         let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
         get(&mut client, up).await;
         let answered = std::time::Instant::now();
@@ -626,7 +637,8 @@ mod tests {
     #[tokio::test]
     async fn a_parked_connection_closes_at_its_idle_timeout() {
         let up = upstream().await;
-        let (sidecar, ctx) = crate::proxy::serve_for_test("downstream: { idle_timeout: 400ms }\n").await;
+        let (sidecar, ctx) =
+            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 400ms }\n").await;
         let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
         get(&mut client, up).await;
         assert!(eventually(|| ctx.parking.len() == 1).await);
@@ -634,10 +646,7 @@ mod tests {
         let closed = tokio::time::timeout(Duration::from_secs(2), client.read_to_end(&mut rest)).await;
         assert!(matches!(closed, Ok(Ok(0))), "closed by the sidecar: {closed:?}");
         assert!(eventually(|| ctx.open_connections() == 0).await);
-        assert_eq!(
-            ctx.stats.idle_closed.load(std::sync::atomic::Ordering::Relaxed),
-            1
-        );
+        assert_eq!(ctx.metrics.families().downstream_idle_closed.get(), 1);
         assert!(ctx.parking.is_empty());
     }
 }

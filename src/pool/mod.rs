@@ -61,6 +61,7 @@
 mod body;
 pub mod in_memory;
 pub mod learn;
+mod registry;
 
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
@@ -76,6 +77,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 pub use body::{PooledBody, SendError, UpstreamBody};
+pub use registry::Registry;
 
 use crate::config::PoolConfig;
 use crate::connector::{h1, Connect, Dialed, H2Sender, Place};

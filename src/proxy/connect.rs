@@ -14,6 +14,8 @@
 //! Not handled here: parsing the CONNECT head (`wire::codec`), moving bytes
 //! (`proxy::splice`).
 
+use std::time::Duration;
+
 use bytes::BytesMut;
 use http::Uri;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -21,8 +23,8 @@ use tokio::net::TcpStream;
 use tracing::Instrument;
 
 use super::splice::{self, ActiveGuard};
+use super::Proxy;
 use crate::connector::dial::{self, DialTarget};
-use crate::downstream::Context;
 use crate::error::{ErrorKind, ProxyError};
 use crate::wire::codec::BodyFraming;
 
@@ -44,11 +46,12 @@ pub async fn serve(
     buf: &mut BytesMut,
     target: &Uri,
     framing: BodyFraming,
-    ctx: &Context,
+    proxy: &Proxy,
+    idle_timeout: Duration,
 ) -> TunnelEnd {
     let span = tracing::debug_span!("tunnel", target = %target);
     async move {
-        let mut upstream = match open(target, framing, ctx).await {
+        let mut upstream = match open(target, framing, proxy).await {
             Ok(upstream) => upstream,
             Err(err) => {
                 super::log_error(&err);
@@ -57,14 +60,14 @@ pub async fn serve(
             }
         };
         // Counted before the 200 goes out, so that whoever has read it sees the tunnel counted.
-        let _active = ActiveGuard::new(&ctx.metrics, "connect");
+        let _active = ActiveGuard::new(proxy.router().metrics(), "connect");
         if let Err(e) = client.write_all(ESTABLISHED).await {
             tracing::debug!(error = %e, "client left before the tunnel was established");
             return TunnelEnd::Closed;
         }
         tracing::debug!(peer = ?upstream.peer_addr().ok(), "tunnel established");
         let early = buf.split();
-        let spliced = splice::splice(client, &early, &mut upstream, ctx.config.get().idle_timeout).await;
+        let spliced = splice::splice(client, &early, &mut upstream, idle_timeout).await;
         tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "tunnel closed");
         TunnelEnd::Closed
     }
@@ -73,7 +76,7 @@ pub async fn serve(
 }
 
 /// Checks and dials the target.
-async fn open(target: &Uri, framing: BodyFraming, ctx: &Context) -> Result<TcpStream, ProxyError> {
+async fn open(target: &Uri, framing: BodyFraming, proxy: &Proxy) -> Result<TcpStream, ProxyError> {
     if framing != BodyFraming::Empty {
         // RFC 9110 §9.3.6: CONNECT has no content; bytes after the head belong to the tunnel,
         // so a framed body would make client and sidecar disagree about where it starts.
@@ -82,7 +85,7 @@ async fn open(target: &Uri, framing: BodyFraming, ctx: &Context) -> Result<TcpSt
             "a CONNECT request must not have a body (Content-Length or Transfer-Encoding)",
         ));
     }
-    let router = ctx.proxy.router();
+    let router = proxy.router();
     // The codec accepts CONNECT only in authority-form, so the authority is there.
     let text = target.authority().map_or("", |a| a.as_str());
     let authority = router.check_connect_target(text)?;
@@ -103,7 +106,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
-    use crate::proxy::{eventually, serve_for_test};
+    use crate::downstream::testing::{eventually, serve_for_test};
 
     #[tokio::test]
     async fn tunnels_are_counted_while_open() {

@@ -30,6 +30,7 @@
 //! (`proxy::headers`), the downstream wire (`downstream::conn` calls [`switch`]).
 
 use std::fmt;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use http::{Request, Response, StatusCode, Version};
@@ -39,9 +40,9 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::splice::{self, ActiveGuard};
+use super::Proxy;
 use super::ResponseBody;
 use crate::config::Protocol;
-use crate::downstream::Context;
 use crate::error::{ErrorKind, ProxyError};
 use crate::routing::Router;
 use crate::upstream::Upstream;
@@ -141,7 +142,8 @@ pub async fn switch(
     buf: &mut BytesMut,
     resp: Response<ResponseBody>,
     pending: Switch,
-    ctx: &Context,
+    proxy: &Proxy,
+    idle_timeout: Duration,
 ) {
     let upgraded = match pending.0.await {
         Ok(upgraded) => upgraded,
@@ -169,7 +171,7 @@ pub async fn switch(
         Version::HTTP_11,
         &mut head,
     );
-    let _active = ActiveGuard::new(&ctx.metrics, "upgrade");
+    let _active = ActiveGuard::new(proxy.router().metrics(), "upgrade");
     if let Err(e) = client.write_all(&head).await {
         tracing::debug!(error = %e, "client left before the 101 was written");
         return;
@@ -183,7 +185,7 @@ pub async fn switch(
     tracing::debug!(%protocol, "connection switched");
     let mut upstream = TokioIo::new(upgraded);
     let early = buf.split();
-    let spliced = splice::splice(client, &early, &mut upstream, ctx.config.get().idle_timeout).await;
+    let spliced = splice::splice(client, &early, &mut upstream, idle_timeout).await;
     tracing::debug!(
         %protocol,
         up = spliced.up,
@@ -199,7 +201,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
-    use crate::proxy::{eventually, serve_for_test};
+    use crate::downstream::testing::{eventually, serve_for_test};
 
     /// Reads until the end of a head; returns it.
     async fn read_head(stream: &mut TcpStream) -> String {

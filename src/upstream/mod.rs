@@ -19,10 +19,22 @@ use http::{HeaderValue, Method, Request, Response};
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 use crate::connector::{dial, h1, tls};
 use crate::error::{ErrorKind, ProxyError};
-use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
 use crate::policy::Guard;
 use crate::pool::{self, Lease, Pool, PooledBody, SendError, UpstreamBody};
 use crate::wire::RequestBody;
+
+/// What every upstream is built with: the policy its connector checks, the metrics it counts
+/// in, and the registry its pool joins.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// The policy in force and the sidecar's own listeners, shared with every connector.
+    pub guard: Arc<Guard>,
+    /// The metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// The pools alive now.
+    pub pools: Arc<pool::Registry>,
+}
 
 /// How often a request handed back unsent may be tried on yet another connection.
 const MAX_UNSENT_ATTEMPTS: usize = 3;
@@ -133,25 +145,19 @@ impl Spec {
 
 impl Upstream {
     /// An upstream from the config file.
-    pub fn configured(cfg: &UpstreamConfig, guard: &Arc<Guard>, metrics: &Metrics) -> Self {
-        Self::new(Spec::configured(cfg), guard, metrics, None)
+    pub fn configured(cfg: &UpstreamConfig, shared: &Shared) -> Self {
+        Self::new(Spec::configured(cfg), shared, None)
     }
 
     /// An upstream met through an absolute-form request, with `defaults`.
-    pub fn dynamic(
-        scheme: Scheme,
-        authority: Authority,
-        config: &Config,
-        guard: &Arc<Guard>,
-        metrics: &Metrics,
-    ) -> Self {
-        Self::new(Spec::dynamic(scheme, authority, config), guard, metrics, None)
+    pub fn dynamic(scheme: Scheme, authority: Authority, config: &Config, shared: &Shared) -> Self {
+        Self::new(Spec::dynamic(scheme, authority, config), shared, None)
     }
 
     /// Builds the upstream `spec` describes. When `previous` has the same [`PoolKey`], its pool
     /// (and connections) carry over with the new pool settings applied; otherwise a new pool is
     /// made.
-    pub fn new(spec: Spec, guard: &Arc<Guard>, metrics: &Metrics, previous: Option<&Upstream>) -> Self {
+    pub fn new(spec: Spec, shared: &Shared, previous: Option<&Upstream>) -> Self {
         let key = spec.pool_key();
         let Spec {
             label,
@@ -162,7 +168,7 @@ impl Upstream {
             tls,
             settings,
         } = spec;
-        let upstream_metrics = metrics.upstream(&label);
+        let upstream_metrics = shared.metrics.upstream(&label);
         let max_streams = settings.http2.max_streams_per_connection as usize;
         let pool = match previous.filter(|p| p.key == key) {
             Some(previous) => {
@@ -170,8 +176,10 @@ impl Upstream {
                 previous.pool.clone()
             }
             None => {
-                let pool = Self::new_pool(&key, &tls, &settings, guard, upstream_metrics.clone());
-                upstream_metrics.watch_pool(&pool);
+                let pool = Self::new_pool(&key, &tls, &settings, &shared.guard, upstream_metrics.clone());
+                let source: Arc<dyn PoolSource> = pool.clone();
+                upstream_metrics.watch_pool(Arc::downgrade(&source));
+                shared.pools.register(&pool);
                 pool
             }
         };

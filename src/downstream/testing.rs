@@ -1,0 +1,53 @@
+//! What the crate's unit tests need to serve real downstream connections: a context, a
+//! forward-proxy listener, and a poll.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::Context;
+use crate::config::Config;
+use crate::policy::Guard;
+use crate::proxy::Proxy;
+use crate::routing::{Entry, Router};
+use crate::upstream::Shared;
+
+/// A context over `config` whose guard refuses `local`, with `limit` connection permits. The
+/// draining sender is leaked, so draining never starts.
+pub(crate) fn context(config: Config, local: Vec<SocketAddr>, limit: usize) -> Arc<Context> {
+    let config = Arc::new(config);
+    let (drain_tx, drain) = tokio::sync::watch::channel(false);
+    std::mem::forget(drain_tx);
+    let shared = Shared {
+        guard: Arc::new(Guard::new(local, config.policy.clone())),
+        metrics: Default::default(),
+        pools: Default::default(),
+    };
+    let metrics = shared.metrics.clone();
+    let proxy = Proxy::new(Router::new(config.clone(), &[], shared));
+    let ctx = Context::new(config.downstream, proxy, drain, metrics, Default::default(), None);
+    Arc::new(Context {
+        limit: Arc::new(tokio::sync::Semaphore::new(limit)),
+        ..ctx
+    })
+}
+
+/// A forward-proxy listener served with `yaml`, for tests that read the downstream counters.
+pub(crate) async fn serve_for_test(yaml: &str) -> (SocketAddr, Arc<Context>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let me = listener.local_addr().unwrap();
+    let config = crate::config::parse(yaml, &Default::default()).unwrap();
+    let ctx = context(config, vec![me], 16);
+    tokio::spawn(super::serve(listener, Entry::Forward, ctx.clone()));
+    (me, ctx)
+}
+
+/// Polls `cond` every 20 ms for up to 3 s.
+pub(crate) async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..150 {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    false
+}
