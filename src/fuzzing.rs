@@ -17,9 +17,8 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, Request, Response};
 
-use crate::config::{self, Authority};
+use crate::config::{self, canonical_host, Authority, HostPattern};
 use crate::downstream::codec::{self, BodyFraming, Decoder};
-use crate::policy::{canonical_host, HostPattern};
 use crate::proxy::headers;
 
 const PROXY_CONNECTION: http::HeaderName = http::HeaderName::from_static("proxy-connection");

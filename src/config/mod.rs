@@ -11,6 +11,8 @@
 //! Not handled here: how a request picks an upstream (`routing`) or what the pool does with its
 //! settings (`pool`).
 
+mod host;
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,7 +20,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::policy::{canonical_host, HostPattern};
+pub use host::{canonical_host, HostPattern};
+pub(crate) use host::{canonical_ip, in_network};
 
 /// Forward-proxy listener when nothing else is configured.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:15080";
