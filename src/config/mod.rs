@@ -18,6 +18,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use serde::{Deserialize, Serialize, Serializer};
 
 pub use host::{canonical_host, HostPattern};
@@ -559,6 +561,19 @@ pub fn to_yaml(config: &Config) -> String {
     out
 }
 
+/// Parses a PEM bundle of CA certificates. Validation checks `tls.ca_file` with it and TLS
+/// loads its trust anchors with it, so a file `check` accepts is one every dial can use.
+pub fn load_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: not a PEM certificate bundle: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificates in it", path.display()));
+    }
+    Ok(certs)
+}
+
 // === validation ===
 
 #[derive(Default)]
@@ -1005,7 +1020,7 @@ fn validate_upstream(
         insecure_skip_verify: raw.tls.insecure_skip_verify.unwrap_or(false),
     };
     if let Some(ca) = &tls.ca_file {
-        if let Err(why) = crate::upstream::tls::load_ca_file(ca) {
+        if let Err(why) = load_ca_file(ca) {
             problems.add(key("tls.ca_file"), why);
         }
     }
