@@ -17,8 +17,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, Request, Response};
 
-use crate::config::{self, Authority};
-use crate::policy::{canonical_host, HostPattern};
+use crate::config::{self, canonical_host, Authority, HostPattern};
 use crate::proxy::headers;
 use crate::wire::codec::{self, BodyFraming, Decoder};
 

@@ -14,18 +14,16 @@
 
 use std::fmt;
 use std::io;
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::config::TlsConfig;
+use crate::config::{load_ca_file, TlsConfig};
 
 /// Starts TLS sessions to one upstream.
 pub struct TlsConnector {
@@ -94,18 +92,6 @@ impl TlsConnector {
     pub fn server_name(&self) -> String {
         self.server_name.to_str().into_owned()
     }
-}
-
-/// Parses a PEM bundle of CA certificates; used by config validation too.
-pub fn load_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: not a PEM certificate bundle: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no PEM certificates in it", path.display()));
-    }
-    Ok(certs)
 }
 
 /// The system's trust anchors, loaded once per process.

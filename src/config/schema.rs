@@ -1,0 +1,122 @@
+//! The file schema: the YAML keys users write, one struct per section, mirrored one to one.
+//!
+//! Every struct rejects unknown keys and keeps values loose (durations and sizes as written) so
+//! that validation (`validate`) can report every problem at once, each naming its key.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// A duration or size as written: `10s`, `64KiB`, or a bare number.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(super) enum Scalar {
+    Int(u64),
+    Str(String),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileConfig {
+    pub(super) listen: Option<String>,
+    pub(super) listen_unix: Option<String>,
+    pub(super) admin: Option<String>,
+    pub(super) downstream: FileDownstream,
+    pub(super) defaults: FileSettings,
+    pub(super) upstreams: Vec<FileUpstream>,
+    pub(super) policy: FilePolicy,
+    pub(super) shutdown: FileShutdown,
+    pub(super) budget: FileBudget,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileDownstream {
+    pub(super) idle_timeout: Option<Scalar>,
+    pub(super) header_read_timeout: Option<Scalar>,
+    pub(super) max_connections: Option<u64>,
+    pub(super) max_header_bytes: Option<Scalar>,
+    pub(super) max_idle_connections: Option<u64>,
+    pub(super) leaky_idle_timeout: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileSettings {
+    pub(super) protocol: Option<String>,
+    pub(super) connect_timeout: Option<Scalar>,
+    pub(super) response_header_timeout: Option<Scalar>,
+    pub(super) pool: FilePool,
+    pub(super) http2: FileHttp2,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FilePool {
+    pub(super) max_connections: Option<u64>,
+    pub(super) max_idle: Option<u64>,
+    pub(super) idle_timeout: Option<Scalar>,
+    pub(super) max_lifetime: Option<Scalar>,
+    pub(super) max_requests_per_connection: Option<u64>,
+    pub(super) max_pending: Option<u64>,
+    pub(super) pending_timeout: Option<Scalar>,
+    pub(super) max_connecting: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileHttp2 {
+    pub(super) max_streams_per_connection: Option<u64>,
+    pub(super) keepalive_interval: Option<Scalar>,
+    pub(super) keepalive_timeout: Option<Scalar>,
+}
+
+// serde's `flatten` does not combine with `deny_unknown_fields`, so the per-upstream overrides
+// repeat the keys of `FileSettings`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileUpstream {
+    pub(super) name: Option<String>,
+    pub(super) url: Option<String>,
+    pub(super) aliases: Vec<String>,
+    pub(super) listen: Option<String>,
+    pub(super) addresses: Vec<String>,
+    pub(super) tls: FileTls,
+    pub(super) protocol: Option<String>,
+    pub(super) connect_timeout: Option<Scalar>,
+    pub(super) response_header_timeout: Option<Scalar>,
+    pub(super) pool: FilePool,
+    pub(super) http2: FileHttp2,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileTls {
+    pub(super) ca_file: Option<PathBuf>,
+    pub(super) server_name: Option<String>,
+    pub(super) insecure_skip_verify: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FilePolicy {
+    pub(super) allow_hosts: Vec<String>,
+    pub(super) deny_hosts: Vec<String>,
+    pub(super) connect: Option<bool>,
+    pub(super) connect_ports: Option<Vec<u64>>,
+    pub(super) deny_private: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileShutdown {
+    pub(super) drain_timeout: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileBudget {
+    pub(super) enabled: Option<bool>,
+    pub(super) memory_fraction: Option<f64>,
+    pub(super) memory_bytes: Option<Scalar>,
+}
