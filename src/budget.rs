@@ -148,7 +148,7 @@ impl Limit {
     pub fn usage(&self, sockets: u64) -> io::Result<u64> {
         match &self.source {
             Source::Cgroup(cgroup) if !cgroup.shared => cgroup.working_set(),
-            _ => Ok(resident_bytes()? + sockets * KERNEL_SOCKET_COST),
+            _ => Ok(crate::resident::rss_bytes()? + sockets * KERNEL_SOCKET_COST),
         }
     }
 
@@ -271,24 +271,6 @@ fn stat_field(stat: &str, key: &str) -> Option<u64> {
         let (name, value) = line.split_once(' ')?;
         (name == key).then(|| value.trim().parse().ok()).flatten()
     })
-}
-
-/// This process's resident set, from `/proc/self/statm` (its second field, in pages).
-pub fn resident_bytes() -> io::Result<u64> {
-    let statm = fs::read_to_string("/proc/self/statm")?;
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/self/statm"))?;
-    Ok(pages * page_size())
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf reads a constant of the system; no memory is involved.
-    #[allow(unsafe_code)]
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).unwrap_or(4096)
 }
 
 /// The connections the budget measures and sheds, handed in by the wiring so that the budget
@@ -756,7 +738,7 @@ mod tests {
     /// meanwhile: the two reads may differ by a few MiB).
     fn assert_rss_and_sockets(limit: &Limit) {
         let usage = limit.usage(1000).unwrap();
-        let rss = resident_bytes().unwrap();
+        let rss = crate::resident::rss_bytes().unwrap();
         assert!(rss > 1 << 20, "RSS of this test process");
         let ours = usage - 1000 * KERNEL_SOCKET_COST;
         assert!(

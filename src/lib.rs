@@ -1,17 +1,36 @@
 //! egress-sidecar: a localhost egress proxy that holds capped, tuned per-upstream connection
 //! pools, so that a leaky client's connections end cheaply here instead of at the upstream.
 //!
-//! # Flow
+//! # Layers
+//! Modules are layered, top to bottom. A module may use its own layer's modules and the layers
+//! below it, never one above, and the modules of one layer must not depend on each other in a
+//! cycle. `tests/architecture.rs` reads this table and the `crate::` paths in `src/` (test code
+//! aside) and fails naming the file and line of a path that breaks the rule. A new module gets a
+//! row here; a path that would point up means the code is in the wrong module.
+//!
+//! | layer | modules | owns |
+//! |---|---|---|
+//! | entry | `app`, `admin`, `inject`, `fuzzing` | wiring: listeners, run, drain, reload apply, the handles services act through; the admin listener; the injection webhook; fuzz entry points |
+//! | downstream | `downstream/` | accept, the connection task, parking idle connections, the h2c server, the Unix socket |
+//! | request path | `proxy/` | one request from routing to response; header rewriting; CONNECT tunnels and upgrades |
+//! | routing | `routing` | which upstream a request means; on-the-fly upstreams; switching routes on reload |
+//! | upstream | `upstream/` | an upstream's identity, spec and pool key; one request on a pooled connection with its deadline and retry |
+//! | pool | `pool/` | cap, waiters, dial scheduling, the HTTP/1.1 idle list, HTTP/2 streams, leases, learning, reports, the registry of live pools |
+//! | connector | `connector/` | one connection: resolve, dial, TLS, the HTTP/1.1 client side; no pool types (its place under the cap is an opaque guard) |
+//! | services | `budget`, `reload` | the memory budget and hot reload, acting through handles the wiring gives them |
+//! | leaves | `policy`, `metrics`, `clients/`, `wire/`, `config/`, `live`, `error`, `resident`, `spare`, `shutdown` | egress rules, the metrics registry, per-source accounting, the HTTP/1.1 codec and bodies, configuration, reloadable values, errors, process memory, spare buffers, signals |
+//!
+//! # The request path, top to bottom
 //! ```text
-//!  application ──HTTP/1.1──▶ downstream (accept on TCP or the Unix socket, our HTTP/1.1 codec,
+//!  application ──HTTP/1.1──▶ downstream (accept on TCP or the Unix socket, wire::codec,
 //!                                 │        idle/header timeouts, leak detector by source)
-//!                                 │ Request<RequestBody>
+//!                                 │ Request<wire::RequestBody>
 //!                                 ▼
-//!                            proxy ─▶ routing (upstream, policy, loop) ─▶ headers (origin-form, hop-by-hop)
+//!                            proxy ─▶ routing (upstream, policy, loop) ─▶ proxy::headers (origin-form, hop-by-hop)
 //!                                 │
 //!                                 ▼
 //!                            upstream (retry, response deadline) ─▶ pool (cap, FIFO queue, MRU idle)
-//!                                 │                                    │ dial (resolve, connect, handshake)
+//!                                 │                                    │ connector::dial (resolve, connect, handshake)
 //!                                 ▼                                    ▼
 //!  application ◀──stream── PooledBody ◀── connector::h1 (HTTP/1.1, run by the request's task) ──▶ upstream
 //!                                        ◀── hyper HTTP/2 client connection (its own task) ──▶ upstream
@@ -21,24 +40,17 @@
 //! leave this flow: each gets a connection of its own outside the pool, and the downstream task
 //! splices raw bytes between the two sockets until both close or the tunnel idles out.
 //!
+//! Beside the path: `app` wires everything at start; `budget` measures memory and sheds idle
+//! connections through `budget::Connections`; `reload` re-reads the config and applies it
+//! through `reload::Apply`; `admin` reads the metrics, the pool registry and the per-source
+//! accounting.
+//!
 //! # Cancel safety
 //! When an application disconnects, its connection task is dropped at whatever await it was
 //! in. Everything it holds gives resources back on drop: a queued request leaves the wait
 //! queue (`pool::Waiting`), a checked-out connection whose exchange did not finish is closed
 //! rather than pooled (`pool::Lease`), and a place under `max_connections` is returned when the
 //! connection's socket closes (`pool::Slot`).
-//!
-//! # Layers
-//! | layer | modules | owns |
-//! |---|---|---|
-//! | entry | `admin`, `inject`, `fuzzing` | x |
-//! | downstream | `downstream/` | x |
-//! | request path | `proxy/` | x |
-//! | routing | `routing` | x |
-//! | upstream | `upstream/` | x |
-//! | pool | `pool/` | x |
-//! | services | `budget`, `reload` | x |
-//! | leaves | `metrics`, `policy`, `config`, `error`, `clients/`, `resident`, `spare`, `shutdown` | x |
 
 pub mod admin;
 pub mod app;

@@ -538,7 +538,9 @@ fn encode_process_gauges(encoder: &mut DescriptorEncoder) -> Result<(), std::fmt
         .ok()
         .map(|h| h.metrics().num_alive_tasks());
     let fds = std::fs::read_dir("/proc/self/fd").ok().map(Iterator::count);
-    let rss = resident_bytes();
+    let rss = crate::resident::rss_bytes()
+        .ok()
+        .and_then(|b| usize::try_from(b).ok());
     let gauges = [
         ("runtime_tasks", "Tasks alive in the sidecar's runtime", tasks),
         ("process_open_fds", "Open file descriptors", fds),
@@ -551,12 +553,4 @@ fn encode_process_gauges(encoder: &mut DescriptorEncoder) -> Result<(), std::fmt
         gauge.encode(metric)?;
     }
     Ok(())
-}
-
-/// VmRSS from `/proc/self/status`, which is in KiB whatever the page size.
-fn resident_bytes() -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

@@ -73,10 +73,22 @@ pub async fn trim_heap_periodically() {
 
 /// `RssAnon` of this process, in KiB (0 if unreadable).
 fn anonymous_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| status.lines().find_map(|l| field_kib(l, "RssAnon:")))
-        .unwrap_or(0)
+    status_kib("RssAnon:").unwrap_or(0)
+}
+
+/// This process's resident set (`VmRSS`) in bytes: what the memory budget and the
+/// `egress_process_resident_memory_bytes` gauge read. The one reader of the process's memory
+/// from `/proc`.
+pub fn rss_bytes() -> io::Result<u64> {
+    status_kib("VmRSS:")
+        .map(|kib| kib * 1024)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no VmRSS in /proc/self/status"))
+}
+
+/// A `... kB` field of `/proc/self/status`, which is in KiB whatever the page size.
+fn status_kib(name: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| field_kib(l, name))
 }
 
 /// The file-backed mappings present when the process started.
