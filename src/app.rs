@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::pool::Registry;
 use crate::proxy::Proxy;
 use crate::reload::{self, Summary};
-use crate::routing::{Entry, Router};
+use crate::routing::{Arrival, Router};
 use crate::upstream::{Shared, Upstream};
 use crate::{admin, budget, clients, policy};
 
@@ -164,7 +164,7 @@ pub async fn run_with_reload(
     tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %admin_addr, "forward proxy listening");
     let mut accept_tasks = vec![tokio::spawn(downstream::serve(
         listeners.proxy,
-        Entry::Forward,
+        Arrival::Forward,
         ctx.clone(),
     ))];
     // Kept to the end: the socket file goes once nothing accepts on it any more.
@@ -174,7 +174,7 @@ pub async fn run_with_reload(
         unix_file = Some(unix.file);
         accept_tasks.push(tokio::spawn(downstream::serve_unix(
             unix.listener,
-            Entry::Forward,
+            Arrival::Forward,
             ctx.clone(),
         )));
     }
@@ -183,7 +183,7 @@ pub async fn run_with_reload(
         tracing::info!(upstream = %name, listen = %downstream::describe(&listener), "route listener");
         accept_tasks.push(tokio::spawn(downstream::serve(
             listener,
-            Entry::Route(name),
+            Arrival::Route(name),
             ctx.clone(),
         )));
     }

@@ -92,7 +92,7 @@ const UNLIMITED: u64 = 1 << 60;
 
 /// Where the budget's size came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub enum LimitSource {
     /// `budget.memory_bytes`.
     Config,
     /// A share of a cgroup's memory limit.
@@ -119,7 +119,7 @@ pub struct Limit {
     /// Bytes the footprint is kept under.
     pub bytes: u64,
     /// Where that came from.
-    pub source: Source,
+    pub source: LimitSource,
 }
 
 impl Limit {
@@ -132,14 +132,14 @@ impl Limit {
         if let Some(bytes) = config.memory_bytes {
             return Some(Limit {
                 bytes: bytes as u64,
-                source: Source::Config,
+                source: LimitSource::Config,
             });
         }
         let mut cgroup = find_cgroup(root)?;
         cgroup.shared = shares_cgroup(&cgroup.dir, pid);
         Some(Limit {
             bytes: (cgroup.limit as f64 * config.memory_fraction) as u64,
-            source: Source::Cgroup(cgroup),
+            source: LimitSource::Cgroup(cgroup),
         })
     }
 
@@ -147,7 +147,7 @@ impl Limit {
     /// open now, both sides.
     pub fn usage(&self, sockets: u64) -> io::Result<u64> {
         match &self.source {
-            Source::Cgroup(cgroup) if !cgroup.shared => cgroup.working_set(),
+            LimitSource::Cgroup(cgroup) if !cgroup.shared => cgroup.working_set(),
             _ => Ok(crate::resident::rss_bytes()? + sockets * KERNEL_SOCKET_COST),
         }
     }
@@ -155,15 +155,15 @@ impl Limit {
     /// `cgroup_working_set`, or `rss_and_sockets`.
     fn measure_name(&self) -> &'static str {
         match &self.source {
-            Source::Cgroup(cgroup) if !cgroup.shared => "cgroup_working_set",
+            LimitSource::Cgroup(cgroup) if !cgroup.shared => "cgroup_working_set",
             _ => "rss_and_sockets",
         }
     }
 
     fn describe(&self) -> String {
         match &self.source {
-            Source::Config => "budget.memory_bytes".into(),
-            Source::Cgroup(c) => format!(
+            LimitSource::Config => "budget.memory_bytes".into(),
+            LimitSource::Cgroup(c) => format!(
                 "cgroup v{} limit {} at {}{}",
                 c.version,
                 c.limit,
@@ -647,7 +647,7 @@ mod tests {
         ]);
         let limit = Limit::discover(&from_cgroup(0.5), &root.0, PID).expect("a limit");
         assert_eq!(limit.bytes, 64 << 20, "half of the pod's 128 MiB");
-        let Source::Cgroup(cgroup) = &limit.source else {
+        let LimitSource::Cgroup(cgroup) = &limit.source else {
             panic!("{limit:?}")
         };
         assert_eq!((cgroup.version, cgroup.limit), (2, 128 << 20));
@@ -730,7 +730,7 @@ mod tests {
             "enabled: false wins"
         );
         let limit = Limit::discover(&explicit, &nothing.0, PID).unwrap();
-        assert_eq!((limit.bytes, &limit.source), (48 << 20, &Source::Config));
+        assert_eq!((limit.bytes, &limit.source), (48 << 20, &LimitSource::Config));
         assert_rss_and_sockets(&limit);
     }
 
@@ -786,7 +786,7 @@ mod tests {
     async fn admit_waits_without_credit_until_a_refill() {
         let limit = Limit {
             bytes: 1 << 30,
-            source: Source::Config,
+            source: LimitSource::Config,
         };
         let budget = Arc::new(Budget::new(limit, &Metrics::new()));
         budget.grant(2);

@@ -101,8 +101,9 @@ struct Bucket {
     idle_closed: u64,
 }
 
+/// One source's counts over the leak window, bucket by bucket.
 #[derive(Debug)]
-struct Entry {
+struct History {
     buckets: [Bucket; BUCKETS],
     totals: Bucket,
     last_seen: Instant,
@@ -164,7 +165,7 @@ pub struct Leak {
 #[derive(Debug)]
 pub struct Clients {
     start: Instant,
-    sources: Mutex<HashMap<Source, Entry>>,
+    sources: Mutex<HashMap<Source, History>>,
     /// The listeners applications connect to, which loopback attribution looks for.
     listeners: Vec<SocketAddr>,
     /// Recent loopback scans; held while scanning, so that one scan runs at a time.
@@ -200,7 +201,7 @@ impl Clients {
     }
 
     /// Runs `f` on `key`'s entry and the index of the current bucket (reset if it is stale).
-    fn with_source<R>(&self, key: &Source, now: Instant, f: impl FnOnce(&mut Entry, usize) -> R) -> R {
+    fn with_source<R>(&self, key: &Source, now: Instant, f: impl FnOnce(&mut History, usize) -> R) -> R {
         let slice = self.slice(now);
         let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
         if !sources.contains_key(key) {
@@ -213,7 +214,7 @@ impl Clients {
                     sources.remove(&oldest);
                 }
             }
-            sources.insert(key.clone(), Entry::new(now));
+            sources.insert(key.clone(), History::new(now));
         }
         let source = sources.get_mut(key).expect("inserted above");
         source.last_seen = now;
@@ -332,9 +333,9 @@ impl Clients {
     }
 }
 
-impl Entry {
+impl History {
     fn new(now: Instant) -> Self {
-        Entry {
+        History {
             buckets: [Bucket::default(); BUCKETS],
             totals: Bucket::default(),
             last_seen: now,
@@ -344,7 +345,7 @@ impl Entry {
 }
 
 /// The sum of the buckets in the window ending at slice `current`.
-fn window_sum(source: &Entry, current: u64) -> Bucket {
+fn window_sum(source: &History, current: u64) -> Bucket {
     let mut sum = Bucket::default();
     for bucket in &source.buckets {
         if bucket.slice + BUCKETS as u64 > current && bucket.slice <= current {

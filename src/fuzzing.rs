@@ -28,10 +28,10 @@ const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive")
 const MAX_HEAD: usize = 64 * 1024;
 
 /// A fuzz target: arbitrary bytes in, a panic on a broken invariant.
-pub type Target = fn(&[u8]);
+pub type FuzzFn = fn(&[u8]);
 
 /// The fuzz targets by name, for runners that take the name from a directory.
-pub const TARGETS: &[(&str, Target)] = &[
+pub const TARGETS: &[(&str, FuzzFn)] = &[
     ("request_head", request_head),
     ("host", host),
     ("header_rewrite", header_rewrite),

@@ -120,8 +120,8 @@ struct RunArgs {
 
 impl RunArgs {
     /// Where the config comes from, at start and on every reload.
-    fn source(&self) -> reload::Source {
-        reload::Source {
+    fn source(&self) -> reload::ConfigSource {
+        reload::ConfigSource {
             path: self.config.clone(),
             overrides: Overrides {
                 listen: self.listen.clone(),

@@ -55,7 +55,7 @@ pub trait Apply: Send + Sync {
 
 /// Where a reload reads its config from: the same file and overrides as at start.
 #[derive(Debug, Clone, Default)]
-pub struct Source {
+pub struct ConfigSource {
     /// The config file (`--config` / `EGRESS_CONFIG`); without one only SIGHUP reloads.
     pub path: Option<PathBuf>,
     /// Flags and environment variables, which win over the file.
@@ -65,7 +65,7 @@ pub struct Source {
 /// What triggers reloads: SIGHUP, and changes to the source's file.
 #[derive(Debug)]
 pub struct Watcher {
-    source: Source,
+    source: ConfigSource,
     hangup: Option<Hangup>,
 }
 
@@ -78,7 +78,7 @@ impl Watcher {
     /// Installs the SIGHUP handler now, inside a runtime: a SIGHUP that arrived between binding
     /// the listeners and the first poll of [`watch`] would otherwise end the process (the
     /// default action).
-    pub fn new(source: Source) -> Self {
+    pub fn new(source: ConfigSource) -> Self {
         Watcher {
             source,
             hangup: hangup_signal(),
@@ -123,7 +123,7 @@ pub async fn watch(
     }
 }
 
-async fn read(source: &Source) -> Option<Vec<u8>> {
+async fn read(source: &ConfigSource) -> Option<Vec<u8>> {
     // A config file is a few KiB: reading it on the runtime thread is cheaper than a hop to the
     // blocking pool.
     std::fs::read(source.path.as_ref()?).ok()
@@ -158,7 +158,7 @@ async fn recv(_: &mut Option<Hangup>) {
 }
 
 /// Loads and applies the config, or logs why not; counts the outcome.
-pub fn reload(source: &Source, target: &dyn Apply, metrics: &Metrics, why: &str) {
+pub fn reload(source: &ConfigSource, target: &dyn Apply, metrics: &Metrics, why: &str) {
     let families = metrics.families();
     let result = config::load(source.path.as_deref(), &source.overrides)
         .map_err(|e| e.to_string())

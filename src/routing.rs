@@ -36,16 +36,16 @@ const DYNAMIC_UPSTREAM_SWEEP_AT: usize = 1024;
 
 /// Where a downstream request arrived.
 #[derive(Debug, Clone)]
-pub enum Entry {
+pub enum Arrival {
     /// The forward-proxy listener.
     Forward,
     /// A route-mode listener bound to the upstream of this name.
     Route(Arc<str>),
 }
 
-/// The result of routing: the upstream and the authority the request named.
+/// The result of routing: the upstream the request goes to.
 #[derive(Debug)]
-pub struct Target {
+pub struct Route {
     /// Where the request goes.
     pub upstream: Arc<Upstream>,
 }
@@ -217,9 +217,9 @@ impl Router {
     }
 
     /// Routes a request by its target URI and `Host` header.
-    pub fn route(&self, entry: &Entry, uri: &Uri, host: Option<&str>) -> Result<Target, ProxyError> {
+    pub fn route(&self, arrival: &Arrival, uri: &Uri, host: Option<&str>) -> Result<Route, ProxyError> {
         let routes = self.routes.get();
-        if let (Entry::Route(name), None) = (entry, uri.scheme()) {
+        if let (Arrival::Route(name), None) = (arrival, uri.scheme()) {
             let upstream = routes.by_name.get(name).cloned().ok_or_else(|| {
                 ProxyError::new(
                     ErrorKind::UnknownUpstream,
@@ -227,7 +227,7 @@ impl Router {
                 )
                 .with_upstream(name.to_string())
             })?;
-            return Ok(Target { upstream });
+            return Ok(Route { upstream });
         }
         let (scheme, authority) = match (uri.scheme_str(), uri.authority()) {
             (Some(s), Some(a)) => {
@@ -267,10 +267,10 @@ impl Router {
         self.check_loop(&authority)?;
         check_policy(&routes.config, &authority)?;
         if let Some(up) = routes.by_authority.get(&authority) {
-            return Ok(Target { upstream: up.clone() });
+            return Ok(Route { upstream: up.clone() });
         }
         match scheme {
-            Some(scheme) => Ok(Target {
+            Some(scheme) => Ok(Route {
                 upstream: self.dynamic_upstream(&routes.config, scheme, authority),
             }),
             None => Err(ProxyError::new(

@@ -60,7 +60,7 @@ pub struct Connector {
 
 /// Where to dial and how.
 #[derive(Debug)]
-pub struct Target {
+pub struct Peer {
     /// Label in errors and logs.
     pub label: Arc<str>,
     /// Host and port (DNS name or IP).
@@ -74,19 +74,19 @@ pub struct Target {
 }
 
 impl Connector {
-    /// A connector for `target`; `tls` is `None` for plain TCP.
+    /// A connector for `peer`; `tls` is `None` for plain TCP.
     pub fn new(
-        target: Target,
+        peer: Peer,
         tls: Option<Result<TlsConnector, String>>,
         protocol: Protocol,
         http2: Http2Config,
     ) -> Self {
         Connector {
-            label: target.label,
-            authority: target.authority,
-            addresses: target.addresses,
-            connect_timeout: target.connect_timeout,
-            guard: target.guard,
+            label: peer.label,
+            authority: peer.authority,
+            addresses: peer.addresses,
+            connect_timeout: peer.connect_timeout,
+            guard: peer.guard,
             tls,
             protocol,
             http2,

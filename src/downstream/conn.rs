@@ -37,7 +37,7 @@ use super::{Context, Served};
 use crate::error::{ErrorKind, ProxyError};
 use crate::proxy::connect::TunnelEnd;
 use crate::proxy::{upgrade, ResponseBody};
-use crate::routing::Entry;
+use crate::routing::Arrival;
 use crate::wire::codec::{self, BodyError, Decoder, HeadError, RequestHead, ResponseFraming};
 use crate::wire::{BodySender, RequestBody};
 
@@ -53,7 +53,7 @@ const LINGER: Duration = Duration::from_secs(2);
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// An application connection and what it carried so far.
-pub(super) struct Connection<S> {
+pub(super) struct Session<S> {
     pub(super) stream: S,
     buf: BytesMut,
     pub(super) peer: Peer,
@@ -66,17 +66,17 @@ pub(super) struct Connection<S> {
     pub(super) idle_deadline: Instant,
 }
 
-impl<S: Stream> Connection<S> {
+impl<S: Stream> Session<S> {
     /// A connection just accepted.
     pub(super) fn new(stream: S, peer: Peer, leaky: bool) -> Self {
         // No idle period before the first request: `header_read_timeout` bounds that wait.
-        Connection::resume(stream, peer, 0, leaky, Instant::now())
+        Session::resume(stream, peer, 0, leaky, Instant::now())
     }
 
     /// A kept-alive connection coming back from `park`, in the idle period that ends at
     /// `idle_deadline`.
     pub(super) fn resume(stream: S, peer: Peer, requests: u64, leaky: bool, idle_deadline: Instant) -> Self {
-        Connection {
+        Session {
             stream,
             buf: BytesMut::new(),
             peer,
@@ -91,12 +91,16 @@ impl<S: Stream> Connection<S> {
 pub(super) enum Ended<S> {
     Closed(Served),
     /// Idle for `park::PARK_AFTER` between requests: to be parked.
-    Idle(Connection<S>),
+    Idle(Session<S>),
 }
 
 /// Serves one connection until it closes, idles out, idles long enough to be parked, or the
 /// sidecar drains.
-pub(super) async fn serve<S: Stream>(mut conn: Connection<S>, entry: &Entry, ctx: &Arc<Context>) -> Ended<S> {
+pub(super) async fn serve<S: Stream>(
+    mut conn: Session<S>,
+    arrival: &Arrival,
+    ctx: &Arc<Context>,
+) -> Ended<S> {
     let mut drain = ctx.drain.clone();
     loop {
         if conn.buf.is_empty() {
@@ -113,7 +117,7 @@ pub(super) async fn serve<S: Stream>(mut conn: Connection<S>, entry: &Entry, ctx
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
                 if super::h2::starts_with_preface(&conn.stream, deadline).await {
-                    Box::pin(super::h2::serve(conn.stream, entry.clone(), ctx.clone())).await;
+                    Box::pin(super::h2::serve(conn.stream, arrival.clone(), ctx.clone())).await;
                     return Ended::Closed(Served {
                         requests: 0,
                         idle_closed: false,
@@ -122,7 +126,7 @@ pub(super) async fn serve<S: Stream>(mut conn: Connection<S>, entry: &Entry, ctx
             }
         }
         // Boxed so that its (large) state exists only while a request is in flight.
-        let keep_alive = Box::pin(exchange(&mut conn, entry, ctx)).await;
+        let keep_alive = Box::pin(exchange(&mut conn, arrival, ctx)).await;
         if !keep_alive || ctx.draining() {
             return served(&conn, false);
         }
@@ -152,7 +156,7 @@ enum Wake {
 /// after that read cleared it), and a connection taking that for a request waited for a head
 /// under `header_read_timeout` instead of its idle timeout, and never parked.
 async fn wait_for_bytes<S: Stream>(
-    conn: &mut Connection<S>,
+    conn: &mut Session<S>,
     ctx: &Context,
     drain: &mut watch::Receiver<bool>,
 ) -> Wake {
@@ -179,7 +183,7 @@ async fn wait_for_bytes<S: Stream>(
 /// then one read that does not wait. That read is the one `read_head` would make, so checking
 /// against a stale readiness costs no extra call; when it finds nothing (clearing the
 /// readiness), the buffer goes back and the wait goes on.
-async fn first_bytes<S: Stream>(conn: &mut Connection<S>, max_head: usize) -> io::Result<()> {
+async fn first_bytes<S: Stream>(conn: &mut Session<S>, max_head: usize) -> io::Result<()> {
     loop {
         conn.stream.readable().await?;
         reserve_head_buf(&mut conn.buf, max_head);
@@ -212,7 +216,7 @@ fn wake(waited: Result<io::Result<()>, tokio::time::error::Elapsed>) -> Wake {
     }
 }
 
-fn served<S>(conn: &Connection<S>, idle_closed: bool) -> Ended<S> {
+fn served<S>(conn: &Session<S>, idle_closed: bool) -> Ended<S> {
     Ended::Closed(Served {
         requests: conn.requests,
         idle_closed,
@@ -228,7 +232,7 @@ enum HeadOutcome {
     Refuse(ProxyError),
 }
 
-async fn read_head<S: Stream>(conn: &mut Connection<S>, ctx: &Context) -> HeadOutcome {
+async fn read_head<S: Stream>(conn: &mut Session<S>, ctx: &Context) -> HeadOutcome {
     let deadline = Instant::now() + ctx.config.get().header_read_timeout;
     let max = ctx.config.get().max_header_bytes;
     loop {
@@ -282,7 +286,7 @@ fn reserve_head_buf(buf: &mut BytesMut, max: usize) {
 }
 
 /// One request and its response; returns whether the connection may serve another.
-async fn exchange<S: Stream>(conn: &mut Connection<S>, entry: &Entry, ctx: &Context) -> bool {
+async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Context) -> bool {
     let head = match read_head(conn, ctx).await {
         HeadOutcome::Head(head) => head,
         HeadOutcome::Close => return false,
@@ -309,7 +313,7 @@ async fn exchange<S: Stream>(conn: &mut Connection<S>, entry: &Entry, ctx: &Cont
     } = *head;
     if method == Method::CONNECT {
         // A tunnel ends HTTP on this connection whatever happens.
-        let Connection { stream, buf, .. } = conn;
+        let Session { stream, buf, .. } = conn;
         // Boxed: a tunnel's state should not weigh on every request's future.
         let end = Box::pin(crate::proxy::connect::serve(
             stream,
@@ -350,13 +354,13 @@ async fn exchange<S: Stream>(conn: &mut Connection<S>, entry: &Entry, ctx: &Cont
     *req.version_mut() = version;
     *req.headers_mut() = headers;
 
-    let Connection { stream, buf, .. } = conn;
+    let Session { stream, buf, .. } = conn;
     let mut pump = pump;
     // Pinned here and lent, in a block of its own: moved into `await_response` it would be
     // stored twice in this future's state, and alive to the end of the function it could not
     // share memory with `send_response`.
     let resp = {
-        let respond = std::pin::pin!(ctx.proxy.handle(req, entry).instrument(span.clone()));
+        let respond = std::pin::pin!(ctx.proxy.handle(req, arrival).instrument(span.clone()));
         await_response(stream, buf, &mut pump, respond, ctx).await
     };
     let Some(mut resp) = resp else {
@@ -767,10 +771,10 @@ mod tests {
             .await
             .unwrap();
         let (ctx, _drain) = context();
-        let entry = crate::routing::Entry::Forward;
+        let arrival = crate::routing::Arrival::Forward;
         let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
-        let conn = super::Connection::new(stream, peer, false);
-        let serve = super::serve(conn, &entry, &ctx);
+        let conn = super::Session::new(stream, peer, false);
+        let serve = super::serve(conn, &arrival, &ctx);
         let size = std::mem::size_of_val(&serve);
         // 776 bytes until issue 18 added the idle deadline (16) and the first read of a request
         // made while waiting for it, against a stale readiness (56); 848 since.
@@ -800,7 +804,7 @@ mod tests {
         let (ctx, mut drain) = context();
         let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
         let idle_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-        let mut conn = super::Connection::resume(stream, peer, 1, false, idle_deadline);
+        let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
         let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain).await;
         assert!(
             matches!(woke, super::Wake::Park),

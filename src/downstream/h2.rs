@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::stream::Stream;
 use super::Context;
-use crate::routing::Entry;
+use crate::routing::Arrival;
 use crate::wire::mark_credentials;
 use crate::wire::RequestBody;
 
@@ -54,13 +54,13 @@ pub(super) async fn starts_with_preface<S: Stream>(stream: &S, deadline: Instant
 }
 
 /// Serves an h2c connection until it closes or the sidecar drains.
-pub(super) async fn serve<S: Stream>(stream: S, entry: Entry, ctx: Arc<Context>) {
+pub(super) async fn serve<S: Stream>(stream: S, arrival: Arrival, ctx: Arc<Context>) {
     let service_ctx = ctx.clone();
     let service = service_fn(move |req: Request<Incoming>| {
-        let (ctx, entry) = (service_ctx.clone(), entry.clone());
+        let (ctx, arrival) = (service_ctx.clone(), arrival.clone());
         async move {
-            let req = to_proxy_request(req, &entry);
-            Ok::<_, Infallible>(ctx.proxy.handle(req, &entry).await)
+            let req = to_proxy_request(req, &arrival);
+            Ok::<_, Infallible>(ctx.proxy.handle(req, &arrival).await)
         }
     });
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -90,10 +90,10 @@ pub(super) async fn serve<S: Stream>(stream: S, entry: Entry, ctx: Arc<Context>)
 /// An HTTP/2 request names its target in `:scheme`/`:authority`, which hyper turns into an
 /// absolute URI: routed like an absolute-form request on the forward listener. On a route-mode
 /// listener the target is that listener's upstream, so the request becomes origin-form.
-fn to_proxy_request(req: Request<Incoming>, entry: &Entry) -> Request<RequestBody> {
+fn to_proxy_request(req: Request<Incoming>, arrival: &Arrival) -> Request<RequestBody> {
     let (mut parts, body) = req.into_parts();
     mark_credentials(&mut parts.headers);
-    if let (Entry::Route(_), Some(path)) = (entry, parts.uri.path_and_query()) {
+    if let (Arrival::Route(_), Some(path)) = (arrival, parts.uri.path_and_query()) {
         let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
         parts.uri = path.as_str().parse().unwrap_or_else(|_| Uri::from_static("/"));
         if let Some(value) = authority.and_then(|a| a.parse().ok()) {

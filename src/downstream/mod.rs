@@ -1,4 +1,5 @@
-//! Downstream: accepting application connections and serving HTTP/1.1 on them.
+//! Downstream: accepting application connections and serving them: HTTP/1.1 on our own
+//! server, and h2c (a connection that opens with the HTTP/2 preface) through hyper (`h2`).
 //!
 //! The server is ours rather than hyper's for three reasons a sidecar cares about:
 //! - memory: an idle keep-alive connection holds no buffer at all (hyper keeps ~16 KiB per idle
@@ -20,7 +21,7 @@
 //! A CONNECT request or a switched protocol (`101`) ends HTTP on the connection: the task hands
 //! the socket to `proxy::connect` or `proxy::upgrade` and closes it when they are done.
 //!
-//! Not handled here: what a request means (`proxy`), HTTP/2 downstream (h2c).
+//! Not handled here: what a request means (`proxy`), the HTTP/1.1 wire format (`wire`).
 
 mod conn;
 mod h2;
@@ -38,7 +39,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
-use conn::{Connection, Ended};
+use conn::{Ended, Session};
 pub(crate) use stream::Peer;
 use stream::{Accept, Stream, UnixAccept};
 
@@ -48,7 +49,7 @@ use crate::config::DownstreamConfig;
 use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
-use crate::routing::Entry;
+use crate::routing::Arrival;
 
 /// After an accept error (EMFILE, ENFILE, ...) wait this long before accepting again.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
@@ -145,21 +146,21 @@ impl Context {
 
 /// Accepts on `listener`, serving each connection on its own task, until the task is aborted
 /// (at the end of the drain: applications still finishing their work need egress meanwhile).
-pub async fn serve(listener: TcpListener, entry: Entry, ctx: Arc<Context>) {
-    accept_loop(listener, entry, ctx).await
+pub async fn serve(listener: TcpListener, arrival: Arrival, ctx: Arc<Context>) {
+    accept_loop(listener, arrival, ctx).await
 }
 
 /// Like [`serve`], on the Unix socket: each connection is counted under the process that
 /// opened it.
-pub async fn serve_unix(listener: UnixListener, entry: Entry, ctx: Arc<Context>) {
+pub async fn serve_unix(listener: UnixListener, arrival: Arrival, ctx: Arc<Context>) {
     let listener = UnixAccept {
         listener,
         processes: Default::default(),
     };
-    accept_loop(listener, entry, ctx).await
+    accept_loop(listener, arrival, ctx).await
 }
 
-async fn accept_loop<L: Accept>(listener: L, entry: Entry, ctx: Arc<Context>) {
+async fn accept_loop<L: Accept>(listener: L, arrival: Arrival, ctx: Arc<Context>) {
     loop {
         let Ok(permit) = ctx.limit.clone().acquire_owned().await else {
             return;
@@ -192,9 +193,9 @@ async fn accept_loop<L: Accept>(listener: L, entry: Entry, ctx: Arc<Context>) {
             permit,
         };
         spawn_connection(
-            Connection::new(stream, peer, leaky),
+            Session::new(stream, peer, leaky),
             held,
-            entry.clone(),
+            arrival.clone(),
             ctx.clone(),
         );
     }
@@ -224,15 +225,15 @@ struct Served {
 }
 
 /// Serves `conn` on a task of its own: from accept, and again when a parked connection wakes.
-fn spawn_connection<S: Stream>(conn: Connection<S>, held: Held, entry: Entry, ctx: Arc<Context>) {
+fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, ctx: Arc<Context>) {
     // A copy for TCP, as before; for a Unix socket one reference count more per connection.
     let peer = conn.peer.clone();
     let span = tracing::debug_span!("downstream", client = %peer);
     tokio::spawn(
         async move {
-            match conn::serve(conn, &entry, &ctx).await {
+            match conn::serve(conn, &arrival, &ctx).await {
                 Ended::Closed(served) => finish(&ctx, &peer, served, held),
-                Ended::Idle(conn) => ctx.parking.park(conn, held, entry, &ctx),
+                Ended::Idle(conn) => ctx.parking.park(conn, held, arrival, &ctx),
             }
         }
         .instrument(span),

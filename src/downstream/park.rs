@@ -31,10 +31,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::conn::Connection;
+use super::conn::Session;
 use super::stream::{Peer, Stream};
 use super::{finish, spawn_connection, Context, Held, OpenGuard, Served};
-use crate::routing::Entry;
+use crate::routing::Arrival;
 
 /// How long a connection idles in its task before it is parked: under load connections idle
 /// for microseconds between requests and should not pay for parking.
@@ -85,7 +85,7 @@ struct Parked {
     leaky: bool,
     deadline: Instant,
     held: Held,
-    entry: Entry,
+    arrival: Arrival,
     /// Counts it in `egress_downstream_parked_connections` until it leaves the lot, however.
     _counted: OpenGuard,
 }
@@ -129,8 +129,8 @@ impl Parking {
     }
 
     /// Takes over an idle connection whose task is ending. It has been idle for [`PARK_AFTER`].
-    pub(super) fn park<S: Stream>(&self, conn: Connection<S>, held: Held, entry: Entry, ctx: &Arc<Context>) {
-        let Connection {
+    pub(super) fn park<S: Stream>(&self, conn: Session<S>, held: Held, arrival: Arrival, ctx: &Arc<Context>) {
+        let Session {
             stream,
             peer,
             requests,
@@ -171,7 +171,7 @@ impl Parking {
             leaky,
             deadline,
             held,
-            entry,
+            arrival,
             _counted: OpenGuard::new(&ctx.metrics.families().downstream_parked),
         };
         lot.deadlines.insert((deadline, seq));
@@ -218,7 +218,7 @@ impl Parking {
             leaky,
             deadline,
             held,
-            entry,
+            arrival,
             _counted: counted,
         } = parked;
         // Uncounted before its task can answer, so a client never sees it counted as parked.
@@ -230,7 +230,7 @@ impl Parking {
             leaky,
             deadline,
             held,
-            entry,
+            arrival,
         };
         match woken.peer {
             Peer::Tcp(_) => woken.resume(tokio::net::TcpStream::from_std(stream.into()), ctx),
@@ -343,7 +343,7 @@ struct Woken {
     /// The idle period's deadline, kept if the wake brought no request after all.
     deadline: Instant,
     held: Held,
-    entry: Entry,
+    arrival: Arrival,
 }
 
 impl Woken {
@@ -354,13 +354,13 @@ impl Woken {
             leaky,
             deadline,
             held,
-            entry,
+            arrival,
         } = self;
         match stream {
             Ok(stream) => spawn_connection(
-                Connection::resume(stream, peer, requests, leaky, deadline),
+                Session::resume(stream, peer, requests, leaky, deadline),
                 held,
-                entry,
+                arrival,
                 ctx.clone(),
             ),
             Err(e) => {

@@ -8,7 +8,7 @@ use super::Context;
 use crate::config::Config;
 use crate::policy::Guard;
 use crate::proxy::Proxy;
-use crate::routing::{Entry, Router};
+use crate::routing::{Arrival, Router};
 use crate::upstream::Shared;
 
 /// A context over `config` whose guard refuses `local`, with `limit` connection permits. The
@@ -37,7 +37,7 @@ pub(crate) async fn serve_for_test(yaml: &str) -> (SocketAddr, Arc<Context>) {
     let me = listener.local_addr().unwrap();
     let config = crate::config::parse(yaml, &Default::default()).unwrap();
     let ctx = context(config, vec![me], 16);
-    tokio::spawn(super::serve(listener, Entry::Forward, ctx.clone()));
+    tokio::spawn(super::serve(listener, Arrival::Forward, ctx.clone()));
     (me, ctx)
 }
 

@@ -28,7 +28,7 @@ use hyper::body::Incoming;
 
 use crate::error::{ErrorKind, ProxyError};
 use crate::pool::PooledBody;
-use crate::routing::{Entry, Router};
+use crate::routing::{Arrival, Router};
 use crate::wire::codec::{self, ResponseFraming};
 use crate::wire::{BoxError, RequestBody};
 
@@ -50,8 +50,8 @@ impl Proxy {
     }
 
     /// Forwards `req`; failures become sidecar-made error responses.
-    pub async fn handle(&self, req: Request<RequestBody>, entry: &Entry) -> Response<ResponseBody> {
-        match self.forward(req, entry).await {
+    pub async fn handle(&self, req: Request<RequestBody>, arrival: &Arrival) -> Response<ResponseBody> {
+        match self.forward(req, arrival).await {
             Ok(resp) => resp,
             Err(err) => {
                 log_error(&err);
@@ -63,7 +63,7 @@ impl Proxy {
     async fn forward(
         &self,
         mut req: Request<RequestBody>,
-        entry: &Entry,
+        arrival: &Arrival,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         if req.method() == Method::CONNECT {
             // The downstream task hands CONNECT to `connect::serve`; a CONNECT here cannot
@@ -78,7 +78,7 @@ impl Proxy {
             .headers()
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok());
-        let target = self.router.route(entry, req.uri(), host)?;
+        let target = self.router.route(arrival, req.uri(), host)?;
         if headers::take_hop(&mut req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
             return Ok(headers::last_hop_answer(&req).map(|body| ResponseBody::Full(Some(body))));
         }

@@ -221,14 +221,14 @@ impl Upstream {
             (Protocol::Http1, _) | (Protocol::Auto, Scheme::Http) => pool::Protocol::Http1,
             (Protocol::Auto, Scheme::Https) => pool::Protocol::Unknown,
         };
-        let target = dial::Target {
+        let peer = dial::Peer {
             label: label.clone(),
             authority: key.authority.clone(),
             addresses: key.addresses.clone(),
             connect_timeout: settings.connect_timeout,
             guard: guard.clone(),
         };
-        let connector = dial::Connector::new(target, connector_tls, protocol, settings.http2.clone());
+        let connector = dial::Connector::new(peer, connector_tls, protocol, settings.http2.clone());
         Pool::new(
             label.clone(),
             settings.pool,
@@ -267,11 +267,6 @@ impl Upstream {
     /// The upstream's own authority (from `url`, or the request for on-the-fly upstreams).
     pub fn authority(&self) -> &Authority {
         &self.authority
-    }
-
-    /// Static endpoints (`addresses`); empty means resolve `authority` by DNS.
-    pub fn addresses(&self) -> &[SocketAddr] {
-        &self.addresses
     }
 
     /// TCP (and TLS) connect deadline.
