@@ -12,7 +12,7 @@
 //!
 //! Not handled here: the canonical spelling of a host and the host patterns the checks match
 //! (`config::host`), CONNECT's own rules (`routing::Router::check_connect_target`), resolving
-//! and connecting (`upstream::dial`).
+//! and connecting (`connector::dial`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;

@@ -311,7 +311,7 @@ fn body_framing(version: Version, headers: &HeaderMap, present: Present) -> Resu
     })
 }
 
-// === body decoding (request bodies here, response bodies in `upstream::h1`) ===
+// === body decoding (request bodies here, response bodies in `connector::h1`) ===
 
 /// Why a body could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
