@@ -24,7 +24,7 @@ use egress_sidecar::config::{self, Overrides};
 use egress_sidecar::connector::{Connect, Dialed, Place};
 use egress_sidecar::error::ProxyError;
 use egress_sidecar::metrics::Metrics;
-use egress_sidecar::pool::{Pool, Protocol};
+use egress_sidecar::pool::{Negotiated, Pool};
 use egress_sidecar::wire::RequestBody;
 
 /// Dials an in-memory HTTP/1.1 server answering every request with an empty 200.
@@ -56,7 +56,7 @@ fn pool(dials: &Arc<AtomicUsize>) -> Arc<Pool> {
     Pool::new(
         "bench".into(),
         defaults.defaults.pool,
-        Protocol::Http1,
+        Negotiated::Http1,
         100,
         Box::new(DuplexConnector { dials: dials.clone() }),
         Metrics::new().upstream("bench"),

@@ -90,7 +90,7 @@ const IDLE_SURPLUS_GRACE: Duration = Duration::from_secs(1);
 
 /// What the pool knows the upstream speaks; it decides how many dials a queue needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub enum Negotiated {
     /// Not yet known (TLS with ALPN offering both): one probe dial at a time.
     Unknown,
     /// HTTP/1.1.
@@ -233,7 +233,7 @@ struct State {
     /// Oldest first; `pop()` yields the most recently used.
     idle: Vec<Idle>,
     h2: Vec<H2Conn>,
-    protocol: Protocol,
+    protocol: Negotiated,
     /// Streams the last HTTP/2 connection allowed: how many waiters one dial will serve.
     h2_streams_hint: usize,
     open: usize,
@@ -397,7 +397,7 @@ impl Pool {
     pub fn new(
         label: Arc<str>,
         config: PoolConfig,
-        protocol: Protocol,
+        protocol: Negotiated,
         max_streams: usize,
         connector: Box<dyn Connect>,
         metrics: UpstreamMetrics,
@@ -585,9 +585,9 @@ impl Pool {
         PoolReport {
             upstream: self.label.to_string(),
             protocol: match st.protocol {
-                Protocol::Unknown => None,
-                Protocol::Http1 => Some("http1"),
-                Protocol::Http2 => Some("http2"),
+                Negotiated::Unknown => None,
+                Negotiated::Http1 => Some("http1"),
+                Negotiated::Http2 => Some("http2"),
             },
             retired: st.retired,
             max_connections: st.config.max_connections,
@@ -721,9 +721,9 @@ impl Pool {
     /// caps.
     fn start_dials(self: &Arc<Self>, st: &mut State) {
         let served_per_dial = match st.protocol {
-            Protocol::Unknown => usize::MAX,
-            Protocol::Http1 => 1,
-            Protocol::Http2 => st.h2_streams_hint.max(1),
+            Negotiated::Unknown => usize::MAX,
+            Negotiated::Http1 => 1,
+            Negotiated::Http2 => st.h2_streams_hint.max(1),
         };
         while st.waiters.len() > st.connecting.saturating_mul(served_per_dial)
             && st.open < st.config.max_connections
@@ -766,8 +766,8 @@ impl Pool {
         }
         match result {
             Ok(Dialed::Http1(io)) => {
-                if st.protocol == Protocol::Unknown {
-                    st.protocol = Protocol::Http1;
+                if st.protocol == Negotiated::Unknown {
+                    st.protocol = Negotiated::Http1;
                 }
                 let conn = Conn {
                     io,
@@ -796,7 +796,7 @@ impl Pool {
                     draining: false,
                     idle_since: now,
                 };
-                st.protocol = Protocol::Http2;
+                st.protocol = Negotiated::Http2;
                 st.h2_streams_hint = conn.stream_limit(st.max_streams);
                 st.h2.push(conn);
                 let index = st.h2.len() - 1;

@@ -65,7 +65,7 @@ fn pool(config: PoolConfig, connector: &Arc<GatedConnector>) -> Arc<Pool> {
     Pool::new(
         "test".into(),
         config,
-        Protocol::Http1,
+        Negotiated::Http1,
         100,
         Box::new(connector.clone()),
         crate::metrics::Metrics::new().upstream("test"),
