@@ -9,7 +9,8 @@
 //! dialed before measuring and every iteration reuses it (the dial count is checked at the end).
 //! Single-threaded runtime, like the sidecar with `TOKIO_WORKER_THREADS=1`.
 //!
-//! Run: `cargo bench --bench pool` (numbers are reported, not asserted).
+//! Run: `cargo bench --bench pool --features test-support` (numbers are reported, not asserted);
+//! the feature brings in `pool::in_memory`, which the release binary leaves out.
 
 // criterion_group! defines an undocumented `pub fn` for the group.
 #![allow(missing_docs)]

@@ -32,7 +32,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, DuplexStream, ReadBuf};
+#[cfg(any(test, feature = "test-support"))]
+use tokio::io::DuplexStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -77,7 +79,9 @@ pub enum Transport {
     Plain(TcpStream),
     /// TLS originated by the sidecar.
     Tls(Box<TlsStream<TcpStream>>),
-    /// An in-memory pipe (tests and benches of the pool).
+    /// An in-memory pipe (tests and benches of the pool), kept out of the release binary: every
+    /// upstream read and write matches on this enum.
+    #[cfg(any(test, feature = "test-support"))]
     Memory(DuplexStream),
 }
 
@@ -87,6 +91,7 @@ impl Transport {
         match self {
             Transport::Plain(tcp) => Some(tcp),
             Transport::Tls(tls) => Some(tls.get_ref().0),
+            #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(_) => None,
         }
     }
@@ -97,6 +102,7 @@ impl AsyncRead for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
@@ -107,6 +113,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
@@ -119,6 +126,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Transport::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
@@ -127,6 +135,7 @@ impl AsyncWrite for Transport {
         match self {
             Transport::Plain(s) => s.is_write_vectored(),
             Transport::Tls(s) => s.is_write_vectored(),
+            #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => s.is_write_vectored(),
         }
     }
@@ -135,6 +144,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_flush(cx),
             Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_flush(cx),
         }
     }
@@ -143,6 +153,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Transport::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
         }
     }

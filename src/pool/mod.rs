@@ -59,6 +59,8 @@
 //! first, and a stream that crosses it comes back unsent and is retried whatever its method.
 
 mod body;
+// Tests and benches of the pool only; `test-support` lets benches/pool.rs reach it.
+#[cfg(any(test, feature = "test-support"))]
 pub mod in_memory;
 pub mod learn;
 
@@ -66,6 +68,7 @@ use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
+#[cfg(any(test, feature = "test-support"))]
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -1383,6 +1386,7 @@ impl Lease {
 
     /// Reads a response body from [`Lease::send`] to its end on this lease. The proxy streams
     /// bodies through [`PooledBody`] instead; this is for tests and benches of the pool.
+    #[cfg(any(test, feature = "test-support"))]
     pub async fn read_to_end(&mut self, body: UpstreamBody) -> Result<u64, crate::wire::BoxError> {
         use http_body::Body as _;
         let mut body = body;
