@@ -9,7 +9,8 @@
 //! dialed before measuring and every iteration reuses it (the dial count is checked at the end).
 //! Single-threaded runtime, like the sidecar with `TOKIO_WORKER_THREADS=1`.
 //!
-//! Run: `cargo bench --bench pool` (numbers are reported, not asserted).
+//! Run: `cargo bench --bench pool --features test-support` (numbers are reported, not asserted);
+//! the feature brings in `pool::in_memory`, which the release binary leaves out.
 
 // criterion_group! defines an undocumented `pub fn` for the group.
 #![allow(missing_docs)]
@@ -24,7 +25,7 @@ use egress_sidecar::config::{self, Overrides};
 use egress_sidecar::connector::{Connect, Dialed, Place};
 use egress_sidecar::error::ProxyError;
 use egress_sidecar::metrics::Metrics;
-use egress_sidecar::pool::{Pool, Protocol};
+use egress_sidecar::pool::{Negotiated, Pool};
 use egress_sidecar::wire::RequestBody;
 
 /// Dials an in-memory HTTP/1.1 server answering every request with an empty 200.
@@ -56,7 +57,7 @@ fn pool(dials: &Arc<AtomicUsize>) -> Arc<Pool> {
     Pool::new(
         "bench".into(),
         defaults.defaults.pool,
-        Protocol::Http1,
+        Negotiated::Http1,
         100,
         Box::new(DuplexConnector { dials: dials.clone() }),
         Metrics::new().upstream("bench"),

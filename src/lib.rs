@@ -48,9 +48,9 @@
 //! # Cancel safety
 //! When an application disconnects, its connection task is dropped at whatever await it was
 //! in. Everything it holds gives resources back on drop: a queued request leaves the wait
-//! queue (`pool::Waiting`), a checked-out connection whose exchange did not finish is closed
-//! rather than pooled (`pool::Lease`), and a place under `max_connections` is returned when the
-//! connection's socket closes (`pool::Slot`).
+//! queue (`Waiting`, in `pool/lease.rs`), a checked-out connection whose exchange did not finish
+//! is closed rather than pooled (`pool::Lease`), and a place under `max_connections` is
+//! returned when the connection's socket closes (`pool::Slot`, held through `connector::Place`).
 
 pub mod admin;
 pub mod app;

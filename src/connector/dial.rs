@@ -28,7 +28,7 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::h1::{self, Stream};
+use super::h1::{self, Transport};
 use super::tls::TlsConnector;
 use super::{Connect, Dialed, Place};
 use crate::config::{Authority, Http2Config, Protocol};
@@ -125,7 +125,7 @@ impl Connector {
         let rtt = started.elapsed();
         match &self.tls {
             None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, place, rtt, deadline).await,
-            None => Ok(self.http1(Stream::Plain(tcp), place)),
+            None => Ok(self.http1(Transport::Plain(tcp), place)),
             Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
             Some(Ok(tls)) => {
                 let stream = handshake_tls(&self.dial_target(), tls, tcp, deadline).await?;
@@ -137,14 +137,14 @@ impl Connector {
                         "the upstream did not agree to h2 in ALPN",
                     ))
                 } else {
-                    Ok(self.http1(Stream::Tls(Box::new(stream)), place))
+                    Ok(self.http1(Transport::Tls(Box::new(stream)), place))
                 }
             }
         }
     }
 
     /// HTTP/1.1 needs no handshake, and no task: the requests it carries run it.
-    fn http1(&self, stream: Stream, place: Box<dyn Place>) -> Dialed {
+    fn http1(&self, stream: Transport, place: Box<dyn Place>) -> Dialed {
         Dialed::Http1(h1::Connection::new(stream, place))
     }
 

@@ -32,7 +32,9 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, DuplexStream, ReadBuf};
+#[cfg(any(test, feature = "test-support"))]
+use tokio::io::DuplexStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -72,42 +74,47 @@ pub enum Error {
 
 /// The byte stream of an upstream connection.
 #[derive(Debug)]
-pub enum Stream {
+pub enum Transport {
     /// Plain TCP.
     Plain(TcpStream),
     /// TLS originated by the sidecar.
     Tls(Box<TlsStream<TcpStream>>),
-    /// An in-memory pipe (tests and benches of the pool).
+    /// An in-memory pipe (tests and benches of the pool), kept out of the release binary: every
+    /// upstream read and write matches on this enum.
+    #[cfg(any(test, feature = "test-support"))]
     Memory(DuplexStream),
 }
 
-impl Stream {
+impl Transport {
     /// The TCP socket underneath, whose readiness costs no syscall to ask.
     fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            Stream::Plain(tcp) => Some(tcp),
-            Stream::Tls(tls) => Some(tls.get_ref().0),
-            Stream::Memory(_) => None,
+            Transport::Plain(tcp) => Some(tcp),
+            Transport::Tls(tls) => Some(tls.get_ref().0),
+            #[cfg(any(test, feature = "test-support"))]
+            Transport::Memory(_) => None,
         }
     }
 }
 
-impl AsyncRead for Stream {
+impl AsyncRead for Transport {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Memory(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(any(test, feature = "test-support"))]
+            Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
 
-impl AsyncWrite for Stream {
+impl AsyncWrite for Transport {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Memory(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(any(test, feature = "test-support"))]
+            Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -117,33 +124,37 @@ impl AsyncWrite for Stream {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Transport::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            #[cfg(any(test, feature = "test-support"))]
+            Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-            Stream::Memory(s) => s.is_write_vectored(),
+            Transport::Plain(s) => s.is_write_vectored(),
+            Transport::Tls(s) => s.is_write_vectored(),
+            #[cfg(any(test, feature = "test-support"))]
+            Transport::Memory(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s).poll_flush(cx),
-            Stream::Memory(s) => Pin::new(s).poll_flush(cx),
+            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(any(test, feature = "test-support"))]
+            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Memory(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(any(test, feature = "test-support"))]
+            Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }
@@ -152,7 +163,7 @@ impl AsyncWrite for Stream {
 /// `max_connections` until it is dropped, which closes the socket.
 #[derive(Debug)]
 pub struct Connection {
-    stream: Stream,
+    stream: Transport,
     buf: BytesMut,
     /// Set when the last exchange left it unusable.
     broken: bool,
@@ -161,7 +172,7 @@ pub struct Connection {
 
 impl Connection {
     /// A connection over `stream`, freshly dialed.
-    pub fn new(stream: Stream, place: Box<dyn Place>) -> Self {
+    pub fn new(stream: Transport, place: Box<dyn Place>) -> Self {
         Connection {
             stream,
             buf: BytesMut::new(),
@@ -272,11 +283,11 @@ pub struct Transfer {
     /// A write failed: nothing more goes out, and the connection is not reused.
     send_failed: bool,
     head_request: bool,
-    response: ResponseBody,
+    response: ResponseState,
 }
 
 #[derive(Debug)]
-enum ResponseBody {
+enum ResponseState {
     /// The head is not in yet.
     Head,
     /// Framed by `Content-Length` or chunked coding.
@@ -326,13 +337,13 @@ impl Transfer {
             unflushed: false,
             send_failed: false,
             head_request: req.method() == Method::HEAD,
-            response: ResponseBody::Head,
+            response: ResponseState::Head,
         }
     }
 
     /// Writes queued bytes and encodes more of the request body; `Ready(Ok)` once the whole
     /// request is written.
-    fn poll_send(&mut self, stream: &mut Stream, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+    fn poll_send(&mut self, stream: &mut Transport, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if self.send_failed {
             return Poll::Ready(Err(Error::Closed));
         }
@@ -485,44 +496,44 @@ impl Transfer {
         }
     }
 
-    fn body_framing(&self, resp: &Response<()>) -> Result<ResponseBody, Error> {
+    fn body_framing(&self, resp: &Response<()>) -> Result<ResponseState, Error> {
         let status = resp.status();
         if self.head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-            return Ok(ResponseBody::Done);
+            return Ok(ResponseState::Done);
         }
         let headers = resp.headers();
         if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
             let final_coding = last.as_bytes().rsplit(|b| *b == b',').next().unwrap_or(b"");
             return Ok(if final_coding.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-                ResponseBody::Framed(Decoder::new(BodyFraming::Chunked))
+                ResponseState::Framed(Decoder::new(BodyFraming::Chunked))
             } else {
-                ResponseBody::UntilClose
+                ResponseState::UntilClose
             });
         }
         match content_length(headers)? {
-            Some(0) => Ok(ResponseBody::Done),
-            Some(n) => Ok(ResponseBody::Framed(Decoder::new(BodyFraming::Length(n)))),
-            None => Ok(ResponseBody::UntilClose),
+            Some(0) => Ok(ResponseState::Done),
+            Some(n) => Ok(ResponseState::Framed(Decoder::new(BodyFraming::Length(n)))),
+            None => Ok(ResponseState::UntilClose),
         }
     }
 
     /// Whether the response body is complete.
     pub fn is_end_stream(&self) -> bool {
-        matches!(self.response, ResponseBody::Done)
+        matches!(self.response, ResponseState::Done)
     }
 
     /// The response body's size, when framed by `Content-Length`.
     pub fn size_hint(&self) -> SizeHint {
         match &self.response {
-            ResponseBody::Done => SizeHint::with_exact(0),
-            ResponseBody::Framed(Decoder::Length { remaining }) => SizeHint::with_exact(*remaining),
+            ResponseState::Done => SizeHint::with_exact(0),
+            ResponseState::Framed(Decoder::Length { remaining }) => SizeHint::with_exact(*remaining),
             _ => SizeHint::default(),
         }
     }
 
     /// Whether `conn` may carry another exchange now that this one ended.
     fn ended_cleanly(&self) -> bool {
-        matches!(self.response, ResponseBody::Done)
+        matches!(self.response, ResponseState::Done)
             && self.body.is_none()
             && !self.has_unwritten()
             && !self.unflushed
@@ -537,13 +548,13 @@ impl Transfer {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         if let Poll::Ready(Err(Error::RequestBody(e))) = self.poll_send(&mut conn.stream, cx) {
-            self.response = ResponseBody::Done;
+            self.response = ResponseState::Done;
             return Poll::Ready(Some(Err(Error::RequestBody(e))));
         }
         loop {
             match &mut self.response {
-                ResponseBody::Head | ResponseBody::Done => return Poll::Ready(None),
-                ResponseBody::Framed(decoder) => match decoder.decode(&mut conn.buf, MAX_HEAD_BYTES) {
+                ResponseState::Head | ResponseState::Done => return Poll::Ready(None),
+                ResponseState::Framed(decoder) => match decoder.decode(&mut conn.buf, MAX_HEAD_BYTES) {
                     Ok(Some(frame)) => {
                         if decoder.is_done() {
                             self.end(conn);
@@ -556,11 +567,11 @@ impl Transfer {
                     }
                     Ok(None) => {}
                     Err(e) => {
-                        self.response = ResponseBody::Done;
+                        self.response = ResponseState::Done;
                         return Poll::Ready(Some(Err(Error::Invalid(e.0))));
                     }
                 },
-                ResponseBody::UntilClose => {
+                ResponseState::UntilClose => {
                     if !conn.buf.is_empty() {
                         let data = conn.buf.split().freeze();
                         return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -569,14 +580,14 @@ impl Transfer {
             }
             match ready!(conn.poll_fill(cx)) {
                 Ok(0) => {
-                    return match std::mem::replace(&mut self.response, ResponseBody::Done) {
-                        ResponseBody::UntilClose => Poll::Ready(None),
+                    return match std::mem::replace(&mut self.response, ResponseState::Done) {
+                        ResponseState::UntilClose => Poll::Ready(None),
                         _ => Poll::Ready(Some(Err(Error::Truncated("the upstream closed the connection")))),
                     };
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    self.response = ResponseBody::Done;
+                    self.response = ResponseState::Done;
                     return Poll::Ready(Some(Err(e.into())));
                 }
             }
@@ -584,7 +595,7 @@ impl Transfer {
     }
 
     fn end(&mut self, conn: &mut Connection) {
-        self.response = ResponseBody::Done;
+        self.response = ResponseState::Done;
         if self.ended_cleanly() {
             conn.finish_exchange();
         }
@@ -676,7 +687,7 @@ mod tests {
         parse_response_head(&mut BytesMut::from(text))
     }
 
-    fn framing(req_method: Method, text: &str) -> Result<ResponseBody, Error> {
+    fn framing(req_method: Method, text: &str) -> Result<ResponseState, Error> {
         let mut req = Request::new(RequestBody::Empty);
         *req.method_mut() = req_method;
         let transfer = Transfer::start(&mut req);
@@ -697,33 +708,33 @@ mod tests {
         assert_eq!(resp.headers().get_all("a").iter().count(), 2);
         assert!(matches!(
             framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
-            Ok(ResponseBody::Framed(Decoder::Length { remaining: 5 }))
+            Ok(ResponseState::Framed(Decoder::Length { remaining: 5 }))
         ));
         assert!(matches!(
             framing(Method::HEAD, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
-            Ok(ResponseBody::Done)
+            Ok(ResponseState::Done)
         ));
         assert!(matches!(
             framing(
                 Method::GET,
                 "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"
             ),
-            Ok(ResponseBody::Done)
+            Ok(ResponseState::Done)
         ));
         assert!(matches!(
             framing(
                 Method::GET,
                 "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
             ),
-            Ok(ResponseBody::Framed(Decoder::Chunked(_)))
+            Ok(ResponseState::Framed(Decoder::Chunked(_)))
         ));
         assert!(matches!(
             framing(Method::GET, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"),
-            Ok(ResponseBody::UntilClose)
+            Ok(ResponseState::UntilClose)
         ));
         assert!(matches!(
             framing(Method::GET, "HTTP/1.1 200 OK\r\n\r\n"),
-            Ok(ResponseBody::UntilClose)
+            Ok(ResponseState::UntilClose)
         ));
         assert!(matches!(
             framing(
@@ -734,7 +745,7 @@ mod tests {
         ));
         assert!(matches!(
             framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n"),
-            Ok(ResponseBody::Framed(Decoder::Length { remaining: 5 }))
+            Ok(ResponseState::Framed(Decoder::Length { remaining: 5 }))
         ));
         assert!(matches!(
             framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"),

@@ -22,7 +22,7 @@ pub async fn dial(place: Box<dyn Place>, buffer: usize) -> Result<Dialed, ProxyE
             .await;
     });
     Ok(Dialed::Http1(h1::Connection::new(
-        h1::Stream::Memory(client),
+        h1::Transport::Memory(client),
         place,
     )))
 }

@@ -1,13 +1,18 @@
 //! The pool's queueing and dial rules, against real HTTP/1.1 connections over in-memory pipes whose
 //! dials the test releases one by one.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use super::idle::IDLE_SURPLUS_GRACE;
 use super::*;
+use crate::connector::Place;
+use crate::wire::RequestBody;
 
 /// Dials an in-memory HTTP/1.1 server; each dial waits for a permit from `gate`.
 #[derive(Debug)]
@@ -65,7 +70,7 @@ fn pool(config: PoolConfig, connector: &Arc<GatedConnector>) -> Arc<Pool> {
     Pool::new(
         "test".into(),
         config,
-        Protocol::Http1,
+        Negotiated::Http1,
         100,
         Box::new(connector.clone()),
         crate::metrics::Metrics::new().upstream("test"),

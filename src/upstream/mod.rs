@@ -217,9 +217,9 @@ impl Upstream {
         });
         // What the pool can know before the first dial: only TLS with `auto` leaves it to ALPN.
         let known = match (protocol, key.scheme) {
-            (Protocol::Http2, _) => pool::Protocol::Http2,
-            (Protocol::Http1, _) | (Protocol::Auto, Scheme::Http) => pool::Protocol::Http1,
-            (Protocol::Auto, Scheme::Https) => pool::Protocol::Unknown,
+            (Protocol::Http2, _) => pool::Negotiated::Http2,
+            (Protocol::Http1, _) | (Protocol::Auto, Scheme::Http) => pool::Negotiated::Http1,
+            (Protocol::Auto, Scheme::Https) => pool::Negotiated::Unknown,
         };
         let peer = dial::Peer {
             label: label.clone(),

@@ -1,0 +1,349 @@
+//! HTTP/1.1 connections between requests: check-in and hand-over to the oldest waiter, the
+//! idle list, the deadlines that close idle connections, the reaper task that enforces them
+//! (HTTP/2 ones too) and hears upstream closes, and the upstream's `Keep-Alive` hints.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{learn, past_lifetime, Grant, Pool, State, Tracker};
+use crate::config::PoolConfig;
+use crate::connector::h1;
+
+/// Idle connections beyond `max_idle` are closed once idle this long, rather than at once: under
+/// steady load the idle count swings past `max_idle` for microseconds as requests complete
+/// together, and closing then would churn connections (HAProxy's `pool-purge-delay` idea).
+pub(super) const IDLE_SURPLUS_GRACE: Duration = Duration::from_secs(1);
+
+/// An upstream connection with its bookkeeping.
+#[derive(Debug)]
+pub struct Conn {
+    pub(super) io: h1::Connection,
+    pub(super) track: Tracker,
+    pub(super) id: u64,
+    pub(super) created: Instant,
+    /// From the upstream's `Keep-Alive: timeout=N`, less a margin.
+    pub(super) idle_limit: Option<Duration>,
+    /// From the upstream's `Keep-Alive: max=N`: requests this connection may still serve.
+    pub(super) remaining_hint: Option<u64>,
+    pub(super) retire: bool,
+}
+
+pub(super) struct Idle {
+    pub(super) conn: Conn,
+    pub(super) since: Instant,
+}
+
+impl Pool {
+    /// Gives a ready connection to the oldest live waiter, else keeps it idle; returns it when
+    /// it is to be closed, which the caller does after unlocking `st` (closing frees its slot,
+    /// which takes the lock).
+    #[must_use]
+    pub(super) fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Conn) -> Option<Conn> {
+        if st.over_cap() > 0 {
+            // A reload lowered the cap below what is open: shrink as connections free up.
+            conn.track.set("reload");
+            return Some(conn);
+        }
+        while let Some(waiter) = st.waiters.pop_front() {
+            match waiter.tx.send(Ok(Grant::H1(conn))) {
+                Ok(()) => return None,
+                Err(Ok(Grant::H1(back))) => conn = back,
+                Err(_) => unreachable!("sent an HTTP/1.1 grant"),
+            }
+        }
+        if let Some(reason) = st.retired {
+            conn.track.set(reason);
+            return Some(conn);
+        }
+        if st.config.max_idle == 0 {
+            conn.track.set("max_idle");
+            return Some(conn);
+        }
+        // From now on the reaper hears of the upstream closing it.
+        if let Some(waker) = &st.idle_waker {
+            if conn.io.poll_closed(&mut Context::from_waker(waker)).is_ready() {
+                conn.track.set("upstream_close");
+                return Some(conn);
+            }
+        }
+        let now = Instant::now();
+        let mut deadline = idle_deadline(&st.config, st.learner.retire_after(now), &conn, now);
+        st.idle.push(Idle { conn, since: now });
+        if st.idle.len() > st.config.max_idle {
+            deadline = deadline.min(st.idle[0].since + IDLE_SURPLUS_GRACE);
+        }
+        self.schedule_reaper(st, deadline);
+        None
+    }
+
+    /// Makes sure the reaper wakes by `deadline`.
+    pub(super) fn schedule_reaper(self: &Arc<Self>, st: &mut State, deadline: Instant) {
+        if !st.reaper_running {
+            st.reaper_running = true;
+            st.reaper_deadline = Some(deadline);
+            tokio::spawn(reap(self.clone()));
+        } else if st.reaper_deadline.is_none_or(|d| deadline < d) {
+            st.reaper_deadline = Some(deadline);
+            self.reaper_wake.notify_one();
+        }
+    }
+
+    /// Returns a connection whose exchange completed.
+    pub(super) fn check_in(self: &Arc<Self>, conn: Conn) {
+        let mut st = self.lock();
+        let cfg = st.config;
+        let spent = cfg
+            .max_requests_per_connection
+            .is_some_and(|max| conn.track.requests() >= max)
+            || conn.remaining_hint == Some(0);
+        let reason = if conn.retire || !conn.io.is_reusable() {
+            Some("upstream_close")
+        } else if spent {
+            Some("max_requests")
+        } else if past_lifetime(&cfg, conn.created, Instant::now()) {
+            Some("max_lifetime")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => {
+                drop(st);
+                // Dropped below, which closes it and frees its slot.
+                conn.track.set(reason);
+            }
+            None => {
+                let closing = self.hand_over(&mut st, conn);
+                drop(st);
+                drop(closing);
+            }
+        }
+    }
+
+    /// Closes idle connections past their deadline, and the oldest idle connections beyond
+    /// `max_idle` once they have been idle for [`IDLE_SURPLUS_GRACE`]; returns the next deadline.
+    fn reap_once(&self, now: Instant) -> Option<Instant> {
+        let mut expired = Vec::new();
+        let mut st = self.lock();
+        let learned = st.learner.refresh(now);
+        let retire_after = st.learner.retire_after(now);
+        let cfg = st.config;
+        let max_idle = cfg.max_idle;
+        // Connections over a cap a reload lowered: the oldest idle ones go first.
+        let mut over_cap = st.over_cap();
+        let mut i = 0;
+        while i < st.idle.len() {
+            let idle = &st.idle[i];
+            let surplus = i < st.idle.len().saturating_sub(max_idle);
+            let reason = if idle_deadline(&cfg, retire_after, &idle.conn, idle.since) <= now {
+                Some(expiry_reason(&cfg, retire_after, &idle.conn, now))
+            } else if over_cap > 0 {
+                over_cap -= 1;
+                Some("reload")
+            } else if surplus && idle.since + IDLE_SURPLUS_GRACE <= now {
+                Some("max_idle")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                idle.conn.track.set(reason);
+                expired.push(st.idle.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        let surplus = st.idle.len().saturating_sub(max_idle);
+        let h1_next = st
+            .idle
+            .iter()
+            .enumerate()
+            .map(|(i, idle)| {
+                let deadline = idle_deadline(&cfg, retire_after, &idle.conn, idle.since);
+                if i < surplus {
+                    deadline.min(idle.since + IDLE_SURPLUS_GRACE)
+                } else {
+                    deadline
+                }
+            })
+            .min();
+        let h2_next = self.reap_h2(&mut st, now);
+        let next = match (h1_next, h2_next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        st.reaper_deadline = next;
+        if next.is_none() {
+            st.reaper_running = false;
+            st.idle_waker = None;
+        }
+        drop(st);
+        drop(expired);
+        self.log_learned(learned);
+        next
+    }
+
+    /// Closes the idle connections beyond `max_idle` now rather than after their grace: the
+    /// memory budget's second step. Returns how many.
+    pub fn shed_idle_surplus(&self) -> usize {
+        let mut st = self.lock();
+        let surplus = st.idle.len().saturating_sub(st.config.max_idle);
+        // Oldest first: the list is most recently used last.
+        let shed: Vec<Idle> = st.idle.drain(..surplus).collect();
+        for idle in &shed {
+            idle.conn.track.set("memory_budget");
+        }
+        drop(st);
+        shed.len()
+    }
+}
+
+/// Runs while the pool has idle connections, closing each at its deadline, or as soon as the
+/// upstream closes it.
+async fn reap(pool: Arc<Pool>) {
+    loop {
+        let Some(deadline) = pool.reap_once(Instant::now()) else {
+            return;
+        };
+        let sleep = std::pin::pin!(tokio::time::sleep_until(deadline));
+        let notified = std::pin::pin!(pool.reaper_wake.notified());
+        let (mut sleep, mut notified) = (sleep, notified);
+        std::future::poll_fn(|cx| {
+            if sleep.as_mut().poll(cx).is_ready() || notified.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            pool.watch_idle(cx);
+            Poll::Pending
+        })
+        .await;
+    }
+}
+
+impl Pool {
+    /// Registers the reaper's waker on every idle HTTP/1.1 connection and closes those the
+    /// upstream closed. Only readable sockets cost a syscall.
+    fn watch_idle(&self, cx: &mut Context<'_>) {
+        let mut closed = Vec::new();
+        let mut learned = None;
+        // Read only when a close is found: the reaper polls this at every check-in.
+        let mut now = None;
+        let mut st = self.lock();
+        if !st.idle_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            st.idle_waker = Some(cx.waker().clone());
+        }
+        let mut i = 0;
+        while i < st.idle.len() {
+            if st.idle[i].conn.io.poll_closed(cx).is_ready() {
+                let idle = st.idle.remove(i);
+                let now = *now.get_or_insert_with(Instant::now);
+                learned = learned.or(upstream_closed_idle(&mut st.learner, &idle, now));
+                closed.push(idle);
+            } else {
+                i += 1;
+            }
+        }
+        drop(st);
+        drop(closed);
+        self.log_learned(learned);
+    }
+
+    /// Logs a change of the learned upstream idle timeout, and has the reaper recompute the
+    /// deadlines of the connections already idle, which it changes.
+    pub(super) fn log_learned(&self, change: Option<learn::Change>) {
+        let Some(change) = change else { return };
+        self.reaper_wake.notify_one();
+        let show =
+            |d: Option<Duration>| d.map_or_else(|| "none".to_owned(), |d| format!("{}ms", d.as_millis()));
+        tracing::info!(
+            upstream = %self.label,
+            old = %show(change.old),
+            new = %show(change.new),
+            observations = change.support,
+            "learned upstream idle timeout changed"
+        );
+    }
+}
+
+/// Marks an idle connection the upstream closed and feeds its idle age to the learner: this
+/// close came from the upstream's side while no request was in flight, the only kind that
+/// tells its idle timeout. A connection that never carried a request is not fed: servers often
+/// time out a connection waiting for its first request sooner (nginx `client_header_timeout`,
+/// Node's `headersTimeout`). Returns the change of the learned value, if any.
+pub(super) fn upstream_closed_idle(
+    learner: &mut learn::IdleLearner,
+    idle: &Idle,
+    now: Instant,
+) -> Option<learn::Change> {
+    idle.conn.track.set("upstream_close");
+    if idle.conn.track.requests() == 0 {
+        return None;
+    }
+    learner.observe(now.saturating_duration_since(idle.since), now)
+}
+
+/// When an idle HTTP/1.1 connection idle since `since` must close; `retire_after` is the
+/// learned retirement age in force, if any.
+pub(super) fn idle_deadline(
+    cfg: &PoolConfig,
+    retire_after: Option<Duration>,
+    conn: &Conn,
+    since: Instant,
+) -> Instant {
+    let (idle_limit, _) = learn::idle_limit(cfg.idle_timeout, conn.idle_limit, retire_after);
+    let by_idle = since + idle_limit;
+    match cfg.max_lifetime {
+        Some(life) => by_idle.min(conn.created + life),
+        None => by_idle,
+    }
+}
+
+/// Why an idle HTTP/1.1 connection past its deadline closes.
+pub(super) fn expiry_reason(
+    cfg: &PoolConfig,
+    retire_after: Option<Duration>,
+    conn: &Conn,
+    now: Instant,
+) -> &'static str {
+    if past_lifetime(cfg, conn.created, now) {
+        "max_lifetime"
+    } else if learn::idle_limit(cfg.idle_timeout, conn.idle_limit, retire_after).1 {
+        "learned_idle_timeout"
+    } else {
+        "idle_timeout"
+    }
+}
+
+/// Parses `Keep-Alive: timeout=5, max=100`.
+pub(super) fn parse_keep_alive(value: &str) -> (Option<Duration>, Option<u64>) {
+    let mut timeout = None;
+    let mut max = None;
+    for param in value.split(',') {
+        let Some((name, val)) = param.split_once('=') else {
+            continue;
+        };
+        let val = val.trim().trim_matches('"');
+        match name.trim().to_ascii_lowercase().as_str() {
+            "timeout" => timeout = val.parse::<u64>().ok().map(Duration::from_secs),
+            "max" => max = val.parse::<u64>().ok(),
+            _ => {}
+        }
+    }
+    (timeout, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_hint() {
+        assert_eq!(
+            parse_keep_alive("timeout=5, max=100"),
+            (Some(Duration::from_secs(5)), Some(100))
+        );
+        assert_eq!(parse_keep_alive("max=3"), (None, Some(3)));
+        assert_eq!(parse_keep_alive("garbage"), (None, None));
+    }
+}

@@ -1,0 +1,364 @@
+//! The guards of a request and of a connection: [`Tracker`] (a connection's state and close
+//! reason), `Waiting` (a place in the wait queue), [`Slot`] (a place under `max_connections`)
+//! and [`Lease`] (a checked-out connection or stream slot).
+
+use std::fmt;
+#[cfg(any(test, feature = "test-support"))]
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+#[cfg(any(test, feature = "test-support"))]
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::idle::{parse_keep_alive, Conn};
+use super::{Grant, H2Stream, Pool, SendError, UpstreamBody};
+use crate::connector::{h1, Place};
+use crate::error::{ErrorKind, ProxyError};
+use crate::wire::RequestBody;
+
+/// One connection's shared record, held by its [`Slot`], its pool entry and the pool's registry
+/// of open connections: whether it is dialing, open, or closing and why, and the requests it
+/// served. The close reason is counted when the socket is gone
+/// (`egress_upstream_connections_closed_total{reason}`); the first reason recorded wins.
+#[derive(Debug, Clone, Default)]
+pub struct Tracker(Arc<Track>);
+
+#[derive(Debug, Default)]
+struct Track {
+    state: AtomicU8,
+    http2: AtomicBool,
+    requests: AtomicU64,
+}
+
+impl Tracker {
+    const DIALING: u8 = 0;
+    const OPEN: u8 = 1;
+    /// Index [`Self::OPEN`] doubles as the reason of a connection that ended with none recorded:
+    /// the upstream closed it.
+    const REASONS: [&'static str; 13] = [
+        "dialing",
+        "upstream_close",
+        "idle_timeout",
+        "learned_idle_timeout",
+        "max_lifetime",
+        "max_requests",
+        "max_idle",
+        "goaway",
+        "aborted",
+        "error",
+        "reload",
+        "shutdown",
+        "memory_budget",
+    ];
+
+    pub(super) fn set(&self, reason: &'static str) {
+        if let Some(code) = Self::REASONS.iter().position(|r| *r == reason) {
+            let _ =
+                self.0
+                    .state
+                    .compare_exchange(Self::OPEN, code as u8, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn opened(&self, http2: bool) {
+        self.0.http2.store(http2, Ordering::Relaxed);
+        self.0.state.store(Self::OPEN, Ordering::Relaxed);
+    }
+
+    /// `None` while the dial had not produced a connection.
+    pub(super) fn reason(&self) -> Option<&'static str> {
+        match self.0.state.load(Ordering::Relaxed) {
+            Self::DIALING => None,
+            code => Self::REASONS.get(usize::from(code)).copied(),
+        }
+    }
+
+    /// Whether a reason to close was recorded.
+    pub(super) fn is_closing(&self) -> bool {
+        self.0.state.load(Ordering::Relaxed) > Self::OPEN
+    }
+
+    pub(super) fn is_http2(&self) -> bool {
+        self.0.http2.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn requests(&self) -> u64 {
+        self.0.requests.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn count_request(&self) {
+        self.0.requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// === impl Waiting ===
+
+/// A request's place in the wait queue; leaving it (timeout, cancellation) removes it.
+pub(super) struct Waiting {
+    pub(super) pool: Arc<Pool>,
+    pub(super) id: u64,
+    pub(super) rx: Option<oneshot::Receiver<Result<Grant, ProxyError>>>,
+}
+
+impl Waiting {
+    pub(super) async fn wait(mut self, deadline: Instant) -> Result<Grant, ProxyError> {
+        let rx = self.rx.as_mut().expect("present until drop");
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(result)) => {
+                self.rx = None;
+                result
+            }
+            Ok(Err(_)) => Err(self.pool.error(ErrorKind::PendingTimeout, "pool closed")),
+            Err(_) => {
+                // A connection may have been handed over in the instant the timer fired.
+                if let Some(Ok(grant)) = self.leave() {
+                    return Ok(grant);
+                }
+                self.pool.metrics.rejected("pending_timeout");
+                let cfg = self.pool.config();
+                Err(self.pool.error(
+                    ErrorKind::PendingTimeout,
+                    format!(
+                        "no connection within pending_timeout ({}); {} of max_connections {} open",
+                        humantime::format_duration(cfg.pending_timeout),
+                        self.pool.open_connections(),
+                        cfg.max_connections
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// Leaves the queue; returns what was handed over before leaving, if anything.
+    fn leave(&mut self) -> Option<Result<Grant, ProxyError>> {
+        let mut rx = self.rx.take()?;
+        let mut st = self.pool.lock();
+        if let Some(pos) = st.waiters.iter().position(|w| w.id == self.id) {
+            st.waiters.remove(pos);
+        }
+        drop(st);
+        rx.try_recv().ok()
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        // Handed over to a request that went away: keep it for the next one.
+        match self.leave() {
+            Some(Ok(Grant::H1(conn))) => self.pool.check_in(conn),
+            Some(Ok(Grant::H2(stream))) => self.pool.stream_done(stream.conn_id),
+            _ => {}
+        }
+    }
+}
+
+// === impl Slot ===
+
+/// One place under `max_connections`, held by a dial and then by the connection's driver task.
+pub struct Slot {
+    pub(super) pool: Arc<Pool>,
+    pub(super) track: Tracker,
+    /// The connection's id within its pool, its key in the registry.
+    pub(super) id: u64,
+}
+
+impl Place for Slot {
+    fn failed(&self) {
+        self.track.set("error");
+    }
+}
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Slot").field("pool", &self.pool.label).finish()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(reason) = self.track.reason() {
+            self.pool.metrics.closed(reason);
+        }
+        let mut st = self.pool.lock();
+        st.open -= 1;
+        st.conns.remove(&self.id);
+        self.pool.start_dials(&mut st);
+    }
+}
+
+// === impl Lease ===
+
+/// A checked-out HTTP/1.1 connection or HTTP/2 stream slot. Dropped without
+/// [`Lease::release`], an HTTP/1.1 connection is closed (its exchange did not finish cleanly);
+/// an HTTP/2 stream slot is simply given back (the stream is reset, the connection lives on).
+#[derive(Debug)]
+pub struct Lease {
+    pool: Arc<Pool>,
+    kind: LeaseKind,
+}
+
+#[derive(Debug)]
+pub(super) enum LeaseKind {
+    H1(Option<Conn>),
+    H2(Option<H2Stream>),
+}
+
+impl Lease {
+    pub(super) fn new(pool: Arc<Pool>, kind: LeaseKind) -> Self {
+        Lease { pool, kind }
+    }
+
+    /// Whether requests on this lease go out as HTTP/2.
+    pub fn is_http2(&self) -> bool {
+        matches!(self.kind, LeaseKind::H2(_))
+    }
+
+    /// Whether the connection served a request before this one.
+    pub fn is_reused(&self) -> bool {
+        match &self.kind {
+            LeaseKind::H1(conn) => conn.as_ref().is_some_and(|c| c.track.requests() > 0),
+            LeaseKind::H2(stream) => stream.as_ref().is_some_and(|s| s.reused),
+        }
+    }
+
+    /// The connection's id within its pool (1 = first opened).
+    pub fn connection_id(&self) -> u64 {
+        match &self.kind {
+            LeaseKind::H1(conn) => conn.as_ref().map_or(0, |c| c.id),
+            LeaseKind::H2(stream) => stream.as_ref().map_or(0, |s| s.conn_id),
+        }
+    }
+
+    /// Sends a request and waits for the response head. On HTTP/1.1 the request's own task
+    /// writes it and reads the response, taking only the body out of `req`: the rest stays for
+    /// a retry. HTTP/2 takes the whole request, and hyper hands it back in the error when it
+    /// was never sent.
+    pub async fn send(
+        &mut self,
+        req: &mut http::Request<RequestBody>,
+    ) -> Result<http::Response<UpstreamBody>, SendError> {
+        match &mut self.kind {
+            LeaseKind::H1(conn) => {
+                let conn = conn.as_mut().expect("present until release");
+                conn.track.count_request();
+                if let Some(left) = conn.remaining_hint.as_mut() {
+                    *left = left.saturating_sub(1);
+                }
+                let resp = conn.io.send(req).await.map_err(SendError::Http1)?;
+                Ok(resp.map(UpstreamBody::Http1))
+            }
+            LeaseKind::H2(stream) => {
+                let stream = stream.as_mut().expect("present until release");
+                let req = std::mem::replace(req, http::Request::new(RequestBody::Empty));
+                let resp = stream
+                    .sender
+                    .try_send_request(req)
+                    .await
+                    .map_err(|e| SendError::Http2(Box::new(e)))?;
+                Ok(resp.map(UpstreamBody::Http2))
+            }
+        }
+    }
+
+    /// Reads a response body from [`Lease::send`] to its end on this lease. The proxy streams
+    /// bodies through [`PooledBody`](super::PooledBody) instead; this is for tests and benches
+    /// of the pool.
+    #[cfg(any(test, feature = "test-support"))]
+    pub async fn read_to_end(&mut self, body: UpstreamBody) -> Result<u64, crate::wire::BoxError> {
+        use http_body::Body as _;
+        let mut body = body;
+        let mut read = 0;
+        loop {
+            let frame = std::future::poll_fn(|cx| match &mut body {
+                UpstreamBody::Http2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+                UpstreamBody::Http1(transfer) => match self.h1_mut() {
+                    Some(conn) => transfer.poll_frame(conn, cx).map_err(Into::into),
+                    None => Poll::Ready(None),
+                },
+            })
+            .await;
+            match frame {
+                None => return Ok(read),
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len() as u64),
+                Some(Err(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// The HTTP/1.1 connection, while held.
+    pub(super) fn h1_mut(&mut self) -> Option<&mut h1::Connection> {
+        match &mut self.kind {
+            LeaseKind::H1(Some(conn)) => Some(&mut conn.io),
+            _ => None,
+        }
+    }
+
+    /// The upstream said GOAWAY on this HTTP/2 connection: no new streams on it.
+    pub fn mark_draining(&self) {
+        if let LeaseKind::H2(Some(stream)) = &self.kind {
+            self.pool.drain_h2(stream.conn_id);
+        }
+    }
+
+    /// Reads the upstream's intent for an HTTP/1.1 connection from a response head.
+    pub fn observe_response(&mut self, version: http::Version, headers: &http::HeaderMap) {
+        let LeaseKind::H1(Some(conn)) = &mut self.kind else {
+            return;
+        };
+        let mut close = version < http::Version::HTTP_11;
+        for value in headers.get_all(http::header::CONNECTION) {
+            for token in value.to_str().unwrap_or("").split(',') {
+                match token.trim() {
+                    t if t.eq_ignore_ascii_case("close") => close = true,
+                    t if t.eq_ignore_ascii_case("keep-alive") => close = false,
+                    _ => {}
+                }
+            }
+        }
+        conn.retire |= close;
+        if let Some(hint) = headers.get("keep-alive").and_then(|v| v.to_str().ok()) {
+            let (timeout, max) = parse_keep_alive(hint);
+            if let Some(timeout) = timeout {
+                // Retire before the upstream's own timer fires: reusing a connection in its last
+                // moments races the upstream's close.
+                let margin = Duration::from_secs(1).min(timeout / 2);
+                conn.idle_limit = Some(timeout - margin);
+            }
+            if let Some(max) = max {
+                conn.remaining_hint = Some(max);
+            }
+        }
+    }
+
+    /// Gives the connection (or stream slot) back after its exchange completed (response body
+    /// fully read).
+    pub fn release(mut self) {
+        match &mut self.kind {
+            LeaseKind::H1(conn) => {
+                if let Some(conn) = conn.take() {
+                    self.pool.check_in(conn);
+                }
+            }
+            LeaseKind::H2(stream) => {
+                if let Some(stream) = stream.take() {
+                    self.pool.stream_done(stream.conn_id);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        match &self.kind {
+            LeaseKind::H2(Some(stream)) => self.pool.stream_done(stream.conn_id),
+            // An HTTP/1.1 connection is dropped here, which closes it.
+            LeaseKind::H1(Some(conn)) => conn.track.set("aborted"),
+            _ => {}
+        }
+    }
+}
