@@ -189,9 +189,6 @@ async fn curl_p_requests_go_in_origin_form_through_one_pooled_connection() {
         out, "ok|200 200 1\nok|000 200 0\nok|000 200 0\n",
         "each URL: body, CONNECT status, status, new connections (one for the run)"
     );
-    let t = Tunnels::until(&sidecar, |t| t.active("connect_http") == 0.0).await;
-    assert_eq!(t.opened("connect_http"), 1.0, "one tunnel for the curl run");
-    assert_eq!(t.active("connect_http"), 0.0, "closed with curl's connection");
 
     // A second run: a second tunnel, served by the same pooled upstream connection.
     let mut cmd = curl_p(sidecar.addr);
@@ -229,7 +226,8 @@ async fn curl_p_requests_go_in_origin_form_through_one_pooled_connection() {
         "4 requests in 2 tunnels share one pooled upstream connection"
     );
     let t = Tunnels::until(&sidecar, |t| t.active("connect_http") == 0.0).await;
-    assert_eq!(t.opened("connect_http"), 2.0);
+    assert_eq!(t.opened("connect_http"), 2.0, "one tunnel per curl run");
+    assert_eq!(t.active("connect_http"), 0.0, "closed with curl's connections");
     assert_eq!(t.opened("connect"), 0.0, "no opaque tunnel");
     assert_eq!(t.refused_total(), 0.0);
     assert_eq!(
@@ -272,6 +270,12 @@ async fn thirty_concurrent_tunnels_share_a_pool_of_four() {
     }
     assert_eq!(statuses, vec![200; CLIENTS * REQUESTS]);
     assert_eq!(upstream.requests(), CLIENTS * REQUESTS);
+    println!(
+        "{CLIENTS} tunnels, {} requests: {} upstream connections accepted, at most {} open at once",
+        CLIENTS * REQUESTS,
+        upstream.accepted(),
+        upstream.peak()
+    );
     assert!(
         upstream.accepted() <= 4,
         "{} tunnels took {} upstream connections; pool.max_connections is 4",
@@ -341,6 +345,23 @@ async fn curl_h2_prior_knowledge_through_the_tunnel_is_served_as_h2c() {
     for stream in streams {
         assert_eq!(stream.await.unwrap(), (200, bytes::Bytes::from_static(b"ok")));
     }
+    // A stream naming another authority is refused, the others on the connection unharmed.
+    let req = http::Request::get("http://other.test/h2/elsewhere")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = sender.clone().send_request(req).await.expect("a response");
+    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        resp.headers().get("x-egress-error").and_then(|v| v.to_str().ok()),
+        Some("bad_request")
+    );
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("inside the CONNECT tunnel to"), "{body}");
+    // No sender left: hyper's client ends the connection, and so the tunnel.
     drop(sender);
 
     let seen = upstream.seen();
