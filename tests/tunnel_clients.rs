@@ -212,6 +212,12 @@ async fn node_fetch_through_env_proxy_agent() {
         NODE_REQUESTS,
         "requests the upstream answered"
     );
+    let via_accepted = upstream.accepted();
+    assert!(
+        via_accepted <= NODE_MAX_CONNECTIONS,
+        "the upstream accepted {via_accepted} connections; the pool caps it at \
+         {NODE_MAX_CONNECTIONS}"
+    );
     // Node cannot resolve NODE_HOST: every request came through a tunnel, and each named it.
     assert!(
         upstream
@@ -219,12 +225,6 @@ async fn node_fetch_through_env_proxy_agent() {
             .iter()
             .all(|s| s.authority() == NODE_HOST && s.path() == "/hello"),
         "the upstream saw requests for another authority or path"
-    );
-    let via_accepted = upstream.accepted();
-    assert!(
-        via_accepted <= NODE_MAX_CONNECTIONS,
-        "the upstream accepted {via_accepted} connections; the pool caps it at \
-         {NODE_MAX_CONNECTIONS}"
     );
     // One CONNECT per agent, each served as HTTP inside the tunnel (none spliced opaquely).
     let m = support::scrape(sidecar.admin).await;
