@@ -101,7 +101,10 @@ async fn grpc_to_an_auto_upstream_goes_over_h2c_and_multiplexes() {
     }
     let seen = upstream.seen();
     assert_eq!(seen.len(), 3);
-    assert!(seen.iter().all(|s| s.version == http::Version::HTTP_2), "HTTP/2 upstream");
+    assert!(
+        seen.iter().all(|s| s.version == http::Version::HTTP_2),
+        "HTTP/2 upstream"
+    );
     assert_eq!(upstream.accepted(), 1, "three calls, one h2c connection");
 }
 

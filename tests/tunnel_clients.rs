@@ -17,18 +17,6 @@ use support::{FakeUpstream, Sidecar};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-/// Proxy-related variables a child must not inherit from the test's environment.
-const PROXY_ENV: &[&str] = &[
-    "HTTP_PROXY",
-    "http_proxy",
-    "HTTPS_PROXY",
-    "https_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-    "NO_PROXY",
-    "no_proxy",
-];
-
 // === Node: fetch through undici's EnvHttpProxyAgent ===
 
 const NODE_REQUESTS: usize = 300;
@@ -89,7 +77,7 @@ impl NodeClient {
             .args(["--requests", &NODE_REQUESTS.to_string()])
             .args(["--concurrency", &NODE_CONCURRENCY.to_string()])
             .args(["--keep-alive-ms", "600000"]);
-        for var in PROXY_ENV {
+        for var in support::PROXY_ENV {
             cmd.env_remove(var);
         }
         if let Some(proxy) = proxy {

@@ -189,3 +189,17 @@ impl RefusingPort {
         self.addr.port()
     }
 }
+
+/// Proxy-related variables a child client must not inherit from the test's environment.
+pub const PROXY_ENV: &[&str] = &[
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+    // Go ignores HTTP_PROXY when this is set (CGI).
+    "REQUEST_METHOD",
+];
