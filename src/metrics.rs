@@ -55,11 +55,20 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
-/// `kind` of a tunnel: `connect` (CONNECT) or `upgrade` (a `101` switch such as WebSocket).
+/// `kind` of a tunnel: `connect` (an opaque CONNECT), `connect_http` and `connect_h2` (plain
+/// HTTP/1.x or h2c inside a CONNECT, served through the pool) or `upgrade` (a `101` switch such
+/// as WebSocket).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// `connect` or `upgrade`.
+    /// `connect`, `connect_http`, `connect_h2` or `upgrade`.
     pub kind: &'static str,
+}
+
+/// `reason` a CONNECT answered by the sidecar was closed without serving anything.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabel {
+    /// `tls_port_not_allowed`, `not_http`, `no_request` or `h2_error`.
+    pub reason: &'static str,
 }
 
 /// `result` of a config reload: `success` or `failure`.
@@ -110,6 +119,7 @@ pub struct Families {
     pub downstream_requests_per_connection: Histogram,
     tunnels_opened: Family<KindLabel, Counter>,
     tunnels_active: Family<KindLabel, Gauge>,
+    tunnels_refused: Family<RefusalLabel, Counter>,
     /// Config reloads by result.
     pub reloads: Family<ResultLabel, Counter>,
     /// 1 when the last reload was applied (or none was tried), 0 when it was rejected.
@@ -132,6 +142,16 @@ impl Families {
         active
     }
 
+    /// Counts a CONNECT answered here whose inside was closed unserved, for `reason`.
+    pub fn tunnel_refused(&self, reason: &'static str) {
+        self.tunnels_refused.get_or_create(&RefusalLabel { reason }).inc();
+    }
+
+    /// CONNECTs answered here and closed unserved for `reason` so far.
+    pub fn tunnels_refused(&self, reason: &'static str) -> u64 {
+        self.tunnels_refused.get_or_create(&RefusalLabel { reason }).get()
+    }
+
     /// What the memory budget shed by `action` so far.
     pub fn memory_sheds(&self, action: &'static str) -> u64 {
         self.memory_sheds.get_or_create(&ActionLabel { action }).get()
@@ -151,6 +171,23 @@ impl Families {
             self.tunnels_opened.get_or_create(&label).get(),
             self.tunnels_active.get_or_create(&label).get(),
         )
+    }
+}
+
+/// Counts one open tunnel in `egress_tunnels_active{kind}` for as long as it lives.
+#[derive(Debug)]
+pub struct ActiveGuard(Gauge);
+
+impl ActiveGuard {
+    /// Counts a tunnel of `kind` opened, and active until this is dropped.
+    pub fn new(metrics: &Metrics, kind: &'static str) -> Self {
+        ActiveGuard(metrics.families().tunnel_opened(kind))
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -213,6 +250,7 @@ impl Metrics {
             downstream_requests_per_connection: requests_per_connection_histogram(),
             tunnels_opened: Family::default(),
             tunnels_active: Family::default(),
+            tunnels_refused: Family::default(),
             reloads: Family::default(),
             last_reload_successful: Gauge::default(),
             memory_budget: Gauge::default(),
@@ -290,13 +328,18 @@ impl Metrics {
         );
         registry.register(
             "tunnels_opened",
-            "Tunnels established: CONNECT (kind=connect) and protocol switches such as WebSocket (kind=upgrade)",
+            "Tunnels established: opaque CONNECT (kind=connect), plain HTTP inside a CONNECT served through the pool (kind=connect_http, connect_h2) and protocol switches such as WebSocket (kind=upgrade)",
             f.tunnels_opened.clone(),
         );
         registry.register(
             "tunnels_active",
             "Tunnels open now, by kind",
             f.tunnels_active.clone(),
+        );
+        registry.register(
+            "tunnels_refused",
+            "CONNECTs the sidecar answered itself and closed without serving, by reason",
+            f.tunnels_refused.clone(),
         );
         registry.register(
             "config_reloads",

@@ -24,7 +24,7 @@ use http::Uri;
 use crate::config::{Authority, Config, Scheme};
 use crate::error::{ErrorKind, ProxyError};
 use crate::live::Live;
-use crate::metrics::Metrics;
+use crate::metrics::{ActiveGuard, Metrics};
 use crate::policy::Guard;
 use crate::reload::Summary;
 use crate::upstream::{Shared, Spec, Upstream};
@@ -41,6 +41,38 @@ pub enum Arrival {
     Forward,
     /// A route-mode listener bound to the upstream of this name.
     Route(Arc<str>),
+    /// Inside a CONNECT tunnel that the sidecar answered itself, because the client speaks
+    /// plain HTTP in it: every request goes to the tunnel's authority.
+    Tunnel(Arc<Tunneled>),
+}
+
+/// A CONNECT served as plain HTTP, shared by its connection and its requests: while any holds
+/// it, the tunnel counts in `egress_tunnels_active`.
+#[derive(Debug)]
+pub struct Tunneled {
+    /// The CONNECT authority.
+    pub authority: Authority,
+    _active: ActiveGuard,
+}
+
+impl Tunneled {
+    /// A tunnel to `authority`, counted under `kind` (`connect_http` or `connect_h2`).
+    pub fn new(authority: Authority, metrics: &Metrics, kind: &'static str) -> Self {
+        Tunneled {
+            authority,
+            _active: ActiveGuard::new(metrics, kind),
+        }
+    }
+}
+
+/// What an allowed CONNECT becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tunnel {
+    /// A port in `policy.connect_ports`: dialed and spliced, unseen.
+    Opaque(Authority),
+    /// Any other port, with `policy.connect_inspect`: answered here, and what the client sends
+    /// inside is served if it is plain HTTP.
+    Inspect(Authority),
 }
 
 /// The result of routing: the upstream the request goes to.
@@ -178,9 +210,10 @@ impl Router {
         summary
     }
 
-    /// Checks a CONNECT request's authority-form target, in order: `policy.connect`,
-    /// `policy.connect_ports`, the host lists, then the sidecar's own listeners.
-    pub fn check_connect_target(&self, target: &str) -> Result<Authority, ProxyError> {
+    /// Checks a CONNECT request's authority-form target, in order: `policy.connect`, the port
+    /// (`policy.connect_ports`, else `policy.connect_inspect`), the host lists, then the
+    /// sidecar's own listeners.
+    pub fn check_connect_target(&self, target: &str) -> Result<Tunnel, ProxyError> {
         let bad = |why: String| ProxyError::new(ErrorKind::BadRequest, why);
         let parsed: http::uri::Authority = target
             .parse()
@@ -201,7 +234,8 @@ impl Router {
                 format!("CONNECT to {authority} is not allowed (policy.connect: false); {HINT}"),
             ));
         }
-        if !policy.connect_ports.contains(&authority.port) {
+        let opaque = policy.connect_ports.contains(&authority.port);
+        if !opaque && !policy.connect_inspect {
             let ports: Vec<String> = policy.connect_ports.iter().map(u16::to_string).collect();
             return Err(ProxyError::new(
                 ErrorKind::Denied,
@@ -213,7 +247,11 @@ impl Router {
         }
         check_policy(&config, &authority)?;
         self.check_loop(&authority)?;
-        Ok(authority)
+        Ok(if opaque {
+            Tunnel::Opaque(authority)
+        } else {
+            Tunnel::Inspect(authority)
+        })
     }
 
     /// Routes a request by its target URI and `Host` header.
@@ -229,8 +267,12 @@ impl Router {
             })?;
             return Ok(Route { upstream });
         }
-        let (scheme, authority) = match (uri.scheme_str(), uri.authority()) {
-            (Some(s), Some(a)) => {
+        let (scheme, authority) = match (arrival, uri.scheme_str(), uri.authority()) {
+            (Arrival::Tunnel(tunnel), _, _) => {
+                check_tunnel_target(&tunnel.authority, uri)?;
+                (Some(Scheme::Http), tunnel.authority.clone())
+            }
+            (_, Some(s), Some(a)) => {
                 let scheme = match s {
                     "http" => Scheme::Http,
                     "https" => Scheme::Https,
@@ -245,7 +287,7 @@ impl Router {
                     .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("request target: {e}")))?;
                 (Some(scheme), auth)
             }
-            (None, None) => {
+            (_, None, None) => {
                 let host = host.ok_or_else(|| {
                     ProxyError::new(
                         ErrorKind::BadRequest,
@@ -335,6 +377,23 @@ impl Router {
     }
 }
 
+/// A request inside a tunnel goes where the tunnel goes: an absolute-form target naming another
+/// authority is refused, never rerouted.
+fn check_tunnel_target(tunnel: &Authority, uri: &Uri) -> Result<(), ProxyError> {
+    let Some(named) = uri.authority() else {
+        return Ok(());
+    };
+    let same = uri.scheme_str() == Some("http")
+        && Authority::parse(named.as_str(), Scheme::Http.default_port()).is_ok_and(|a| a == *tunnel);
+    if same {
+        return Ok(());
+    }
+    Err(ProxyError::new(
+        ErrorKind::BadRequest,
+        format!("a request inside the CONNECT tunnel to {tunnel} names {uri}; send it to {tunnel} only"),
+    ))
+}
+
 fn check_policy(config: &Config, authority: &Authority) -> Result<(), ProxyError> {
     config
         .policy
@@ -362,19 +421,27 @@ mod tests {
             )
         };
         let kind = |r: &Router, target: &str| r.check_connect_target(target).map_err(|e| e.kind());
+        let authority = |text: &str| Authority::parse(text, 0).unwrap();
         let open = router("policy: { connect_ports: [443, 15080], deny_hosts: [bad.example] }\n");
         assert_eq!(
             kind(&open, "API.example.com:443"),
-            Ok(Authority::parse("api.example.com:443", 0).unwrap())
+            Ok(Tunnel::Opaque(authority("api.example.com:443")))
         );
         assert_eq!(kind(&open, "api.example.com"), Err(ErrorKind::BadRequest));
         assert_eq!(kind(&open, "api.example.com:0"), Err(ErrorKind::BadRequest));
-        assert_eq!(kind(&open, "api.example.com:8443"), Err(ErrorKind::Denied));
+        // Other ports are answered here, to serve plain HTTP inside (policy.connect_inspect).
+        assert_eq!(
+            kind(&open, "api.example.com:8443"),
+            Ok(Tunnel::Inspect(authority("api.example.com:8443")))
+        );
         assert_eq!(kind(&open, "bad.example:443"), Err(ErrorKind::Denied));
+        assert_eq!(kind(&open, "bad.example:8080"), Err(ErrorKind::Denied));
         assert_eq!(kind(&open, "localhost:15080"), Err(ErrorKind::Loop));
-        // The port rule comes before the loop check.
-        let default_ports = router("");
-        assert_eq!(kind(&default_ports, "127.0.0.1:15080"), Err(ErrorKind::Denied));
+        assert_eq!(kind(&router(""), "127.0.0.1:15080"), Err(ErrorKind::Loop));
+        // Without inspection the port rule comes first, before the loop check.
+        let opaque_only = router("policy: { connect_inspect: false }\n");
+        assert_eq!(kind(&opaque_only, "127.0.0.1:15080"), Err(ErrorKind::Denied));
+        assert_eq!(kind(&opaque_only, "api.example.com:8443"), Err(ErrorKind::Denied));
         let off = router("policy: { connect: false }\n");
         let err = off.check_connect_target("api.example.com:443").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Denied);

@@ -322,8 +322,11 @@ pub struct PolicyConfig {
     pub deny_hosts: Vec<HostPattern>,
     /// Allow CONNECT tunnels.
     pub connect: bool,
-    /// Ports CONNECT may reach.
+    /// Ports CONNECT may reach with an opaque tunnel.
     pub connect_ports: Vec<u16>,
+    /// A CONNECT to any other port is answered `200` and what the client sends inside is served
+    /// if it is plain HTTP (HTTP/1.x or h2c), through the pool.
+    pub connect_inspect: bool,
     /// Refuse loopback, private, link-local (cloud metadata) and other special-purpose
     /// addresses unless `allow_hosts` lists them (`policy::special_range`).
     pub deny_private: bool,

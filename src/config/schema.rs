@@ -104,6 +104,7 @@ pub(super) struct FilePolicy {
     pub(super) deny_hosts: Vec<String>,
     pub(super) connect: Option<bool>,
     pub(super) connect_ports: Option<Vec<u64>>,
+    pub(super) connect_inspect: Option<bool>,
     pub(super) deny_private: Option<bool>,
 }
 

@@ -579,6 +579,7 @@ fn validate_policy(raw: &FilePolicy, problems: &mut Problems) -> PolicyConfig {
         deny_hosts,
         connect: raw.connect.unwrap_or(true),
         connect_ports,
+        connect_inspect: raw.connect_inspect.unwrap_or(true),
         deny_private: raw.deny_private.unwrap_or(false),
     }
 }

@@ -29,6 +29,7 @@ pub mod park;
 mod stream;
 #[cfg(test)]
 pub(crate) mod testing;
+mod tunnel;
 pub mod unix;
 
 use std::net::SocketAddr;
@@ -231,7 +232,8 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
     let span = tracing::debug_span!("downstream", client = %peer);
     tokio::spawn(
         async move {
-            match conn::serve(conn, &arrival, &ctx).await {
+            let mut arrival = arrival;
+            match conn::serve(conn, &mut arrival, &ctx).await {
                 Ended::Closed(served) => finish(&ctx, &peer, served, held),
                 Ended::Idle(conn) => ctx.parking.park(conn, held, arrival, &ctx),
             }
@@ -242,7 +244,7 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
 
 /// The accounting when a connection closes, however it ended.
 fn finish(ctx: &Context, peer: &Peer, served: Served, held: Held) {
-    let Held { open, permit } = held;
+    let Held { open, permit, .. } = held;
     drop(open);
     if served.requests > 0 {
         let families = ctx.metrics.families();

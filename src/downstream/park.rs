@@ -493,12 +493,13 @@ mod tests {
         got
     }
 
-    /// A parked connection costs this record (104 bytes) plus its share of two B-tree nodes:
-    /// keep it from creeping up unnoticed.
+    /// A parked connection costs this record (120 bytes) plus its share of two B-tree nodes:
+    /// keep it from creeping up unnoticed. 104 until issue 20: an arrival can be a CONNECT
+    /// served as plain HTTP, which takes the enum a tag of its own.
     #[test]
     fn a_parked_connection_record_stays_small() {
         let size = std::mem::size_of::<super::Parked>();
-        assert!(size <= 112, "a parked connection grew to {size} bytes");
+        assert!(size <= 120, "a parked connection grew to {size} bytes");
     }
 
     #[tokio::test]

@@ -22,21 +22,27 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::Instrument;
 
-use super::splice::{self, ActiveGuard};
+use super::splice;
 use super::Proxy;
+use crate::config::Authority;
 use crate::connector::dial::{self, DialTarget};
 use crate::error::{ErrorKind, ProxyError};
+use crate::metrics::ActiveGuard;
+use crate::routing::Tunnel;
 use crate::wire::codec::BodyFraming;
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
 
 /// How a CONNECT ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TunnelEnd {
     /// An error response was sent; the client may still be sending (the caller lingers).
     Refused,
     /// The tunnel ran and is over.
     Closed,
+    /// Answered `200` here without dialing (`policy.connect_inspect`): what the client sends
+    /// inside is the downstream server's to read.
+    Inspect(Authority),
 }
 
 /// Serves a CONNECT whose head has been read from `client`; `buf` holds whatever the client
@@ -51,7 +57,19 @@ pub async fn serve(
 ) -> TunnelEnd {
     let span = tracing::debug_span!("tunnel", target = %target);
     async move {
-        let mut upstream = match open(target, framing, proxy).await {
+        let opened = match check(target, framing, proxy) {
+            Ok(Tunnel::Opaque(authority)) => dial_opaque(&authority, proxy).await,
+            Ok(Tunnel::Inspect(authority)) => {
+                if let Err(e) = client.write_all(ESTABLISHED).await {
+                    tracing::debug!(error = %e, "client left before the tunnel was established");
+                    return TunnelEnd::Closed;
+                }
+                tracing::debug!("tunnel answered here; reading what the client sends in it");
+                return TunnelEnd::Inspect(authority);
+            }
+            Err(err) => Err(err),
+        };
+        let mut upstream = match opened {
             Ok(upstream) => upstream,
             Err(err) => {
                 super::log_error(&err);
@@ -75,8 +93,8 @@ pub async fn serve(
     .await
 }
 
-/// Checks and dials the target.
-async fn open(target: &Uri, framing: BodyFraming, proxy: &Proxy) -> Result<TcpStream, ProxyError> {
+/// Checks the CONNECT request and its target against policy.
+fn check(target: &Uri, framing: BodyFraming, proxy: &Proxy) -> Result<Tunnel, ProxyError> {
     if framing != BodyFraming::Empty {
         // RFC 9110 §9.3.6: CONNECT has no content; bytes after the head belong to the tunnel,
         // so a framed body would make client and sidecar disagree about where it starts.
@@ -85,14 +103,18 @@ async fn open(target: &Uri, framing: BodyFraming, proxy: &Proxy) -> Result<TcpSt
             "a CONNECT request must not have a body (Content-Length or Transfer-Encoding)",
         ));
     }
-    let router = proxy.router();
     // The codec accepts CONNECT only in authority-form, so the authority is there.
     let text = target.authority().map_or("", |a| a.as_str());
-    let authority = router.check_connect_target(text)?;
+    proxy.router().check_connect_target(text)
+}
+
+/// Dials the target of an opaque tunnel.
+async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, ProxyError> {
+    let router = proxy.router();
     let label = authority.to_string();
     dial::tcp(DialTarget {
         label: &label,
-        authority: &authority,
+        authority,
         addresses: &[],
         connect_timeout: router.config().defaults.connect_timeout,
         guard: router.guard(),

@@ -11,7 +11,7 @@
 //! (the downstream task calls it directly), and an upgrade request is sent by [`upgrade`] on a
 //! dedicated connection instead of the pool (step 4). [`splice`] moves the bytes for both.
 //!
-//! Not handled here: the wire format (`downstream`).
+//! Not handled here: the wire format (`wire`), connections (`downstream`).
 
 pub mod connect;
 pub mod headers;

@@ -110,22 +110,6 @@ where
     }
 }
 
-/// Counts one open tunnel in `egress_tunnels_active{kind}` for as long as it lives.
-#[derive(Debug)]
-pub(crate) struct ActiveGuard(prometheus_client::metrics::gauge::Gauge);
-
-impl ActiveGuard {
-    pub(crate) fn new(metrics: &crate::metrics::Metrics, kind: &'static str) -> Self {
-        ActiveGuard(metrics.families().tunnel_opened(kind))
-    }
-}
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 /// When either socket of a splice last moved a byte. An atomic rather than a `Cell` because
 /// the connection task holding it must be `Send`.
 struct Activity {

@@ -39,11 +39,12 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::splice::{self, ActiveGuard};
+use super::splice;
 use super::Proxy;
 use super::ResponseBody;
 use crate::config::Protocol;
 use crate::error::{ErrorKind, ProxyError};
+use crate::metrics::ActiveGuard;
 use crate::routing::Router;
 use crate::upstream::Upstream;
 use crate::wire::codec::{self, ResponseFraming};
