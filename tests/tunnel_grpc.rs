@@ -26,22 +26,9 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 const HOST: &str = "grpc.internal.test";
 const CHECKS: usize = 200;
 
-/// Proxy-related variables a child must not inherit from the test's environment.
-const PROXY_ENV: &[&str] = &[
-    "HTTP_PROXY",
-    "http_proxy",
-    "HTTPS_PROXY",
-    "https_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-    "NO_PROXY",
-    "no_proxy",
-    "REQUEST_METHOD",
-];
-
 fn command(bin: &Path) -> Command {
     let mut cmd = Command::new(bin);
-    for var in PROXY_ENV {
+    for var in support::PROXY_ENV {
         cmd.env_remove(var);
     }
     cmd.kill_on_drop(true);
