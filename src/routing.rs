@@ -205,7 +205,7 @@ impl Router {
             }
         }
         for up in unused {
-            up.pool().retire("reload");
+            up.retire("reload");
         }
         summary
     }
@@ -368,7 +368,7 @@ impl Router {
         }
         if table.len() >= DYNAMIC_UPSTREAM_SWEEP_AT {
             table.retain(|_, (up, used)| {
-                now.duration_since(*used) < DYNAMIC_UPSTREAM_TTL || up.pool().open_connections() > 0
+                now.duration_since(*used) < DYNAMIC_UPSTREAM_TTL || up.open_connections() > 0
             });
         }
         let up = Arc::new(Upstream::dynamic(scheme, authority.clone(), config, &self.shared));

@@ -18,20 +18,6 @@ use tokio::process::Command;
 const HOST: &str = "api.internal.test";
 const CURL: &str = "/usr/bin/curl";
 
-/// Proxy-related variables a child must not inherit from the test's environment.
-const PROXY_ENV: &[&str] = &[
-    "HTTP_PROXY",
-    "http_proxy",
-    "HTTPS_PROXY",
-    "https_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-    "NO_PROXY",
-    "no_proxy",
-    // Go ignores HTTP_PROXY when this is set (CGI).
-    "REQUEST_METHOD",
-];
-
 /// A fake upstream and a sidecar that maps `api.internal.test` to it.
 async fn setup() -> (FakeUpstream, Sidecar) {
     let upstream = FakeUpstream::start().await;
@@ -46,7 +32,7 @@ async fn setup() -> (FakeUpstream, Sidecar) {
 /// A command with a clean proxy environment, killed if the test drops it.
 fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
-    for var in PROXY_ENV {
+    for var in support::PROXY_ENV {
         cmd.env_remove(var);
     }
     cmd.stdin(Stdio::null()).kill_on_drop(true);

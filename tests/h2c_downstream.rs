@@ -83,6 +83,31 @@ async fn a_grpc_style_call_keeps_its_trailers_through_an_h2_upstream() {
     assert_eq!(seen[0].path(), "/grpc");
 }
 
+/// gRPC cannot go over HTTP/1.1, which is what a plain-TCP upstream with `protocol: auto` (the
+/// default) is spoken to in: gRPC calls to it take an h2c pool of their own, and share it.
+#[tokio::test]
+async fn grpc_to_an_auto_upstream_goes_over_h2c_and_multiplexes() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: grpc\n    url: http://{}\n",
+        upstream.addr
+    ))
+    .await;
+    for _ in 0..3 {
+        let (resp, body, trailers) = unary_call(sidecar.addr, format!("http://{}/grpc", upstream.addr)).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(&body[..], b"\0\0\0\0\x05hello");
+        assert_eq!(trailers["grpc-status"], "0", "response trailers");
+    }
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 3);
+    assert!(
+        seen.iter().all(|s| s.version == http::Version::HTTP_2),
+        "HTTP/2 upstream"
+    );
+    assert_eq!(upstream.accepted(), 1, "three calls, one h2c connection");
+}
+
 #[tokio::test]
 async fn h2c_streams_on_a_route_listener_go_to_its_upstream_over_http11() {
     let upstream = FakeUpstream::start().await;

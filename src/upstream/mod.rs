@@ -17,6 +17,10 @@ use std::time::Duration;
 use http::{HeaderValue, Method, Request, Response};
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
+mod grpc;
+
+use grpc::GrpcPool;
+
 use crate::connector::{dial, h1, tls};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
@@ -50,6 +54,9 @@ pub struct Upstream {
     settings: UpstreamSettings,
     host_header: HeaderValue,
     pool: Arc<Pool>,
+    /// The h2c pool for gRPC requests, when this upstream speaks HTTP/1.1 on plain TCP only
+    /// because `protocol` is `auto` (`grpc`).
+    grpc: Option<GrpcPool>,
     /// TLS settings, for dedicated (upgrade) connections; `None` for plain TCP.
     tls: Option<TlsConfig>,
     /// The HTTP/1.1-only TLS config for dedicated connections, built on first use.
@@ -170,7 +177,9 @@ impl Upstream {
         } = spec;
         let upstream_metrics = shared.metrics.upstream(&label);
         let max_streams = settings.http2.max_streams_per_connection as usize;
-        let pool = match previous.filter(|p| p.key == key) {
+        let previous = previous.filter(|p| p.key == key);
+        let grpc = GrpcPool::for_upstream(&key, &settings, shared, previous);
+        let pool = match previous {
             Some(previous) => {
                 previous.pool.reconfigure(settings.pool, max_streams);
                 previous.pool.clone()
@@ -192,6 +201,7 @@ impl Upstream {
             addresses,
             settings,
             pool,
+            grpc,
             tls: (scheme == Scheme::Https).then_some(tls),
             upgrade_tls: OnceLock::new(),
             metrics: upstream_metrics,
@@ -314,6 +324,29 @@ impl Upstream {
         &self.pool
     }
 
+    /// Connections open now, in the pool and the gRPC pool if there is one.
+    pub fn open_connections(&self) -> usize {
+        let grpc = self.grpc.as_ref().and_then(GrpcPool::made);
+        self.pool.open_connections() + grpc.map_or(0, |p| p.open_connections())
+    }
+
+    /// Closes the pools: idle connections now, busy ones when their exchange ends.
+    pub fn retire(&self, reason: &'static str) {
+        self.pool.retire(reason);
+        if let Some(pool) = self.grpc.as_ref().and_then(GrpcPool::made) {
+            pool.retire(reason);
+        }
+    }
+
+    /// The pool a request goes through: gRPC to an upstream spoken to in HTTP/1.1 by default
+    /// goes through the h2c one.
+    fn pool_for(&self, req: &Request<RequestBody>) -> &Arc<Pool> {
+        match &self.grpc {
+            Some(grpc) if grpc::is_grpc(req.headers()) => grpc.pool(self),
+            _ => &self.pool,
+        }
+    }
+
     fn error(&self, kind: ErrorKind, cause: impl Into<String>) -> ProxyError {
         ProxyError::new(kind, cause).with_upstream(&*self.label)
     }
@@ -336,7 +369,7 @@ impl Upstream {
         let mut retried = false;
         let mut unsent_attempts = 0;
         loop {
-            let mut lease = self.pool.checkout().await?;
+            let mut lease = self.pool_for(&req).checkout().await?;
             self.fit_request(&mut req, lease.is_http2());
             let reused = lease.is_reused();
             let http2 = lease.is_http2();

@@ -23,8 +23,9 @@ pub fn skip(why: &str) {
 
 // === Go programs under tests/ ===
 
-/// Builds the stdlib-only Go program at `src` (relative to the crate root) into the cargo
-/// target tmpdir; `None` when `go` is not on PATH.
+/// Builds the Go program at `src` (relative to the crate root) into the cargo target tmpdir;
+/// `None` when `go` is not on PATH. `src` is a stdlib-only `.go` file, or a module directory
+/// (its own go.mod and go.sum; .ci/run downloads its modules first).
 pub async fn build_go(src: &str, name: &str) -> Option<std::path::PathBuf> {
     use std::process::Stdio;
     let have_go = tokio::process::Command::new("go")
@@ -40,11 +41,18 @@ pub async fn build_go(src: &str, name: &str) -> Option<std::path::PathBuf> {
     let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-bin");
     std::fs::create_dir_all(&out_dir).unwrap();
     let out = out_dir.join(name);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    // A module is built from its own directory (the crate root has no go.mod).
+    let (dir, package) = if root.join(src).join("go.mod").is_file() {
+        (root.join(src), ".")
+    } else {
+        (root.to_path_buf(), src)
+    };
     let mut cmd = tokio::process::Command::new("go");
-    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+    cmd.current_dir(dir)
         .args(["build", "-o"])
         .arg(&out)
-        .arg(src)
+        .arg(package)
         .env("CGO_ENABLED", "0")
         .env("GOTOOLCHAIN", "local")
         .env("GOFLAGS", "")
@@ -189,3 +197,17 @@ impl RefusingPort {
         self.addr.port()
     }
 }
+
+/// Proxy-related variables a child client must not inherit from the test's environment.
+pub const PROXY_ENV: &[&str] = &[
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+    // Go ignores HTTP_PROXY when this is set (CGI).
+    "REQUEST_METHOD",
+];
