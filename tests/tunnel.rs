@@ -33,16 +33,7 @@ fn curl_available() -> bool {
 /// `--proxytunnel`: every URL is sent inside a CONNECT.
 fn curl_p(sidecar: SocketAddr) -> Command {
     let mut cmd = Command::new(CURL);
-    for var in [
-        "http_proxy",
-        "HTTP_PROXY",
-        "https_proxy",
-        "HTTPS_PROXY",
-        "all_proxy",
-        "ALL_PROXY",
-        "no_proxy",
-        "NO_PROXY",
-    ] {
+    for var in support::PROXY_ENV {
         cmd.env_remove(var);
     }
     cmd.arg("-q")
