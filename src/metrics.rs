@@ -64,7 +64,8 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
-/// `reason` a CONNECT answered by the sidecar was closed without serving anything.
+/// `reason` a CONNECT answered by the sidecar was closed without serving anything, or (`h2_error`)
+/// its h2c connection ended with a protocol error.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabel {
     /// `tls_port_not_allowed`, `not_http`, `no_request` or `h2_error`.

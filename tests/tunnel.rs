@@ -452,9 +452,14 @@ async fn anything_but_plain_http_inside_is_closed_counted_and_reaches_no_upstrea
         Some(FRAME_SIZE_ERROR),
         "h2 junk: a GOAWAY(FRAME_SIZE_ERROR) before the close; frames {frames:?}"
     );
-    let t = Tunnels::until(&sidecar, |t| t.active("connect_h2") == 0.0).await;
+    let t = Tunnels::until(&sidecar, |t| t.refused("h2_error") == 1.0).await;
     assert_eq!(t.opened("connect_h2"), 1.0, "the preface is served as h2c");
     assert_eq!(t.active("connect_h2"), 0.0, "and closed after the junk");
+    assert_eq!(
+        t.refused("h2_error"),
+        1.0,
+        "counted as an h2c connection ended in error"
+    );
 
     // Nothing at all: closed after header_read_timeout.
     let mut client = connect(sidecar.addr, &authority, b"").await;
@@ -474,7 +479,7 @@ async fn anything_but_plain_http_inside_is_closed_counted_and_reaches_no_upstrea
     assert_eq!(t.refused("no_request"), 2.0, "a client that closed");
 
     let t = Tunnels::until(&sidecar, |t| t.active("connect_http") == 0.0).await;
-    assert_eq!(t.refused_total(), 6.0, "{:?}", t.0.samples);
+    assert_eq!(t.refused_total(), 7.0, "{:?}", t.0.samples);
     assert_eq!(t.opened("connect_http"), 2.0, "the two 400s were served tunnels");
     assert_eq!(t.active("connect_http"), 0.0);
     assert_eq!(t.opened("connect"), 0.0);

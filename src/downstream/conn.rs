@@ -126,7 +126,7 @@ pub(super) async fn serve<S: Stream>(
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
                 if super::h2::starts_with_preface(&conn.stream, deadline).await {
-                    Box::pin(super::h2::serve(conn.stream, arrival.clone(), ctx.clone())).await;
+                    let _ = Box::pin(super::h2::serve(conn.stream, arrival.clone(), ctx.clone())).await;
                     return Ended::Closed(Served {
                         requests: 0,
                         idle_closed: false,
@@ -149,7 +149,9 @@ pub(super) async fn serve<S: Stream>(
                         let tunnel = Tunneled::new(authority, &ctx.metrics, "connect_h2");
                         let requests = conn.requests;
                         let arrival = Arrival::Tunnel(Arc::new(tunnel));
-                        Box::pin(super::h2::serve(conn.stream, arrival, ctx.clone())).await;
+                        if Box::pin(super::h2::serve(conn.stream, arrival, ctx.clone())).await {
+                            ctx.metrics.families().tunnel_refused("h2_error");
+                        }
                         return Ended::Closed(Served {
                             requests,
                             idle_closed: false,

@@ -53,8 +53,9 @@ pub(super) async fn starts_with_preface<S: Stream>(stream: &S, deadline: Instant
     }
 }
 
-/// Serves an h2c connection until it closes or the sidecar drains.
-pub(super) async fn serve<S: Stream>(stream: S, arrival: Arrival, ctx: Arc<Context>) {
+/// Serves an h2c connection until it closes or the sidecar drains; returns whether it ended
+/// with a protocol error.
+pub(super) async fn serve<S: Stream>(stream: S, arrival: Arrival, ctx: Arc<Context>) -> bool {
     let service_ctx = ctx.clone();
     let service = service_fn(move |req: Request<Incoming>| {
         let (ctx, arrival) = (service_ctx.clone(), arrival.clone());
@@ -75,16 +76,16 @@ pub(super) async fn serve<S: Stream>(stream: S, arrival: Arrival, ctx: Arc<Conte
     let mut drain = ctx.drain.clone();
     tokio::select! {
         result = conn.as_mut() => {
-            if let Err(e) = result {
+            if let Err(e) = &result {
                 tracing::debug!(error = %e, "h2c downstream connection ended with an error");
             }
-            return;
+            return result.is_err();
         }
         _ = drain.wait_for(|d| *d) => {}
     }
     // Draining: GOAWAY, then let the streams in flight finish.
     conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
+    conn.await.is_err()
 }
 
 /// An HTTP/2 request names its target in `:scheme`/`:authority`, which hyper turns into an
