@@ -7,14 +7,16 @@
 //! plain TCP.
 //!
 //! Resolution uses the upstream's static `addresses` when configured, else the system resolver
-//! (getaddrinfo); addresses are tried in order until one connects or the deadline passes. A
-//! connection that turns out to reach one of the sidecar's own listeners is refused as `loop`.
+//! (getaddrinfo). Several addresses are raced within the deadline, happy eyeballs style (see
+//! [`tcp`]). A connection that turns out to reach one of the sidecar's own listeners is refused
+//! as `loop`.
 //!
 //! [`tcp`] is also how CONNECT tunnels and upgraded (WebSocket) connections, which live outside
 //! the pool, reach their targets.
 //!
 //! Not handled here: which connection a request uses (`pool`), TLS settings (`tls`).
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -313,27 +315,61 @@ impl DialTarget<'_> {
     }
 }
 
-/// Resolves and connects within `connect_timeout`.
+/// RFC 8305's Connection Attempt Delay: how long an attempt has before the next address is
+/// tried beside it.
+const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
+
+/// Resolves and connects within `connect_timeout`. With several addresses the attempts race
+/// (happy eyeballs, RFC 8305): IPv6 and IPv4 interleaved, each next attempt started
+/// [`ATTEMPT_DELAY`] after the last or as soon as one fails, the first to connect kept and the
+/// others dropped. So a dead first address costs about 250 ms rather than `connect_timeout`.
 pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
     let deadline = Instant::now() + target.connect_timeout;
     let addrs = tokio::time::timeout_at(deadline, target.resolve())
         .await
         .map_err(|_| target.timeout_error())??;
+    let addrs = interleave_families(addrs);
+    if let Some(own) = addrs.iter().find(|a| target.guard.is_own_listener(**a)) {
+        return Err(target.loop_error(*own));
+    }
+    let mut pending = addrs.iter().copied();
+    let mut attempts = tokio::task::JoinSet::new();
     let mut last_err: Option<io::Error> = None;
-    for addr in &addrs {
-        if target.guard.is_own_listener(*addr) {
-            return Err(target.loop_error(*addr));
+    let mut next_at = Instant::now();
+    loop {
+        if Instant::now() >= next_at {
+            if let Some(addr) = pending.next() {
+                attempts.spawn(TcpStream::connect(addr));
+                next_at = Instant::now() + ATTEMPT_DELAY;
+            }
         }
-        match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
-            Err(_) => return Err(target.timeout_error()),
-            Ok(Ok(stream)) => {
+        if attempts.is_empty() {
+            break;
+        }
+        let more = pending.len() > 0;
+        let finished = tokio::select! {
+            finished = attempts.join_next() => finished,
+            () = tokio::time::sleep_until(next_at), if more => continue,
+            () = tokio::time::sleep_until(deadline) => return Err(target.timeout_error()),
+        };
+        match finished {
+            Some(Ok(Ok(stream))) => {
                 if let Some(peer) = target.is_self_connection(&stream) {
                     return Err(target.loop_error(peer));
                 }
                 set_socket_options(&stream);
                 return Ok(stream);
             }
-            Ok(Err(e)) => last_err = Some(e),
+            // A failed attempt lets the next one start at once.
+            Some(Ok(Err(e))) => {
+                last_err = Some(e);
+                next_at = Instant::now();
+            }
+            Some(Err(join)) => {
+                last_err = Some(io::Error::other(join.to_string()));
+                next_at = Instant::now();
+            }
+            None => break,
         }
     }
     let cause = last_err.map_or_else(|| "no address".to_owned(), |e| e.to_string());
@@ -346,6 +382,23 @@ pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
             tried.join(", ")
         ),
     ))
+}
+
+/// Alternates address families, starting with the family of the first address (RFC 8305
+/// §4), and keeps the order within each family.
+fn interleave_families(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    let Some(first) = addrs.first() else {
+        return addrs;
+    };
+    let first_v6 = first.is_ipv6();
+    let (mut lead, mut other): (VecDeque<SocketAddr>, VecDeque<SocketAddr>) =
+        addrs.iter().copied().partition(|a| a.is_ipv6() == first_v6);
+    let mut out = Vec::with_capacity(addrs.len());
+    while !lead.is_empty() || !other.is_empty() {
+        out.extend(lead.pop_front());
+        out.extend(other.pop_front());
+    }
+    out
 }
 
 /// The TLS half of a dial, within the deadline its TCP half started.
@@ -366,5 +419,26 @@ pub async fn handshake_tls(
             ),
         )),
         Err(_) => Err(target.timeout_error()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_alternate_from_the_first_one() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let v6a = a("[::1]:80");
+        let v6b = a("[::2]:80");
+        let v4a = a("127.0.0.1:80");
+        let v4b = a("127.0.0.2:80");
+        let v4c = a("127.0.0.3:80");
+        assert_eq!(
+            interleave_families(vec![v6a, v6b, v4a, v4b, v4c]),
+            vec![v6a, v4a, v6b, v4b, v4c]
+        );
+        assert_eq!(interleave_families(vec![v4a, v4b, v6a]), vec![v4a, v6a, v4b]);
+        assert_eq!(interleave_families(vec![]), Vec::<SocketAddr>::new());
     }
 }
