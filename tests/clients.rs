@@ -9,14 +9,13 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use support::{FakeUpstream, Sidecar};
 use tokio::process::Command;
 
 const HOST: &str = "api.internal.test";
-const CURL: &str = "/usr/bin/curl";
 
 /// A fake upstream and a sidecar that maps `api.internal.test` to it.
 async fn setup() -> (FakeUpstream, Sidecar) {
@@ -27,23 +26,6 @@ async fn setup() -> (FakeUpstream, Sidecar) {
     ))
     .await;
     (upstream, sidecar)
-}
-
-/// A command with a clean proxy environment, killed if the test drops it.
-fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = Command::new(program);
-    for var in support::PROXY_ENV {
-        cmd.env_remove(var);
-    }
-    cmd.stdin(Stdio::null()).kill_on_drop(true);
-    cmd
-}
-
-/// curl, ignoring any `.curlrc`, with a clean proxy environment.
-fn curl() -> Command {
-    let mut cmd = command(CURL);
-    cmd.arg("-q");
-    cmd
 }
 
 /// Runs `cmd` to completion within 15 s.
@@ -94,7 +76,7 @@ fn assert_forwarded(upstream: &FakeUpstream, uri: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_with_proxy_flag_gets_origin_form_upstream() {
     let (upstream, sidecar) = setup().await;
-    let mut cmd = curl();
+    let mut cmd = support::curl();
     cmd.args(["-v", "-x", &format!("http://{}", sidecar.addr)])
         // curl 7.x sends this on its own; naming it keeps the check meaningful on any version.
         .args(["-H", "Proxy-Connection: Keep-Alive"])
@@ -113,7 +95,7 @@ async fn curl_with_proxy_flag_gets_origin_form_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_with_http_proxy_env_gets_origin_form_upstream() {
     let (upstream, sidecar) = setup().await;
-    let mut cmd = curl();
+    let mut cmd = support::curl();
     // curl reads the lower-case name for http:// URLs.
     cmd.env("http_proxy", format!("http://{}", sidecar.addr))
         .args(["-v", "-H", "Proxy-Connection: Keep-Alive"])
@@ -139,7 +121,7 @@ async fn curl_posts_one_mebibyte_with_and_without_expect_continue() {
     let proxy = format!("http://{}", sidecar.addr);
 
     for expect in ["Expect:", "Expect: 100-continue"] {
-        let mut cmd = curl();
+        let mut cmd = support::curl();
         cmd.args(["-v", "-x", &proxy, "-H", expect, "--data-binary"])
             .arg(format!("@{}", file.display()))
             .arg(format!("http://{HOST}/drain"));
@@ -183,7 +165,7 @@ async fn curl_posts_one_mebibyte_with_and_without_expect_continue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_requests_uses_http_proxy_env() {
     let probe = run({
-        let mut cmd = command("python3");
+        let mut cmd = support::client_command("python3");
         cmd.args(["-c", "import requests"]);
         cmd
     })
@@ -197,7 +179,7 @@ async fn python_requests_uses_http_proxy_env() {
     }
     let (upstream, sidecar) = setup().await;
     let proxy = format!("http://{}", sidecar.addr);
-    let mut cmd = command("python3");
+    let mut cmd = support::client_command("python3");
     cmd.env("HTTP_PROXY", &proxy)
         .env("http_proxy", &proxy)
         .args([
@@ -228,7 +210,7 @@ async fn go_proxy_from_environment_uses_http_proxy() {
         return;
     };
     let (upstream, sidecar) = setup().await;
-    let mut cmd = command(&bin);
+    let mut cmd = support::client_command(&bin);
     cmd.env("HTTP_PROXY", format!("http://{}", sidecar.addr))
         .arg(format!("http://{HOST}/hello"));
     let out = run(cmd).await;
@@ -247,7 +229,7 @@ async fn go_proxy_from_environment_uses_http_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_to_unresolvable_host_gets_502_connect_failed() {
     let (upstream, sidecar) = setup().await;
-    let mut cmd = curl();
+    let mut cmd = support::curl();
     cmd.args(["-sS", "-i", "-x", &format!("http://{}", sidecar.addr)])
         .arg("http://no-such-host.invalid/");
     let out = run(cmd).await;

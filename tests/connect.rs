@@ -119,32 +119,6 @@ async fn connect(
     (client, Err(full))
 }
 
-fn curl_available() -> bool {
-    std::process::Command::new("curl")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// curl with no proxy settings inherited from the environment.
-fn curl() -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new("curl");
-    for var in [
-        "http_proxy",
-        "HTTP_PROXY",
-        "https_proxy",
-        "HTTPS_PROXY",
-        "all_proxy",
-        "ALL_PROXY",
-        "no_proxy",
-        "NO_PROXY",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.kill_on_drop(true);
-    cmd
-}
-
 async fn output(cmd: &mut tokio::process::Command) -> String {
     let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
         .await
@@ -173,7 +147,7 @@ struct Refusal<'a> {
 
 #[tokio::test]
 async fn curl_tunnels_through_https_proxy_to_a_tls_server() {
-    if !curl_available() {
+    if !support::curl_available() {
         support::skip("`curl` is not on PATH");
         return;
     }
@@ -187,7 +161,7 @@ async fn curl_tunnels_through_https_proxy_to_a_tls_server() {
 
     // HTTPS_PROXY, as applications set it.
     let text = output(
-        curl()
+        support::curl()
             .args(["-sS", "--cacert"])
             .arg(&ca_file)
             .args(["-w", "\n%{http_connect} %{http_code}"])
@@ -204,7 +178,7 @@ async fn curl_tunnels_through_https_proxy_to_a_tls_server() {
     let upload = dir.path.join("upload.bin");
     std::fs::write(&upload, vec![b'u'; 1 << 20]).unwrap();
     let text = output(
-        curl()
+        support::curl()
             .args(["-sS", "--cacert"])
             .arg(&ca_file)
             .args(["-x", &format!("http://{}", sidecar.addr)])

@@ -20,26 +20,11 @@ use support::{closes_within, FakeUpstream, RawClient, RawResponse, Sidecar};
 
 // === helpers ===
 
-const CURL: &str = "curl";
-
-fn curl_available() -> bool {
-    std::process::Command::new(CURL)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// curl ignoring any `.curlrc`, with no proxy settings inherited, through `sidecar` with
 /// `--proxytunnel`: every URL is sent inside a CONNECT.
 fn curl_p(sidecar: SocketAddr) -> Command {
-    let mut cmd = Command::new(CURL);
-    for var in support::PROXY_ENV {
-        cmd.env_remove(var);
-    }
-    cmd.arg("-q")
-        .args(["-sS", "-p", "-x", &format!("http://{sidecar}")])
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
+    let mut cmd = support::curl();
+    cmd.args(["-sS", "-p", "-x", &format!("http://{sidecar}")]);
     cmd
 }
 
@@ -159,7 +144,7 @@ fn h2_frames(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_p_requests_go_in_origin_form_through_one_pooled_connection() {
-    if !curl_available() {
+    if !support::curl_available() {
         support::skip("`curl` is not on PATH");
         return;
     }
@@ -280,7 +265,7 @@ async fn thirty_concurrent_tunnels_share_a_pool_of_four() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_h2_prior_knowledge_through_the_tunnel_is_served_as_h2c() {
-    if !curl_available() {
+    if !support::curl_available() {
         support::skip("`curl` is not on PATH");
         return;
     }
@@ -490,7 +475,7 @@ async fn anything_but_plain_http_inside_is_closed_counted_and_reaches_no_upstrea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_inspect_false_restores_the_403() {
-    if !curl_available() {
+    if !support::curl_available() {
         support::skip("`curl` is not on PATH");
         return;
     }
@@ -513,7 +498,7 @@ async fn connect_inspect_false_restores_the_403() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_in_connect_ports_keeps_the_opaque_tunnel() {
-    if !curl_available() {
+    if !support::curl_available() {
         support::skip("`curl` is not on PATH");
         return;
     }

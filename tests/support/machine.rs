@@ -211,3 +211,28 @@ pub const PROXY_ENV: &[&str] = &[
     // Go ignores HTTP_PROXY when this is set (CGI).
     "REQUEST_METHOD",
 ];
+
+/// A child client with a clean proxy environment, no stdin, killed if the test drops it.
+pub fn client_command(program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    for var in PROXY_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
+    cmd
+}
+
+/// curl, ignoring any `.curlrc`, as a [`client_command`].
+pub fn curl() -> tokio::process::Command {
+    let mut cmd = client_command("curl");
+    cmd.arg("-q");
+    cmd
+}
+
+/// Whether curl runs here (tests that need it `skip` otherwise).
+pub fn curl_available() -> bool {
+    std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
