@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use support::{FakeUpstream, Sidecar};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 
 // === Node: fetch through undici's EnvHttpProxyAgent ===
 
@@ -70,16 +70,13 @@ impl NodeClient {
     /// keep idle connections for 10 minutes (undici's default is 4 s), so only the peer closes
     /// the leaked ones while the test runs.
     fn spawn(url: &str, proxy: Option<&str>) -> NodeClient {
-        let mut cmd = Command::new("node");
+        let mut cmd = support::client_command("node");
         cmd.current_dir(node_dir())
             .arg("leaky_fetch.mjs")
             .args(["--url", url])
             .args(["--requests", &NODE_REQUESTS.to_string()])
             .args(["--concurrency", &NODE_CONCURRENCY.to_string()])
             .args(["--keep-alive-ms", "600000"]);
-        for var in support::PROXY_ENV {
-            cmd.env_remove(var);
-        }
         if let Some(proxy) = proxy {
             cmd.env("HTTP_PROXY", proxy);
         }

@@ -21,19 +21,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::Sidecar;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 
 const HOST: &str = "grpc.internal.test";
 const CHECKS: usize = 200;
-
-fn command(bin: &Path) -> Command {
-    let mut cmd = Command::new(bin);
-    for var in support::PROXY_ENV {
-        cmd.env_remove(var);
-    }
-    cmd.kill_on_drop(true);
-    cmd
-}
 
 /// What the server has counted: TCP connections accepted and still open, health RPCs served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +44,7 @@ struct GrpcServer {
 
 impl GrpcServer {
     async fn start(bin: &Path) -> Self {
-        let mut child = command(bin)
+        let mut child = support::client_command(bin)
             .arg("server")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -112,7 +103,7 @@ struct Summary {
 
 /// `grpcleak client TARGET N` with `HTTPS_PROXY` set to `proxy` (or unset).
 async fn run_client(bin: &Path, target: &str, proxy: Option<&str>) -> Summary {
-    let mut cmd = command(bin);
+    let mut cmd = support::client_command(bin);
     cmd.args(["client", target, &CHECKS.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
