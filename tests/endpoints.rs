@@ -1,12 +1,19 @@
-//! An upstream with several addresses (issue 21, first step): connection attempts race, happy
-//! eyeballs style (RFC 8305), so a dead first address costs an attempt delay, not
-//! `connect_timeout`, and an upstream whose addresses are all dead fails naming every one.
+//! An upstream's endpoint set (issue 21): static addresses or a DNS name's A records (from a
+//! DNS responder the test runs, refreshed by TTL, removed ones drained), new connections to the
+//! least loaded endpoint, dials raced happy eyeballs style (RFC 8305) so a dead or hanging
+//! address costs an attempt delay rather than `connect_timeout`, dead endpoints ejected, and an
+//! upstream whose endpoints are all dead failing, naming each, without busy dialing.
 
 mod support;
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use support::{Blackhole, FakeUpstream, RawClient, RefusingPort, Sidecar};
+use serde_json::Value;
+use support::{
+    ask_dns, debug_pool, dns_query, eventually, fetch_until, scrape, scrape_until, skip, spawn_gets, value,
+    Blackhole, DnsReply, DnsServer, FakeUpstream, RawClient, RefusingPort, Sidecar, TYPE_A, TYPE_AAAA,
+};
 
 /// Every request needs a new connection, so that each one dials.
 fn one_request_per_connection(addresses: &str, connect_timeout: &str) -> String {
@@ -79,4 +86,395 @@ async fn all_addresses_dead_fails_naming_every_one() {
         "took {:?}",
         started.elapsed()
     );
+}
+
+// === issue 21: endpoint sets ===
+
+/// `n` slow requests (`/sleep/1000`: each holds its connection about a second) at once, each on
+/// its own client connection; asserts every one is answered 200.
+async fn slow_gets(sidecar: SocketAddr, url: &str, n: usize) {
+    for (i, task) in spawn_gets(sidecar, &format!("{url}/sleep/1000"), n)
+        .into_iter()
+        .enumerate()
+    {
+        let resp = task.await.unwrap();
+        assert_eq!(resp.status, 200, "slow request {i}: {}", resp.text());
+    }
+}
+
+/// The time of one fresh connection and GET straight to `upstream`: the baseline that time
+/// bounds through the sidecar are stated against.
+async fn direct_baseline(upstream: SocketAddr) -> Duration {
+    let started = Instant::now();
+    let mut direct = RawClient::connect(upstream).await;
+    assert_eq!(direct.get(&format!("http://{upstream}/")).await.status, 200);
+    started.elapsed()
+}
+
+fn endpoints(pool: &Value) -> Vec<Value> {
+    pool["endpoints"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no endpoints array in {pool:#}"))
+        .clone()
+}
+
+fn endpoint(pool: &Value, addr: SocketAddr) -> Value {
+    endpoints(pool)
+        .into_iter()
+        .find(|e| e["address"] == addr.to_string())
+        .unwrap_or_else(|| panic!("no endpoint {addr} in {pool:#}"))
+}
+
+#[tokio::test]
+async fn slow_requests_spread_evenly_over_three_addresses() {
+    let ups = [
+        FakeUpstream::start().await,
+        FakeUpstream::start().await,
+        FakeUpstream::start().await,
+    ];
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: multi\n    url: http://multi.test\n    addresses: [{}, {}, {}]\n    \
+         pool: {{ max_connections: 30 }}\n",
+        ups[0].addr, ups[1].addr, ups[2].addr
+    ))
+    .await;
+    slow_gets(sidecar.addr, "http://multi.test", 30).await;
+    let spread: Vec<usize> = ups.iter().map(FakeUpstream::accepted).collect();
+    println!("30 slow requests over 3 addresses: connections accepted {spread:?}");
+    assert_eq!(
+        spread.iter().sum::<usize>(),
+        30,
+        "one connection per request: {spread:?}"
+    );
+    assert!(
+        spread.iter().all(|n| (8..=12).contains(n)),
+        "least connections spreads 30 concurrent dials evenly over 3 addresses: {spread:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_costs_at_most_an_attempt_delay_and_is_ejected() {
+    let dead = Blackhole::start().await;
+    let alive = FakeUpstream::start().await;
+    let baseline = direct_baseline(alive.addr).await;
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: multi\n    url: http://multi.test\n    addresses: [{}, {}]\n    \
+         connect_timeout: 5s\n    pool: {{ max_requests_per_connection: 1 }}\n    \
+         outlier: {{ consecutive_failures: 3, base_ejection: 30s, max_ejection: 2m }}\n",
+        dead.addr, alive.addr
+    ))
+    .await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    let mut times = Vec::new();
+    for i in 0..10 {
+        let started = Instant::now();
+        let resp = client.get("http://multi.test/").await;
+        let took = started.elapsed();
+        assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
+        times.push(took);
+    }
+    println!("baseline {baseline:?}; through the sidecar, [dead, alive]: {times:?}");
+    for (i, took) in times.iter().enumerate() {
+        assert!(
+            *took < baseline + Duration::from_millis(500),
+            "request {i} took {took:?}, baseline {baseline:?}: all {times:?}"
+        );
+    }
+    assert_eq!(
+        alive.accepted(),
+        10,
+        "each request dialed and reached the live address"
+    );
+    // A dial that tries the dead address first waits one attempt delay (250 ms) for it; after
+    // three such failures it is ejected (for 30 s) and no dial waits on it again.
+    let waited = times.iter().filter(|t| **t >= Duration::from_millis(200)).count();
+    assert!(
+        waited <= 3,
+        "{waited} requests waited on the dead address: it was not ejected after 3 failures: {times:?}"
+    );
+
+    let pool = debug_pool(sidecar.admin, "multi").await;
+    let ejected = endpoint(&pool, dead.addr);
+    assert_eq!(ejected["state"], "ejected", "{pool:#}");
+    assert!(ejected["ejected_until"].is_string(), "{pool:#}");
+    assert!(
+        ejected["ejected_for_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "{pool:#}"
+    );
+    assert_eq!(ejected["ejections"], 1, "{pool:#}");
+    assert_eq!(endpoint(&pool, alive.addr)["state"], "active", "{pool:#}");
+    assert!(pool["dns"].is_null(), "static addresses: {pool:#}");
+
+    let labels = |state| [("upstream", "multi"), ("state", state)];
+    let m = scrape_until(sidecar.admin, Duration::from_secs(2), |m| {
+        value(m, "egress_upstream_ejections_total", &[("upstream", "multi")]) >= 1.0
+            && value(m, "egress_upstream_endpoints", &labels("ejected")) == 1.0
+    })
+    .await;
+    assert!(value(&m, "egress_upstream_ejections_total", &[("upstream", "multi")]) >= 1.0);
+    assert_eq!(value(&m, "egress_upstream_endpoints", &labels("ejected")), 1.0);
+    assert_eq!(value(&m, "egress_upstream_endpoints", &labels("active")), 1.0);
+    assert_eq!(value(&m, "egress_upstream_endpoints", &labels("draining")), 0.0);
+    assert!(
+        m.samples
+            .iter()
+            .filter(|s| s.metric.starts_with("egress_upstream_endpoints")
+                || s.metric.starts_with("egress_upstream_ejections"))
+            .all(|s| s.labels.get("address").is_none()),
+        "endpoint metrics are per upstream, never per address"
+    );
+}
+
+#[tokio::test]
+async fn dns_answers_add_and_drain_endpoints_within_their_ttl() {
+    let test_started = Instant::now();
+    let ips: Vec<IpAddr> = (1..=3).map(|i| IpAddr::from([127, 0, 0, i])).collect();
+    let v4 = |i: usize| Ipv4Addr::new(127, 0, 0, i as u8 + 1);
+    let origins = FakeUpstream::same_port(&ips).await;
+    let port = origins[0].addr.port();
+    let dns = DnsServer::start("svc.test", &[v4(0), v4(1)], 1).await;
+    let sidecar = Sidecar::start(&format!(
+        "dns: {{ servers: [\"{}\"], min_ttl: 1s, max_ttl: 30s }}\n\
+         upstreams:\n  - name: svc\n    url: http://svc.test:{port}\n    \
+         pool: {{ max_connections: 30, idle_timeout: 60s }}\n",
+        dns.addr
+    ))
+    .await;
+    let url = format!("http://svc.test:{port}");
+    let accepted = || origins.iter().map(FakeUpstream::accepted).collect::<Vec<_>>();
+    let listed = |pool: &Value| {
+        let mut addrs: Vec<String> = endpoints(pool)
+            .iter()
+            .map(|e| e["address"].as_str().unwrap().to_owned())
+            .collect();
+        addrs.sort();
+        addrs
+    };
+    let addrs = |n: usize| (0..n).map(|i| format!("{}:{port}", v4(i))).collect::<Vec<_>>();
+
+    // Phase A: two records.
+    slow_gets(sidecar.addr, &url, 20).await;
+    let a = accepted();
+    println!("phase A, 2 records, 20 slow requests: accepted {a:?}");
+    assert_eq!(a[2], 0, "127.0.0.3 is not in the answer yet");
+    assert!(a[..2].iter().all(|n| (7..=13).contains(n)), "{a:?}");
+
+    // Phase B: a third record shows up once the 1 s TTL runs out.
+    dns.set_records(&[v4(0), v4(1), v4(2)]);
+    let pool = fetch_until(
+        Duration::from_secs(5),
+        || debug_pool(sidecar.admin, "svc"),
+        |p| listed(p) == addrs(3),
+    )
+    .await;
+    assert_eq!(listed(&pool), addrs(3), "{pool:#}");
+    slow_gets(sidecar.addr, &url, 30).await;
+    let b = accepted();
+    println!("phase B, 3 records, 30 slow requests: accepted {b:?} (after A: {a:?})");
+    assert!(b[2] >= 5, "the new endpoint got {} connections: {b:?}", b[2]);
+
+    // Phase C: one record; the other two drain, their idle connections closed at once.
+    let requests_before: Vec<usize> = origins.iter().map(FakeUpstream::requests).collect();
+    dns.set_records(&[v4(0)]);
+    let drained = eventually(Duration::from_secs(5), || {
+        origins[1].open() == 0 && origins[2].open() == 0
+    })
+    .await;
+    assert!(
+        drained,
+        "connections still open at the removed endpoints: 127.0.0.2 {}, 127.0.0.3 {}",
+        origins[1].open(),
+        origins[2].open()
+    );
+    let pool = fetch_until(
+        Duration::from_secs(5),
+        || debug_pool(sidecar.admin, "svc"),
+        |p| listed(p) == addrs(1),
+    )
+    .await;
+    assert_eq!(listed(&pool), addrs(1), "{pool:#}");
+    slow_gets(sidecar.addr, &url, 30).await;
+    let after: Vec<usize> = origins.iter().map(FakeUpstream::requests).collect();
+    println!("phase C, 1 record, 30 slow requests: requests {after:?} (before: {requests_before:?})");
+    assert_eq!(after[0] - requests_before[0], 30, "all to 127.0.0.1: {after:?}");
+    assert_eq!(after[1..], requests_before[1..], "none to the removed endpoints");
+
+    // The answers' TTL is honoured: one lookup per TTL, not one per dial (this test made at
+    // least 20 + 10 + 20 = 50 dials, and lasted some seconds).
+    let seconds = test_started.elapsed().as_secs_f64();
+    let a_queries = dns.queries(TYPE_A);
+    let dials: usize = accepted().iter().sum();
+    println!(
+        "{a_queries} A queries ({} AAAA) over {seconds:.1} s and {dials} dials",
+        dns.queries(TYPE_AAAA)
+    );
+    assert!(dials >= 50, "{dials} dials");
+    assert!(a_queries >= 3, "three answers were needed: {a_queries} A queries");
+    let bound = (seconds * 2.0) as usize + 4;
+    assert!(
+        a_queries <= bound,
+        "{a_queries} A queries in {seconds:.1} s (bound {bound}): not once per TTL"
+    );
+
+    let pool = debug_pool(sidecar.admin, "svc").await;
+    assert_eq!(pool["dns"]["host"], "svc.test", "{pool:#}");
+    assert!(
+        pool["dns"]["refreshes"].as_u64().is_some_and(|n| n >= 3),
+        "{pool:#}"
+    );
+    assert_eq!(pool["dns"]["failures"], 0, "{pool:#}");
+    assert!(pool["dns"]["last_error"].is_null(), "{pool:#}");
+    let m = scrape(sidecar.admin).await;
+    let svc = [("upstream", "svc")];
+    assert!(value(&m, "egress_upstream_dns_refreshes_total", &svc) >= 3.0);
+    assert_eq!(value(&m, "egress_upstream_dns_failures_total", &svc), 0.0);
+    let labels = |state| [("upstream", "svc"), ("state", state)];
+    assert_eq!(value(&m, "egress_upstream_endpoints", &labels("active")), 1.0);
+}
+
+#[tokio::test]
+async fn a_hanging_ipv6_endpoint_gives_way_to_ipv4_after_the_attempt_delay() {
+    let dead6 = match Blackhole::bind("[::1]:0".parse().unwrap()).await {
+        Ok(b) => b,
+        Err(e) => return skip(&format!("no IPv6 loopback ([::1]): {e}")),
+    };
+    let alive = FakeUpstream::start().await;
+    let baseline = direct_baseline(alive.addr).await;
+    let sidecar = Sidecar::start(&one_request_per_connection(
+        &format!("\"{}\", \"{}\"", dead6.addr, alive.addr),
+        "5s",
+    ))
+    .await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    let started = Instant::now();
+    let resp = client.get("http://multi.test/").await;
+    let took = started.elapsed();
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    println!(
+        "first request, [{}, {}]: {took:?} (baseline {baseline:?})",
+        dead6.addr, alive.addr
+    );
+    // The IPv6 attempt goes first; the IPv4 one starts 250 ms later and wins.
+    assert!(
+        took >= Duration::from_millis(200) && took <= Duration::from_millis(1000) + baseline,
+        "took {took:?}, baseline {baseline:?}"
+    );
+    assert_eq!(alive.accepted(), 2, "the baseline's connection and the sidecar's");
+}
+
+/// CPU time (user plus system) this thread has used. A `#[tokio::test]` runs its runtime,
+/// and so the in-process sidecar, on the test's one thread; other tests run on theirs.
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("/proc/thread-self/stat");
+    // Fields after the command name (which may hold spaces), from field 3 on: utime is 14,
+    // stime 15, in clock ticks, which /proc always counts at USER_HZ = 100.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+#[tokio::test]
+async fn all_endpoints_dead_fails_naming_each_without_busy_dialing() {
+    let refusing = RefusingPort::new();
+    let dead = [Blackhole::start().await, Blackhole::start().await];
+    let sidecar = Sidecar::start(&one_request_per_connection(
+        &format!("{}, {}, {}", refusing.addr, dead[0].addr, dead[1].addr),
+        "1s",
+    ))
+    .await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    let resp = client.get("http://multi.test/").await;
+    assert!(
+        matches!(resp.status, 502 | 504),
+        "{} {}",
+        resp.status,
+        resp.text()
+    );
+    let body = resp.text();
+    for addr in [refusing.addr, dead[0].addr, dead[1].addr] {
+        assert!(body.contains(&addr.to_string()), "{addr} not named in {body}");
+    }
+
+    // No busy loop while every endpoint is dead (ejected or not): 20 more requests, 5 at a
+    // time, each waiting out connect_timeout (1 s) or refused, span some seconds of wall time;
+    // a dial loop spinning meanwhile would burn that much CPU on this thread, where the
+    // sidecar runs. Connection attempts at a blackhole cannot be counted, and counting accepts
+    // would need a live endpoint, so the sidecar's CPU time is the honest observable.
+    let cpu_before = thread_cpu();
+    let started = Instant::now();
+    let workers: Vec<_> = (0..5)
+        .map(|_| async {
+            let mut client = RawClient::connect(sidecar.addr).await;
+            let mut statuses = Vec::new();
+            for _ in 0..4 {
+                statuses.push(client.get("http://multi.test/").await.status);
+            }
+            statuses
+        })
+        .collect();
+    let statuses: Vec<u16> = join_all(workers).await.into_iter().flatten().collect();
+    let wall = started.elapsed();
+    let cpu = thread_cpu() - cpu_before;
+    println!("20 requests, every endpoint dead: {wall:?} wall, {cpu:?} CPU, statuses {statuses:?}");
+    assert!(statuses.iter().all(|s| matches!(s, 502 | 504)), "{statuses:?}");
+    assert!(cpu < Duration::from_secs(1), "{cpu:?} CPU over {wall:?}");
+    let m = scrape(sidecar.admin).await;
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_connections_opened_total",
+            &[("upstream", "multi")]
+        ),
+        0.0
+    );
+}
+
+/// Awaits every future, concurrently on this task.
+async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (f, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => done = false,
+                }
+            }
+        }
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+#[tokio::test]
+async fn the_dns_responder_answers_a_records_and_counts_queries() {
+    let dns = DnsServer::start("svc.test", &[Ipv4Addr::new(127, 0, 0, 2)], 7).await;
+    let reply = ask_dns(dns.addr, &dns_query(0x1234, "SVC.test.", TYPE_A)).await;
+    assert_eq!(
+        reply,
+        DnsReply {
+            id: 0x1234,
+            rcode: 0,
+            a: vec![(Ipv4Addr::new(127, 0, 0, 2), 7)]
+        }
+    );
+    let reply = ask_dns(dns.addr, &dns_query(2, "svc.test", TYPE_AAAA)).await;
+    assert_eq!((reply.rcode, reply.a.len()), (0, 0), "AAAA: NOERROR, no answers");
+    dns.set_records(&[Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 3)]);
+    dns.set_ttl(1);
+    let reply = ask_dns(dns.addr, &dns_query(3, "svc.test", TYPE_A)).await;
+    assert_eq!(
+        reply.a,
+        vec![(Ipv4Addr::new(127, 0, 0, 1), 1), (Ipv4Addr::new(127, 0, 0, 3), 1)]
+    );
+    let reply = ask_dns(dns.addr, &dns_query(4, "other.test", TYPE_A)).await;
+    assert_eq!((reply.id, reply.rcode), (4, 3), "another name: NXDOMAIN");
+    assert_eq!((dns.queries(TYPE_A), dns.queries(TYPE_AAAA)), (2, 1));
 }

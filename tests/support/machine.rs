@@ -143,17 +143,28 @@ pub struct Blackhole {
 }
 
 impl Blackhole {
+    /// A blackhole on 127.0.0.1.
     pub async fn start() -> Self {
-        let listener = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        listener
-            .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
-            .unwrap();
-        listener.listen(0).unwrap();
-        let addr = listener.local_addr().unwrap().as_socket().unwrap();
+        Self::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .expect("a blackhole on 127.0.0.1")
+    }
+
+    /// A blackhole on `addr` (port 0: any), IPv4 or IPv6; an error when it cannot be bound
+    /// there (no `::1` on this machine, say).
+    pub async fn bind(addr: SocketAddr) -> std::io::Result<Self> {
+        let domain = socket2::Domain::for_address(addr);
+        let listener = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+        if addr.is_ipv6() {
+            listener.set_only_v6(true)?;
+        }
+        listener.bind(&addr.into())?;
+        listener.listen(0)?;
+        let addr = listener.local_addr()?.as_socket().unwrap();
         let mut fillers = Vec::new();
         for _ in 0..4 {
-            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-            s.set_nonblocking(true).unwrap();
+            let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+            s.set_nonblocking(true)?;
             let _ = s.connect(&addr.into());
             fillers.push(s);
         }
@@ -164,11 +175,11 @@ impl Blackhole {
         })
         .await;
         assert!(full, "no filler connection was established");
-        Blackhole {
+        Ok(Blackhole {
             addr,
             _listener: listener,
             _fillers: fillers,
-        }
+        })
     }
 }
 

@@ -68,8 +68,38 @@ impl FakeUpstream {
         Self::start_with(acceptor, Some(max_streams)).await
     }
 
+    /// Serves HTTP/1.1 on `listener`, bound by the caller (see [`FakeUpstream::same_port`]).
+    pub fn start_on(listener: TcpListener) -> Self {
+        Self::serve(listener, None, None)
+    }
+
+    /// One upstream on each of `ips` (loopback addresses), all on the SAME port: binds
+    /// 127.0.0.1:0 first, then the others on its port, and starts over with a new port when
+    /// one of those is taken. For an upstream whose DNS name resolves to several addresses.
+    pub async fn same_port(ips: &[std::net::IpAddr]) -> Vec<Self> {
+        assert_eq!(ips.first(), Some(&std::net::IpAddr::from([127, 0, 0, 1])));
+        'port: for _ in 0..20 {
+            let first = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = first.local_addr().unwrap().port();
+            let mut listeners = vec![first];
+            for ip in &ips[1..] {
+                match TcpListener::bind(SocketAddr::new(*ip, port)).await {
+                    Ok(l) => listeners.push(l),
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue 'port,
+                    Err(e) => panic!("binding {ip}:{port}: {e}"),
+                }
+            }
+            return listeners.into_iter().map(Self::start_on).collect();
+        }
+        panic!("no port free on all of {ips:?} in 20 tries");
+    }
+
     async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>, h2_streams: Option<u32>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(listener, tls, h2_streams)
+    }
+
+    fn serve(listener: TcpListener, tls: Option<tokio_rustls::TlsAcceptor>, h2_streams: Option<u32>) -> Self {
         let addr = listener.local_addr().unwrap();
         let counters = Arc::new(Counters::default());
         let seen = Arc::new(Mutex::new(Vec::new()));
