@@ -60,6 +60,11 @@ fn pool(dials: &Arc<AtomicUsize>) -> Arc<Pool> {
         Negotiated::Http1,
         100,
         Box::new(DuplexConnector { dials: dials.clone() }),
+        egress_sidecar::endpoint::Set::single(
+            "bench".into(),
+            ([127, 0, 0, 1], 1).into(),
+            Metrics::new().upstream("bench"),
+        ),
         Metrics::new().upstream("bench"),
     )
 }

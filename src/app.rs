@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::downstream::{self, Context};
+use crate::endpoint::dns::Resolver;
 use crate::metrics::Metrics;
 use crate::pool::Registry;
 use crate::proxy::Proxy;
@@ -124,6 +125,7 @@ pub async fn run_with_reload(
         guard: Arc::new(policy::Guard::new(local, config.policy.clone())),
         metrics: Arc::new(Metrics::new()),
         pools: Arc::new(Registry::default()),
+        resolver: Arc::new(Resolver::new(&config.dns)),
     };
     let metrics = shared.metrics.clone();
     let pools = shared.pools.clone();

@@ -16,7 +16,8 @@
 //! | routing | `routing` | which upstream a request means; on-the-fly upstreams; switching routes on reload |
 //! | upstream | `upstream/` | an upstream's identity, spec and pool key; one request on a pooled connection with its deadline and retry |
 //! | pool | `pool/` | cap, waiters, dial scheduling, the HTTP/1.1 idle list, HTTP/2 streams, leases, learning, reports, the registry of live pools |
-//! | connector | `connector/` | one connection: resolve, dial, TLS, the HTTP/1.1 client side; no pool types (its place under the cap is an opaque guard) |
+//! | connector | `connector/` | one connection: an endpoint to dial, the happy-eyeballs race, TLS, the HTTP/1.1 client side; no pool types (its place under the cap is an opaque guard) |
+//! | endpoints | `endpoint/` | an upstream's endpoints: balance, outlier ejection, the DNS answer refreshed by TTL and draining; the resolver |
 //! | services | `budget`, `reload` | the memory budget and hot reload, acting through handles the wiring gives them |
 //! | leaves | `policy`, `metrics`, `clients/`, `wire/`, `config/`, `live`, `error`, `resident`, `spare`, `shutdown` | egress rules, the metrics registry, per-source accounting, the HTTP/1.1 codec and bodies, configuration, reloadable values, errors, process memory, spare buffers, signals |
 //!
@@ -59,6 +60,7 @@ pub mod clients;
 pub mod config;
 pub mod connector;
 pub mod downstream;
+pub mod endpoint;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -108,6 +108,9 @@ pub struct Families {
     reused: Family<UpstreamLabel, Counter>,
     rejected: Family<ReasonLabels, Counter>,
     retries: Family<UpstreamLabel, Counter>,
+    ejections: Family<UpstreamLabel, Counter>,
+    dns_refreshes: Family<UpstreamLabel, Counter>,
+    dns_failures: Family<UpstreamLabel, Counter>,
     /// Downstream connections accepted.
     pub downstream_opened: Counter,
     /// Downstream connections open now (a guard per connection task keeps it exact).
@@ -203,6 +206,8 @@ pub struct PoolCounts {
     pub pending: usize,
     /// The upstream's own idle timeout, once learned.
     pub learned_idle_timeout: Option<std::time::Duration>,
+    /// Endpoints by state: active, ejected, draining.
+    pub endpoints: [usize; 3],
 }
 
 /// A pool as the gauges see it; the pool implements it, so metrics need not know pools.
@@ -244,6 +249,9 @@ impl Metrics {
             reused: Family::default(),
             rejected: Family::default(),
             retries: Family::default(),
+            ejections: Family::default(),
+            dns_refreshes: Family::default(),
+            dns_failures: Family::default(),
             downstream_opened: Counter::default(),
             downstream_open: Gauge::default(),
             downstream_parked: Gauge::default(),
@@ -301,6 +309,21 @@ impl Metrics {
             "upstream_retries",
             "Requests sent again on another connection",
             f.retries.clone(),
+        );
+        registry.register(
+            "upstream_ejections",
+            "Endpoints ejected by outlier detection (consecutive connect failures or resets)",
+            f.ejections.clone(),
+        );
+        registry.register(
+            "upstream_dns_refreshes",
+            "Resolutions of an upstream's host name",
+            f.dns_refreshes.clone(),
+        );
+        registry.register(
+            "upstream_dns_failures",
+            "Resolutions of an upstream's host name that failed (the last good answer is kept up to dns.max_ttl)",
+            f.dns_failures.clone(),
         );
         registry.register(
             "downstream_connections_opened",
@@ -409,6 +432,9 @@ impl Metrics {
             opened: f.opened.get_or_create_owned(&label),
             reused: f.reused.get_or_create_owned(&label),
             retries: f.retries.get_or_create_owned(&label),
+            ejections: f.ejections.get_or_create_owned(&label),
+            dns_refreshes: f.dns_refreshes.get_or_create_owned(&label),
+            dns_failures: f.dns_failures.get_or_create_owned(&label),
             duration: f.duration.get_or_create_owned(&label),
             wait: f.wait.get_or_create_owned(&label),
             families: f.clone(),
@@ -428,6 +454,12 @@ pub struct UpstreamMetrics {
     pub reused: Counter,
     /// Requests sent again.
     pub retries: Counter,
+    /// Endpoints ejected by outlier detection.
+    pub ejections: Counter,
+    /// Resolutions of the upstream's host name.
+    pub dns_refreshes: Counter,
+    /// Resolutions that failed.
+    pub dns_failures: Counter,
     /// Time to response head.
     pub duration: Histogram,
     /// Time waited for a connection.
@@ -501,6 +533,9 @@ struct PoolGauges {
     pending: i64,
     /// The smallest learned upstream idle timeout among the label's pools.
     learned_idle_timeout: Option<std::time::Duration>,
+    /// Endpoints by state (active, ejected, draining): the largest among the label's pools,
+    /// since an upstream's pools share one endpoint set.
+    endpoints: [i64; 3],
 }
 
 impl GaugeCollector {
@@ -516,6 +551,9 @@ impl GaugeCollector {
             entry.active += s.open as i64 - idle;
             entry.idle += idle;
             entry.pending += s.pending as i64;
+            for (total, n) in entry.endpoints.iter_mut().zip(s.endpoints) {
+                *total = (*total).max(n as i64);
+            }
             entry.learned_idle_timeout = match (entry.learned_idle_timeout, s.learned_idle_timeout) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -555,6 +593,21 @@ impl Collector for GaugeCollector {
                 upstream: label.clone(),
             };
             ConstGauge::new(g.pending).encode(pending.encode_family(&labels)?)?;
+        }
+        let mut endpoints = encoder.encode_descriptor(
+            "upstream_endpoints",
+            "An upstream's endpoints by state: active, ejected (outlier detection) and draining (left the DNS answer, connections still open)",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (label, g) in &by_label {
+            for (state, value) in ["active", "ejected", "draining"].into_iter().zip(g.endpoints) {
+                let labels = StateLabels {
+                    upstream: label.clone(),
+                    state,
+                };
+                ConstGauge::new(value).encode(endpoints.encode_family(&labels)?)?;
+            }
         }
         let learned = ConstGauge::new(0f64);
         let mut learned_family = encoder.encode_descriptor(

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use http::Uri;
 
 use crate::config::{Authority, Config, Scheme};
+use crate::endpoint::dns::Resolver;
 use crate::error::{ErrorKind, ProxyError};
 use crate::live::Live;
 use crate::metrics::{ActiveGuard, Metrics};
@@ -141,6 +142,11 @@ impl Router {
         &self.shared.guard
     }
 
+    /// The resolver, for the hosts of tunnels.
+    pub fn resolver(&self) -> &Resolver {
+        &self.shared.resolver
+    }
+
     /// The metrics registry.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
@@ -192,6 +198,7 @@ impl Router {
                 table.insert((scheme, authority), (Arc::new(next), used));
             }
             self.shared.guard.set_policy(routes.config.policy.clone());
+            self.shared.resolver.reconfigure(&routes.config.dns);
             self.routes.set(routes.clone());
         }
         for (name, up) in &old.by_name {
@@ -410,6 +417,7 @@ mod tests {
         let router = |yaml: &str| {
             let config = crate::config::parse(yaml, &Default::default()).unwrap();
             let guard = Guard::new(vec!["127.0.0.1:15080".parse().unwrap()], config.policy.clone());
+            let resolver = Arc::new(crate::endpoint::dns::Resolver::new(&config.dns));
             Router::new(
                 Arc::new(config),
                 &[],
@@ -417,6 +425,7 @@ mod tests {
                     guard: Arc::new(guard),
                     metrics: Default::default(),
                     pools: Default::default(),
+                    resolver,
                 },
             )
         };

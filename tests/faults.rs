@@ -200,7 +200,7 @@ impl H2Faults {
         };
         while let Some(Ok((request, mut respond))) = conn.accept().await {
             let path = request.uri().path().to_owned();
-            let every_other = || attempts.fetch_add(1, Ordering::SeqCst) % 2 == 0;
+            let every_other = || attempts.fetch_add(1, Ordering::SeqCst).is_multiple_of(2);
             match path.as_str() {
                 "/refused" if every_other() => respond.send_reset(h2::Reason::REFUSED_STREAM),
                 "/reset" if every_other() => respond.send_reset(h2::Reason::INTERNAL_ERROR),

@@ -14,6 +14,7 @@
 //! Not handled here: how a request picks an upstream (`routing`) or what the pool does with its
 //! settings (`pool`).
 
+mod endpoints;
 mod host;
 mod schema;
 mod validate;
@@ -27,6 +28,10 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde::{Serialize, Serializer};
 
+pub use endpoints::{
+    Balance, DnsConfig, OutlierConfig, DEFAULT_BASE_EJECTION, DEFAULT_DNS_MAX_TTL, DEFAULT_DNS_MIN_TTL,
+    DEFAULT_MAX_EJECTION, DEFAULT_OUTLIER_FAILURES,
+};
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
 
@@ -100,6 +105,8 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     /// The memory budget.
     pub budget: BudgetConfig,
+    /// The resolver.
+    pub dns: DnsConfig,
     /// Hosts whose plain-HTTP requests are sent upstream over TLS (`EGRESS_TLS_HOSTS`); not a
     /// file key, so `check` prints it as a comment.
     #[serde(skip)]
@@ -155,6 +162,10 @@ pub struct UpstreamSettings {
     pub pool: PoolConfig,
     /// HTTP/2 knobs.
     pub http2: Http2Config,
+    /// Where new connections go among the upstream's endpoints.
+    pub balance: Balance,
+    /// When an endpoint is ejected.
+    pub outlier: OutlierConfig,
 }
 
 /// The pool knobs of one upstream.

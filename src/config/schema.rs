@@ -27,6 +27,7 @@ pub(super) struct FileConfig {
     pub(super) policy: FilePolicy,
     pub(super) shutdown: FileShutdown,
     pub(super) budget: FileBudget,
+    pub(super) dns: FileDns,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -48,6 +49,24 @@ pub(super) struct FileSettings {
     pub(super) response_header_timeout: Option<Scalar>,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
+    pub(super) balance: Option<String>,
+    pub(super) outlier: FileOutlier,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileOutlier {
+    pub(super) consecutive_failures: Option<u64>,
+    pub(super) base_ejection: Option<Scalar>,
+    pub(super) max_ejection: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileDns {
+    pub(super) servers: Option<Vec<String>>,
+    pub(super) min_ttl: Option<Scalar>,
+    pub(super) max_ttl: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -87,6 +106,8 @@ pub(super) struct FileUpstream {
     pub(super) response_header_timeout: Option<Scalar>,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
+    pub(super) balance: Option<String>,
+    pub(super) outlier: FileOutlier,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -8,20 +8,21 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::endpoints;
 use super::schema::{
-    FileBudget, FileConfig, FileDownstream, FileHttp2, FilePolicy, FilePool, FileSettings, FileUpstream,
-    Scalar,
+    FileBudget, FileConfig, FileDownstream, FileHttp2, FileOutlier, FilePolicy, FilePool, FileSettings,
+    FileUpstream, Scalar,
 };
 use super::{
-    load_ca_file, Authority, BudgetConfig, Config, ConfigError, DownstreamConfig, HostPattern, Http2Config,
-    Overrides, PolicyConfig, PoolConfig, Problem, Protocol, Scheme, ShutdownConfig, TlsConfig,
-    UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN, DEFAULT_BUDGET_MEMORY_FRACTION, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_DOWNSTREAM_IDLE_TIMEOUT, DEFAULT_DOWNSTREAM_MAX_CONNECTIONS, DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_H2_KEEPALIVE_INTERVAL, DEFAULT_H2_KEEPALIVE_TIMEOUT, DEFAULT_H2_MAX_STREAMS,
-    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_LEAKY_IDLE_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_HEADER_BYTES,
-    DEFAULT_MAX_IDLE_DOWNSTREAM, DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_POOL_MAX_CONNECTING,
-    DEFAULT_POOL_MAX_CONNECTIONS, DEFAULT_POOL_MAX_IDLE, DEFAULT_POOL_MAX_LIFETIME, DEFAULT_POOL_MAX_PENDING,
-    DEFAULT_POOL_PENDING_TIMEOUT,
+    load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HostPattern,
+    Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Problem, Protocol, Scheme,
+    ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
+    DEFAULT_BUDGET_MEMORY_FRACTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DOWNSTREAM_IDLE_TIMEOUT,
+    DEFAULT_DOWNSTREAM_MAX_CONNECTIONS, DEFAULT_DRAIN_TIMEOUT, DEFAULT_H2_KEEPALIVE_INTERVAL,
+    DEFAULT_H2_KEEPALIVE_TIMEOUT, DEFAULT_H2_MAX_STREAMS, DEFAULT_HEADER_READ_TIMEOUT,
+    DEFAULT_LEAKY_IDLE_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_IDLE_DOWNSTREAM,
+    DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_POOL_MAX_CONNECTING, DEFAULT_POOL_MAX_CONNECTIONS,
+    DEFAULT_POOL_MAX_IDLE, DEFAULT_POOL_MAX_LIFETIME, DEFAULT_POOL_MAX_PENDING, DEFAULT_POOL_PENDING_TIMEOUT,
 };
 
 /// Upper bound on `downstream.max_connections`.
@@ -31,10 +32,10 @@ const MAX_DOWNSTREAM_CONNECTIONS: usize = 1_000_000;
 const MIN_BUDGET_BYTES: usize = 8 << 20;
 
 #[derive(Default)]
-struct Problems(Vec<Problem>);
+pub(super) struct Problems(Vec<Problem>);
 
 impl Problems {
-    fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+    pub(super) fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
         self.0.push(Problem {
             key: key.into(),
             reason: reason.into(),
@@ -102,6 +103,7 @@ pub(super) fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config
     );
     let tls_hosts = parse_tls_hosts(overrides.tls_hosts.as_deref(), &mut problems);
     let budget = validate_budget(&file.budget, &mut problems);
+    let dns = endpoints::validate_dns(&file.dns, &mut problems);
 
     if !problems.0.is_empty() {
         return Err(ConfigError::Invalid(problems.0));
@@ -116,6 +118,7 @@ pub(super) fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config
         policy,
         shutdown: ShutdownConfig { drain_timeout },
         budget,
+        dns,
         tls_hosts,
     })
 }
@@ -239,6 +242,8 @@ fn builtin_settings() -> UpstreamSettings {
             keepalive_interval: Some(DEFAULT_H2_KEEPALIVE_INTERVAL),
             keepalive_timeout: DEFAULT_H2_KEEPALIVE_TIMEOUT,
         },
+        balance: Balance::LeastConnections,
+        outlier: OutlierConfig::default(),
     }
 }
 
@@ -249,6 +254,8 @@ struct SettingsRef<'a> {
     response_header_timeout: &'a Option<Scalar>,
     pool: &'a FilePool,
     http2: &'a FileHttp2,
+    balance: &'a Option<String>,
+    outlier: &'a FileOutlier,
 }
 
 impl<'a> SettingsRef<'a> {
@@ -259,6 +266,8 @@ impl<'a> SettingsRef<'a> {
             response_header_timeout: &raw.response_header_timeout,
             pool: &raw.pool,
             http2: &raw.http2,
+            balance: &raw.balance,
+            outlier: &raw.outlier,
         }
     }
 
@@ -269,6 +278,8 @@ impl<'a> SettingsRef<'a> {
             response_header_timeout: &raw.response_header_timeout,
             pool: &raw.pool,
             http2: &raw.http2,
+            balance: &raw.balance,
+            outlier: &raw.outlier,
         }
     }
 }
@@ -311,12 +322,16 @@ fn merge_settings(
     );
     let pool = merge_pool(&base.pool, raw.pool, &key("pool"), problems);
     let http2 = merge_http2(&base.http2, raw.http2, &key("http2"), problems);
+    let balance = endpoints::merge_balance(base.balance, raw.balance, &key("balance"), problems);
+    let outlier = endpoints::merge_outlier(&base.outlier, raw.outlier, &key("outlier"), problems);
     UpstreamSettings {
         protocol,
         connect_timeout,
         response_header_timeout,
         pool,
         http2,
+        balance,
+        outlier,
     }
 }
 
@@ -655,7 +670,12 @@ fn parse_duration(value: &Scalar) -> Result<Duration, String> {
     }
 }
 
-fn duration_or(raw: &Option<Scalar>, base: Duration, key: &str, problems: &mut Problems) -> Duration {
+pub(super) fn duration_or(
+    raw: &Option<Scalar>,
+    base: Duration,
+    key: &str,
+    problems: &mut Problems,
+) -> Duration {
     match raw {
         Some(v) => problems.take(key, parse_duration(v), base),
         None => base,

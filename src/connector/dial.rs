@@ -6,17 +6,16 @@
 //! knowledge on plain TCP, ALPN `h2` on TLS); `auto` follows ALPN on TLS and is HTTP/1.1 on
 //! plain TCP.
 //!
-//! Resolution uses the upstream's static `addresses` when configured, else the system resolver
-//! (getaddrinfo). Several addresses are raced within the deadline, happy eyeballs style (see
-//! [`tcp`]). A connection that turns out to reach one of the sidecar's own listeners is refused
-//! as `loop`.
+//! Addresses come from the upstream's endpoint set (`crate::endpoint`: static `addresses` or
+//! the DNS answer, with the balance's pick first), or from the resolver for a tunnel's host.
+//! Several addresses are raced within the deadline, happy eyeballs style (see [`race`]). A
+//! connection that turns out to reach one of the sidecar's own listeners is refused as `loop`.
 //!
 //! [`tcp`] is also how CONNECT tunnels and upgraded (WebSocket) connections, which live outside
 //! the pool, reach their targets.
 //!
 //! Not handled here: which connection a request uses (`pool`), TLS settings (`tls`).
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -34,6 +33,8 @@ use super::h1::{self, Transport};
 use super::tls::TlsConnector;
 use super::{Connect, Dialed, Place};
 use crate::config::{Authority, Http2Config, Protocol};
+use crate::endpoint::dns::Resolver;
+use crate::endpoint::{interleave_families, Set};
 use crate::error::{ErrorKind, ProxyError};
 use crate::policy::Guard;
 
@@ -50,7 +51,7 @@ const MIN_SETTINGS_WAIT: Duration = Duration::from_millis(20);
 pub struct Connector {
     label: Arc<str>,
     authority: Authority,
-    addresses: Vec<SocketAddr>,
+    endpoints: Arc<Set>,
     connect_timeout: Duration,
     guard: Arc<Guard>,
     /// `None`: plain TCP. `Some(Err)`: TLS was asked for but cannot be set up (every dial
@@ -67,8 +68,8 @@ pub struct Peer {
     pub label: Arc<str>,
     /// Host and port (DNS name or IP).
     pub authority: Authority,
-    /// Static endpoints instead of DNS, when non-empty.
-    pub addresses: Vec<SocketAddr>,
+    /// The upstream's endpoints.
+    pub endpoints: Arc<Set>,
     /// TCP plus TLS deadline.
     pub connect_timeout: Duration,
     /// The policy and the sidecar's own listeners, never to be dialed.
@@ -86,7 +87,7 @@ impl Connector {
         Connector {
             label: peer.label,
             authority: peer.authority,
-            addresses: peer.addresses,
+            endpoints: peer.endpoints,
             connect_timeout: peer.connect_timeout,
             guard: peer.guard,
             tls,
@@ -113,16 +114,37 @@ impl Connector {
         DialTarget {
             label: &self.label,
             authority: &self.authority,
-            addresses: &self.addresses,
+            resolve: Resolve::Endpoints(&self.endpoints),
             connect_timeout: self.connect_timeout,
             guard: &self.guard,
         }
     }
 
+    /// A TCP connection to one of the upstream's endpoints, the balance's pick first; attempts
+    /// that fail (or lose the race after an attempt delay) count against their endpoints.
+    async fn tcp(&self, place: &dyn Place, deadline: Instant) -> Result<TcpStream, ProxyError> {
+        let target = self.dial_target();
+        let plan = tokio::time::timeout_at(deadline, self.endpoints.plan(&self.guard))
+            .await
+            .map_err(|_| target.timeout_error())??;
+        let addrs: Vec<SocketAddr> = plan.attempts.iter().map(|e| e.addr()).collect();
+        let started = Instant::now();
+        let raced = race(&target, &addrs, deadline).await;
+        for &i in &raced.failed {
+            self.endpoints.failed(&plan.attempts[i]);
+        }
+        let (stream, winner) = raced.result?;
+        let endpoint = &plan.attempts[winner];
+        endpoint.succeeded();
+        endpoint.seed_latency(started.elapsed());
+        place.connected(plan.claim_for(winner));
+        Ok(stream)
+    }
+
     async fn connect(&self, place: Box<dyn Place>) -> Result<Dialed, ProxyError> {
         let started = Instant::now();
         let deadline = started + self.connect_timeout;
-        let tcp = tcp(self.dial_target()).await?;
+        let tcp = self.tcp(&*place, deadline).await?;
         // A TCP handshake is one round trip: the measure of how soon a server's SETTINGS come.
         let rtt = started.elapsed();
         match &self.tls {
@@ -232,6 +254,15 @@ fn set_socket_options(stream: &TcpStream) {
 
 // === TCP dials, shared with tunnels and upgrades ===
 
+/// Where a dial's addresses come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Resolve<'a> {
+    /// An upstream's endpoint set (static addresses, or its DNS answer).
+    Endpoints(&'a Arc<Set>),
+    /// The resolver, for a host met in a tunnel.
+    Name(&'a Resolver),
+}
+
 /// What to dial.
 #[derive(Debug, Clone, Copy)]
 pub struct DialTarget<'a> {
@@ -239,8 +270,8 @@ pub struct DialTarget<'a> {
     pub label: &'a str,
     /// Host and port (DNS name or IP).
     pub authority: &'a Authority,
-    /// Static endpoints; empty means resolve `authority`.
-    pub addresses: &'a [SocketAddr],
+    /// Where the addresses come from.
+    pub resolve: Resolve<'a>,
     /// Deadline for resolving and connecting.
     pub connect_timeout: Duration,
     /// The policy in force and the sidecar's own listeners.
@@ -270,33 +301,28 @@ impl DialTarget<'_> {
         )
     }
 
-    /// The addresses to connect to. Static `addresses` are the operator's own choice; the
-    /// policy checks those the request's host names or resolves to, before any is dialed.
+    /// The addresses to connect to, in the order to try them. Static `addresses` are the
+    /// operator's own choice; the policy checks those the request's host names or resolves to,
+    /// before any is dialed.
     async fn resolve(&self) -> Result<Vec<SocketAddr>, ProxyError> {
-        if !self.addresses.is_empty() {
-            return Ok(self.addresses.to_vec());
-        }
-        let found = self.lookup().await?;
-        self.guard.check_addresses(self.label, self.authority, &found)?;
-        Ok(found)
-    }
-
-    async fn lookup(&self) -> Result<Vec<SocketAddr>, ProxyError> {
-        if let Ok(ip) = self.authority.host.parse() {
-            return Ok(vec![SocketAddr::new(ip, self.authority.port)]);
-        }
+        let resolver = match self.resolve {
+            Resolve::Endpoints(set) => return set.addresses(self.guard).await,
+            Resolve::Name(resolver) => resolver,
+        };
         let host = self.authority.host.as_str();
-        let found: Vec<SocketAddr> = tokio::net::lookup_host((host, self.authority.port))
-            .await
-            .map_err(|e| self.error(ErrorKind::ConnectFailed, format!("resolving {host}: {e}")))?
-            .collect();
-        if found.is_empty() {
-            return Err(self.error(
-                ErrorKind::ConnectFailed,
-                format!("resolving {host}: no addresses"),
-            ));
-        }
-        Ok(found)
+        let found = match host.parse() {
+            Ok(ip) => vec![SocketAddr::new(ip, self.authority.port)],
+            Err(_) => resolver
+                .lookup(host)
+                .await
+                .map_err(|e| self.error(ErrorKind::ConnectFailed, format!("resolving {host}: {e}")))?
+                .ips
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, self.authority.port))
+                .collect(),
+        };
+        self.guard.check_addresses(self.label, self.authority, &found)?;
+        Ok(interleave_families(found, SocketAddr::is_ipv6))
     }
 
     /// A listener on 0.0.0.0 is reachable through every local address, which only the
@@ -319,27 +345,50 @@ impl DialTarget<'_> {
 /// tried beside it.
 const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
 
-/// Resolves and connects within `connect_timeout`. With several addresses the attempts race
-/// (happy eyeballs, RFC 8305): IPv6 and IPv4 interleaved, each next attempt started
-/// [`ATTEMPT_DELAY`] after the last or as soon as one fails, the first to connect kept and the
-/// others dropped. So a dead first address costs about 250 ms rather than `connect_timeout`.
+/// Resolves and connects within `connect_timeout`, racing the addresses (see [`race`]). For
+/// tunnels and upgrades, which live outside the pool.
 pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
     let deadline = Instant::now() + target.connect_timeout;
     let addrs = tokio::time::timeout_at(deadline, target.resolve())
         .await
         .map_err(|_| target.timeout_error())??;
-    let addrs = interleave_families(addrs);
+    race(&target, &addrs, deadline)
+        .await
+        .result
+        .map(|(stream, _)| stream)
+}
+
+/// How a race ended: the stream and the index of its address, and the indexes of the attempts
+/// that failed: those that errored, those still pending at the end that had run for an attempt
+/// delay or more (slower than the winner by at least that, or still hanging at the deadline).
+struct Raced {
+    result: Result<(TcpStream, usize), ProxyError>,
+    failed: Vec<usize>,
+}
+
+/// Connects to the first of `addrs` that answers by `deadline`, happy eyeballs style
+/// (RFC 8305): each next attempt starts [`ATTEMPT_DELAY`] after the last or as soon as one
+/// fails, the first to connect is kept and the others dropped. So a dead first address costs
+/// about 250 ms rather than `connect_timeout`.
+async fn race(target: &DialTarget<'_>, addrs: &[SocketAddr], deadline: Instant) -> Raced {
+    let fail = |result: ProxyError, failed: Vec<usize>| Raced {
+        result: Err(result),
+        failed,
+    };
     if let Some(own) = addrs.iter().find(|a| target.guard.is_own_listener(**a)) {
-        return Err(target.loop_error(*own));
+        return fail(target.loop_error(*own), Vec::new());
     }
-    let mut pending = addrs.iter().copied();
+    let mut pending = addrs.iter().copied().enumerate();
     let mut attempts = tokio::task::JoinSet::new();
+    let mut started: Vec<Instant> = Vec::with_capacity(addrs.len());
+    let mut failed = Vec::new();
     let mut last_err: Option<io::Error> = None;
     let mut next_at = Instant::now();
     loop {
         if Instant::now() >= next_at {
-            if let Some(addr) = pending.next() {
-                attempts.spawn(TcpStream::connect(addr));
+            if let Some((i, addr)) = pending.next() {
+                attempts.spawn(async move { (i, TcpStream::connect(addr).await) });
+                started.push(Instant::now());
                 next_at = Instant::now() + ATTEMPT_DELAY;
             }
         }
@@ -350,18 +399,30 @@ pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
         let finished = tokio::select! {
             finished = attempts.join_next() => finished,
             () = tokio::time::sleep_until(next_at), if more => continue,
-            () = tokio::time::sleep_until(deadline) => return Err(target.timeout_error()),
+            () = tokio::time::sleep_until(deadline) => {
+                let hanging = (0..started.len()).filter(|i| !failed.contains(i));
+                failed.extend(hanging.collect::<Vec<_>>());
+                return fail(target.timeout_error(), failed);
+            }
         };
         match finished {
-            Some(Ok(Ok(stream))) => {
+            Some(Ok((i, Ok(stream)))) => {
                 if let Some(peer) = target.is_self_connection(&stream) {
-                    return Err(target.loop_error(peer));
+                    return fail(target.loop_error(peer), failed);
                 }
                 set_socket_options(&stream);
-                return Ok(stream);
+                let now = Instant::now();
+                let slow = (0..started.len())
+                    .filter(|&j| j != i && !failed.contains(&j) && now - started[j] >= ATTEMPT_DELAY);
+                failed.extend(slow.collect::<Vec<_>>());
+                return Raced {
+                    result: Ok((stream, i)),
+                    failed,
+                };
             }
             // A failed attempt lets the next one start at once.
-            Some(Ok(Err(e))) => {
+            Some(Ok((i, Err(e)))) => {
+                failed.push(i);
                 last_err = Some(e);
                 next_at = Instant::now();
             }
@@ -374,31 +435,15 @@ pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
     }
     let cause = last_err.map_or_else(|| "no address".to_owned(), |e| e.to_string());
     let tried: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
-    Err(target.error(
+    let err = target.error(
         ErrorKind::ConnectFailed,
         format!(
             "connecting to {} ({}): {cause}",
             target.authority,
             tried.join(", ")
         ),
-    ))
-}
-
-/// Alternates address families, starting with the family of the first address (RFC 8305
-/// §4), and keeps the order within each family.
-fn interleave_families(addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
-    let Some(first) = addrs.first() else {
-        return addrs;
-    };
-    let first_v6 = first.is_ipv6();
-    let (mut lead, mut other): (VecDeque<SocketAddr>, VecDeque<SocketAddr>) =
-        addrs.iter().copied().partition(|a| a.is_ipv6() == first_v6);
-    let mut out = Vec::with_capacity(addrs.len());
-    while !lead.is_empty() || !other.is_empty() {
-        out.extend(lead.pop_front());
-        out.extend(other.pop_front());
-    }
-    out
+    );
+    fail(err, failed)
 }
 
 /// The TLS half of a dial, within the deadline its TCP half started.
@@ -419,26 +464,5 @@ pub async fn handshake_tls(
             ),
         )),
         Err(_) => Err(target.timeout_error()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn families_alternate_from_the_first_one() {
-        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
-        let v6a = a("[::1]:80");
-        let v6b = a("[::2]:80");
-        let v4a = a("127.0.0.1:80");
-        let v4b = a("127.0.0.2:80");
-        let v4c = a("127.0.0.3:80");
-        assert_eq!(
-            interleave_families(vec![v6a, v6b, v4a, v4b, v4c]),
-            vec![v6a, v4a, v6b, v4b, v4c]
-        );
-        assert_eq!(interleave_families(vec![v4a, v4b, v6a]), vec![v4a, v6a, v4b]);
-        assert_eq!(interleave_families(vec![]), Vec::<SocketAddr>::new());
     }
 }

@@ -1,4 +1,4 @@
-//! One upstream connection: resolve, dial, TLS, and the HTTP/1.1 client side (or the HTTP/2
+//! One upstream connection: an endpoint from the upstream's set, dial, TLS, and the HTTP/1.1 client side (or the HTTP/2
 //! handshake and its driver task). It knows nothing of pools.
 //!
 //! A connection's place under its pool's `max_connections` must live exactly as long as its
@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use hyper::client::conn::http2;
 
+use crate::endpoint::Claim;
 use crate::error::ProxyError;
 use crate::wire::RequestBody;
 
@@ -28,6 +29,10 @@ use crate::wire::RequestBody;
 pub trait Place: Send + Sync + fmt::Debug + 'static {
     /// The connection ended with an error (unless a reason was already recorded).
     fn failed(&self);
+
+    /// The dial reached an endpoint: `claim` counts the connection in its load for as long
+    /// as the place is held.
+    fn connected(&self, claim: Claim);
 }
 
 /// The request handle of one upstream HTTP/2 connection (cloned per stream).

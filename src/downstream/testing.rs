@@ -21,6 +21,7 @@ pub(crate) fn context(config: Config, local: Vec<SocketAddr>, limit: usize) -> A
         guard: Arc::new(Guard::new(local, config.policy.clone())),
         metrics: Default::default(),
         pools: Default::default(),
+        resolver: Arc::new(crate::endpoint::dns::Resolver::new(&config.dns)),
     };
     let metrics = shared.metrics.clone();
     let proxy = Proxy::new(Router::new(config.clone(), &[], shared));

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::{past_lifetime, Grant, Pool, State, Tracker};
 use crate::config::PoolConfig;
 use crate::connector::H2Sender;
+use crate::endpoint::Endpoint;
 
 /// An HTTP/2 connection and its stream count.
 pub(super) struct H2Conn {
@@ -32,6 +33,7 @@ pub struct H2Stream {
     pub(super) sender: H2Sender,
     pub(super) conn_id: u64,
     pub(super) reused: bool,
+    pub(super) endpoint: Option<Arc<Endpoint>>,
 }
 
 impl H2Conn {
@@ -46,6 +48,9 @@ impl H2Conn {
         if past_lifetime(cfg, self.created, now) {
             self.track.set("max_lifetime");
             self.draining = true;
+        } else if self.track.endpoint_removed() {
+            self.track.set("endpoint_removed");
+            self.draining = true;
         }
         !self.draining && self.in_flight < self.stream_limit(max_streams)
     }
@@ -57,6 +62,7 @@ impl H2Conn {
             sender: self.sender.clone(),
             conn_id: self.id,
             reused: self.served > 1,
+            endpoint: self.track.endpoint().cloned(),
         }
     }
 

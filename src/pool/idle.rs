@@ -102,6 +102,8 @@ impl Pool {
             || conn.remaining_hint == Some(0);
         let reason = if conn.retire || !conn.io.is_reusable() {
             Some("upstream_close")
+        } else if conn.track.endpoint_removed() {
+            Some("endpoint_removed")
         } else if spent {
             Some("max_requests")
         } else if past_lifetime(&cfg, conn.created, Instant::now()) {
@@ -183,6 +185,34 @@ impl Pool {
         drop(expired);
         self.log_learned(learned);
         next
+    }
+
+    /// Closes the idle connections to endpoints that left the DNS answer, and stops new streams
+    /// on HTTP/2 ones (closed when their last stream ends); busy HTTP/1.1 ones close at check-in.
+    pub(super) fn drain_removed(&self) {
+        let mut st = self.lock();
+        let (removed, kept): (Vec<Idle>, Vec<Idle>) = std::mem::take(&mut st.idle)
+            .into_iter()
+            .partition(|idle| idle.conn.track.endpoint_removed());
+        st.idle = kept;
+        for idle in &removed {
+            idle.conn.track.set("endpoint_removed");
+        }
+        let mut closing = Vec::new();
+        for mut conn in std::mem::take(&mut st.h2) {
+            if conn.track.endpoint_removed() {
+                conn.track.set("endpoint_removed");
+                conn.draining = true;
+                if conn.in_flight == 0 {
+                    closing.push(conn);
+                    continue;
+                }
+            }
+            st.h2.push(conn);
+        }
+        drop(st);
+        drop(removed);
+        drop(closing);
     }
 
     /// Closes the idle connections beyond `max_idle` now rather than after their grace: the

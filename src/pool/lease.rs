@@ -6,7 +6,7 @@ use std::fmt;
 #[cfg(any(test, feature = "test-support"))]
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 #[cfg(any(test, feature = "test-support"))]
 use std::task::Poll;
 use std::time::Duration;
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::idle::{parse_keep_alive, Conn};
 use super::{Grant, H2Stream, Pool, SendError, UpstreamBody};
 use crate::connector::{h1, Place};
+use crate::endpoint::{Claim, Endpoint};
 use crate::error::{ErrorKind, ProxyError};
 use crate::wire::RequestBody;
 
@@ -32,6 +33,8 @@ struct Track {
     state: AtomicU8,
     http2: AtomicBool,
     requests: AtomicU64,
+    /// The endpoint the connection reached, once connected.
+    endpoint: OnceLock<Arc<Endpoint>>,
 }
 
 impl Tracker {
@@ -39,7 +42,7 @@ impl Tracker {
     const OPEN: u8 = 1;
     /// Index [`Self::OPEN`] doubles as the reason of a connection that ended with none recorded:
     /// the upstream closed it.
-    const REASONS: [&'static str; 13] = [
+    const REASONS: [&'static str; 14] = [
         "dialing",
         "upstream_close",
         "idle_timeout",
@@ -53,6 +56,7 @@ impl Tracker {
         "reload",
         "shutdown",
         "memory_budget",
+        "endpoint_removed",
     ];
 
     pub(super) fn set(&self, reason: &'static str) {
@@ -92,6 +96,16 @@ impl Tracker {
 
     pub(super) fn count_request(&self) {
         self.0.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The endpoint the connection reached, once connected (none for in-memory connectors).
+    pub(super) fn endpoint(&self) -> Option<&Arc<Endpoint>> {
+        self.0.endpoint.get()
+    }
+
+    /// Whether the connection's endpoint left the DNS answer.
+    pub(super) fn endpoint_removed(&self) -> bool {
+        self.endpoint().is_some_and(|e| e.is_removed())
     }
 }
 
@@ -164,11 +178,18 @@ pub struct Slot {
     pub(super) track: Tracker,
     /// The connection's id within its pool, its key in the registry.
     pub(super) id: u64,
+    /// The connection's count in its endpoint's load, given back with the place.
+    pub(super) claim: OnceLock<Claim>,
 }
 
 impl Place for Slot {
     fn failed(&self) {
         self.track.set("error");
+    }
+
+    fn connected(&self, claim: Claim) {
+        let _ = self.track.0.endpoint.set(claim.endpoint().clone());
+        let _ = self.claim.set(claim);
     }
 }
 
@@ -294,6 +315,31 @@ impl Lease {
         match &mut self.kind {
             LeaseKind::H1(Some(conn)) => Some(&mut conn.io),
             _ => None,
+        }
+    }
+
+    fn endpoint(&self) -> Option<&Arc<Endpoint>> {
+        match &self.kind {
+            LeaseKind::H1(conn) => conn.as_ref().and_then(|c| c.track.endpoint()),
+            LeaseKind::H2(stream) => stream.as_ref().and_then(|s| s.endpoint.as_ref()),
+        }
+    }
+
+    /// A response head came back after `took`: the endpoint's failure run ends, and p2c_ewma
+    /// hears its latency.
+    pub fn response_arrived(&self, took: Duration) {
+        if let Some(endpoint) = self.endpoint() {
+            endpoint.succeeded();
+            if self.pool.endpoints.wants_latency() {
+                endpoint.observe_latency(took);
+            }
+        }
+    }
+
+    /// The connection was reset under a request: one failure of its endpoint.
+    pub fn reset(&self) {
+        if let Some(endpoint) = self.endpoint() {
+            self.pool.endpoints.failed(endpoint);
         }
     }
 

@@ -88,6 +88,7 @@ pub use report::{ConnectionReport, PoolReport, PoolSnapshot};
 
 use crate::config::PoolConfig;
 use crate::connector::{Connect, Dialed};
+use crate::endpoint;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::UpstreamMetrics;
 use h2::H2Conn;
@@ -177,6 +178,8 @@ struct Stats {
 pub struct Pool {
     label: Arc<str>,
     connector: Box<dyn Connect>,
+    /// The upstream's endpoints, which the connector dials and this pool reports.
+    endpoints: Arc<endpoint::Set>,
     metrics: UpstreamMetrics,
     state: Mutex<State>,
     reaper_wake: Notify,
@@ -203,6 +206,7 @@ impl Pool {
         protocol: Negotiated,
         max_streams: usize,
         connector: Box<dyn Connect>,
+        endpoints: Arc<endpoint::Set>,
         metrics: UpstreamMetrics,
     ) -> Arc<Self> {
         let state = State {
@@ -224,14 +228,27 @@ impl Pool {
             retired: None,
             learner: learn::IdleLearner::default(),
         };
-        Arc::new(Pool {
+        let pool = Arc::new(Pool {
             label,
             connector,
+            endpoints,
             metrics,
             state: Mutex::new(state),
             reaper_wake: Notify::new(),
             stats: Stats::default(),
-        })
+        });
+        let weak = Arc::downgrade(&pool);
+        pool.endpoints.on_drain(Box::new(move || {
+            if let Some(pool) = weak.upgrade() {
+                pool.drain_removed();
+            }
+        }));
+        pool
+    }
+
+    /// The upstream's endpoints.
+    pub fn endpoints(&self) -> &Arc<endpoint::Set> {
+        &self.endpoints
     }
 
     /// The pool's settings now in force.
@@ -347,13 +364,19 @@ impl Pool {
             let retire_after = st.learner.retire_after(now);
             while let Some(mut idle) = st.idle.pop() {
                 let closed = idle.conn.io.is_closed();
-                if !closed && now < idle_deadline(&st.config, retire_after, &idle.conn, idle.since) {
+                let removed = idle.conn.track.endpoint_removed();
+                if !closed
+                    && !removed
+                    && now < idle_deadline(&st.config, retire_after, &idle.conn, idle.since)
+                {
                     drop(st);
                     self.log_learned(learned);
                     return Ok(Ok(Grant::H1(idle.conn)));
                 }
                 if closed {
                     learned = learned.or(upstream_closed_idle(&mut st.learner, &idle, now));
+                } else if removed {
+                    idle.conn.track.set("endpoint_removed");
                 } else {
                     idle.conn
                         .track
@@ -410,6 +433,7 @@ impl Pool {
                 pool: self.clone(),
                 track: Tracker::default(),
                 id: st.next_conn_id,
+                claim: std::sync::OnceLock::new(),
             };
             st.conns.insert(
                 slot.id,

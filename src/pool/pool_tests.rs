@@ -73,6 +73,11 @@ fn pool(config: PoolConfig, connector: &Arc<GatedConnector>) -> Arc<Pool> {
         Negotiated::Http1,
         100,
         Box::new(connector.clone()),
+        crate::endpoint::Set::single(
+            "test".into(),
+            ([127, 0, 0, 1], 1).into(),
+            crate::metrics::Metrics::new().upstream("test"),
+        ),
         crate::metrics::Metrics::new().upstream("test"),
     )
 }

@@ -38,6 +38,10 @@ impl PoolSource for Pool {
             idle: s.idle + s.idle_http2,
             pending: s.pending,
             learned_idle_timeout: s.learned_idle_timeout,
+            endpoints: {
+                let e = self.endpoints().counts();
+                [e.active, e.ejected, e.draining]
+            },
         }
     }
 }

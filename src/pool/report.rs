@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Negotiated, Pool};
+use crate::endpoint::{DnsReport, EndpointReport};
 
 /// A snapshot of a pool's counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,10 @@ pub struct PoolReport {
     pub idle_close_observations: u64,
     /// Each open connection, oldest first.
     pub connections: Vec<ConnectionReport>,
+    /// The upstream's endpoints, with their load and health.
+    pub endpoints: Vec<EndpointReport>,
+    /// The DNS answer's state, for an upstream resolved by name.
+    pub dns: Option<DnsReport>,
 }
 
 /// One upstream connection as `/debug/pools` shows it.
@@ -91,6 +96,8 @@ pub struct ConnectionReport {
     pub stream_limit: Option<usize>,
     /// Why it is closing, once that is decided.
     pub closing_reason: Option<&'static str>,
+    /// The endpoint it reached, once connected.
+    pub endpoint: Option<String>,
 }
 
 impl Pool {
@@ -135,6 +142,7 @@ impl Pool {
                     streams_in_use: None,
                     stream_limit: None,
                     closing_reason: None,
+                    endpoint: tracked.track.endpoint().map(|e| e.addr().to_string()),
                 };
                 if tracked.track.reason().is_none() {
                     return conn;
@@ -171,6 +179,18 @@ impl Pool {
                 conn
             })
             .collect();
+        let idle_to = |addr| {
+            let h1 = st
+                .idle
+                .iter()
+                .filter(|i| i.conn.track.endpoint().is_some_and(|e| e.addr() == addr));
+            let h2 = st
+                .h2
+                .iter()
+                .filter(|c| c.in_flight == 0 && c.track.endpoint().is_some_and(|e| e.addr() == addr));
+            h1.count() + h2.count()
+        };
+        let endpoints = self.endpoints.report(idle_to);
         PoolReport {
             upstream: self.label.to_string(),
             protocol: match st.protocol {
@@ -194,6 +214,8 @@ impl Pool {
                 .map(|d| d.as_millis() as u64),
             idle_close_observations: st.learner.observations(),
             connections,
+            endpoints: endpoints.endpoints,
+            dns: endpoints.dns,
         }
     }
 }

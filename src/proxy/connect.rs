@@ -115,7 +115,7 @@ async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, 
     dial::tcp(DialTarget {
         label: &label,
         authority,
-        addresses: &[],
+        resolve: dial::Resolve::Name(router.resolver()),
         connect_timeout: router.config().defaults.connect_timeout,
         guard: router.guard(),
     })

@@ -56,6 +56,7 @@ impl GrpcPool {
                 &TlsConfig::default(),
                 &settings,
                 &self.shared.guard,
+                &upstream.endpoints,
                 upstream.metrics.clone(),
             );
             let source: Arc<dyn PoolSource> = pool.clone();

@@ -22,6 +22,7 @@ mod grpc;
 use grpc::GrpcPool;
 
 use crate::connector::{dial, h1, tls};
+use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
 use crate::policy::Guard;
@@ -38,6 +39,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// The pools alive now.
     pub pools: Arc<pool::Registry>,
+    /// The resolver every endpoint set and tunnel asks.
+    pub resolver: Arc<Resolver>,
 }
 
 /// How often a request handed back unsent may be tried on yet another connection.
@@ -50,10 +53,11 @@ pub struct Upstream {
     scheme: Scheme,
     authority: Authority,
     aliases: Vec<Authority>,
-    addresses: Vec<SocketAddr>,
     settings: UpstreamSettings,
     host_header: HeaderValue,
     pool: Arc<Pool>,
+    /// The endpoints every pool of this upstream and its dedicated connections dial.
+    endpoints: Arc<endpoint::Set>,
     /// The h2c pool for gRPC requests, when this upstream speaks HTTP/1.1 on plain TCP only
     /// because `protocol` is `auto` (`grpc`).
     grpc: Option<GrpcPool>,
@@ -179,13 +183,35 @@ impl Upstream {
         let max_streams = settings.http2.max_streams_per_connection as usize;
         let previous = previous.filter(|p| p.key == key);
         let grpc = GrpcPool::for_upstream(&key, &settings, shared, previous);
+        let endpoints = match previous {
+            Some(previous) => {
+                previous.endpoints.reconfigure(settings.balance, settings.outlier);
+                previous.endpoints.clone()
+            }
+            None => endpoint::Set::new(endpoint::Spec {
+                label: label.clone(),
+                authority: authority.clone(),
+                addresses,
+                balance: settings.balance,
+                outlier: settings.outlier,
+                resolver: shared.resolver.clone(),
+                metrics: upstream_metrics.clone(),
+            }),
+        };
         let pool = match previous {
             Some(previous) => {
                 previous.pool.reconfigure(settings.pool, max_streams);
                 previous.pool.clone()
             }
             None => {
-                let pool = Self::new_pool(&key, &tls, &settings, &shared.guard, upstream_metrics.clone());
+                let pool = Self::new_pool(
+                    &key,
+                    &tls,
+                    &settings,
+                    &shared.guard,
+                    &endpoints,
+                    upstream_metrics.clone(),
+                );
                 let source: Arc<dyn PoolSource> = pool.clone();
                 upstream_metrics.watch_pool(Arc::downgrade(&source));
                 shared.pools.register(&pool);
@@ -198,9 +224,9 @@ impl Upstream {
             scheme,
             authority,
             aliases,
-            addresses,
             settings,
             pool,
+            endpoints,
             grpc,
             tls: (scheme == Scheme::Https).then_some(tls),
             upgrade_tls: OnceLock::new(),
@@ -214,6 +240,7 @@ impl Upstream {
         tls: &TlsConfig,
         settings: &UpstreamSettings,
         guard: &Arc<Guard>,
+        endpoints: &Arc<endpoint::Set>,
         metrics: UpstreamMetrics,
     ) -> Arc<Pool> {
         let label = &key.label;
@@ -234,7 +261,7 @@ impl Upstream {
         let peer = dial::Peer {
             label: label.clone(),
             authority: key.authority.clone(),
-            addresses: key.addresses.clone(),
+            endpoints: endpoints.clone(),
             connect_timeout: settings.connect_timeout,
             guard: guard.clone(),
         };
@@ -245,6 +272,7 @@ impl Upstream {
             known,
             settings.http2.max_streams_per_connection as usize,
             Box::new(connector),
+            endpoints.clone(),
             metrics,
         )
     }
@@ -296,7 +324,7 @@ impl Upstream {
         let target = dial::DialTarget {
             label: &self.label,
             authority: &self.authority,
-            addresses: &self.addresses,
+            resolve: dial::Resolve::Endpoints(&self.endpoints),
             connect_timeout: self.settings.connect_timeout,
             guard,
         };
@@ -417,6 +445,11 @@ impl Upstream {
                         && idempotent
                         && (reused || http2)
                         && err.kind() == ErrorKind::UpstreamReset;
+                    // A reused connection the upstream closed as the request went out is the
+                    // keep-alive race, not the endpoint failing.
+                    if err.kind() == ErrorKind::UpstreamReset && !(again && reused) {
+                        lease.reset();
+                    }
                     match (again, replay) {
                         (true, _) if !http2 => {}
                         (true, Some(copy)) => req = copy,
@@ -478,7 +511,9 @@ impl Upstream {
             None => sending.await,
         };
         if result.is_ok() {
-            self.metrics.duration.observe(started.elapsed().as_secs_f64());
+            let took = started.elapsed();
+            self.metrics.duration.observe(took.as_secs_f64());
+            lease.response_arrived(took);
         }
         result.map_err(|e| match e {
             SendError::Http1(e) => Failure::Sent(self.classify_h1(&e)),

@@ -1,0 +1,156 @@
+//! The resolver: host names to addresses, asynchronously, with the answer's lifetime.
+//!
+//! hickory-resolver rather than getaddrinfo on a worker thread: getaddrinfo hides the TTL, and
+//! an endpoint set refreshed by TTL needs it; it also ties up a thread per lookup in flight.
+//! hickory reads `/etc/resolv.conf` (name servers, `search`, `ndots`, so Kubernetes short names
+//! such as `billing` resolve as they do for the application), answers from `/etc/hosts` first,
+//! asks for AAAA and A in parallel, and clamps TTLs into `dns.min_ttl..=dns.max_ttl` in its
+//! cache. `dns.servers` replaces the name servers and keeps resolv.conf's search list.
+//!
+//! The resolver is built on first use (a sidecar whose upstreams all have static addresses never
+//! reads resolv.conf) and rebuilt when a reload changes the `dns` section.
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use hickory_resolver::config::{
+    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
+};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::TokioResolver;
+use tokio::time::Instant;
+
+use crate::config::DnsConfig;
+
+/// Entries hickory's cache keeps: each name an upstream or a tunnel met, with its A and AAAA
+/// answers. Bounded for the memory budget; the endpoint sets hold their own answers.
+const CACHE_ENTRIES: u64 = 1024;
+
+/// What a lookup found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The addresses, in the resolver's order (AAAA before A).
+    pub ips: Vec<IpAddr>,
+    /// When the answer expires (its TTL, within `dns.min_ttl..=dns.max_ttl`).
+    pub valid_until: Instant,
+}
+
+/// The sidecar's resolver: one for the process, shared by every endpoint set and tunnel.
+#[derive(Debug)]
+pub struct Resolver {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    config: DnsConfig,
+    /// `Err`: hickory would not build with this configuration (every lookup says why).
+    built: Option<Result<Arc<TokioResolver>, String>>,
+}
+
+impl Resolver {
+    /// A resolver for `config`, built on first use.
+    pub fn new(config: &DnsConfig) -> Self {
+        Resolver {
+            state: Mutex::new(State {
+                config: config.clone(),
+                built: None,
+            }),
+        }
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> DnsConfig {
+        self.lock().config.clone()
+    }
+
+    /// Applies a reloaded `dns` section: lookups from now on use it.
+    pub fn reconfigure(&self, config: &DnsConfig) {
+        let mut st = self.lock();
+        if st.config != *config {
+            st.config = config.clone();
+            st.built = None;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn resolver(&self) -> Result<Arc<TokioResolver>, String> {
+        let mut st = self.lock();
+        if let Some(built) = &st.built {
+            return built.clone();
+        }
+        let built = build(&st.config).map(Arc::new);
+        st.built = Some(built.clone());
+        built
+    }
+
+    /// Every address of `host`, or why there is none.
+    pub async fn lookup(&self, host: &str) -> Result<Answer, String> {
+        let (min_ttl, max_ttl) = {
+            let st = self.lock();
+            (st.config.min_ttl, st.config.max_ttl)
+        };
+        let resolver = self.resolver()?;
+        let found = resolver.lookup_ip(host).await.map_err(|e| e.to_string())?;
+        let ips: Vec<IpAddr> = found.iter().collect();
+        if ips.is_empty() {
+            return Err("no addresses".to_owned());
+        }
+        // hickory clamps the TTLs it caches; /etc/hosts answers carry a TTL of their own.
+        let now = Instant::now();
+        let ttl = Instant::from_std(found.valid_until())
+            .saturating_duration_since(now)
+            .clamp(min_ttl, max_ttl);
+        Ok(Answer {
+            ips,
+            valid_until: now + ttl,
+        })
+    }
+}
+
+fn build(config: &DnsConfig) -> Result<TokioResolver, String> {
+    let (mut system, mut options) = match hickory_resolver::system_conf::read_system_conf() {
+        Ok(found) => found,
+        Err(e) => {
+            if config.servers.is_empty() {
+                tracing::warn!(
+                    "reading /etc/resolv.conf: {e}; only /etc/hosts resolves names (set dns.servers)"
+                );
+            }
+            (
+                ResolverConfig::from_parts(None, Vec::new(), Vec::new()),
+                ResolverOpts::default(),
+            )
+        }
+    };
+    if !config.servers.is_empty() {
+        let (domain, search, _) = system.into_parts();
+        let servers = config
+            .servers
+            .iter()
+            .map(|addr| {
+                let mut udp = ConnectionConfig::udp();
+                udp.port = addr.port();
+                let mut tcp = ConnectionConfig::tcp();
+                tcp.port = addr.port();
+                NameServerConfig::new(addr.ip(), true, vec![udp, tcp])
+            })
+            .collect();
+        system = ResolverConfig::from_parts(domain, search, servers);
+    }
+    options.ip_strategy = LookupIpStrategy::Ipv6AndIpv4;
+    options.use_hosts_file = ResolveHosts::Always;
+    options.cache_size = CACHE_ENTRIES;
+    options.positive_min_ttl = Some(config.min_ttl);
+    options.positive_max_ttl = Some(config.max_ttl);
+    // A name that does not exist yet (a Service about to be created) is asked again soon.
+    options.negative_max_ttl = Some(config.min_ttl);
+    let mut builder = TokioResolver::builder_with_config(system, TokioRuntimeProvider::default());
+    *builder.options_mut() = options;
+    builder
+        .build()
+        .map_err(|e| format!("the resolver could not be set up: {e}"))
+}
