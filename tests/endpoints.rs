@@ -340,6 +340,86 @@ async fn dns_answers_add_and_drain_endpoints_within_their_ttl() {
 }
 
 #[tokio::test]
+async fn busy_connections_to_a_removed_endpoint_finish_their_requests_then_close() {
+    let ips: Vec<IpAddr> = (1..=2).map(|i| IpAddr::from([127, 0, 0, i])).collect();
+    let origins = FakeUpstream::same_port(&ips).await;
+    let port = origins[0].addr.port();
+    let dns = DnsServer::start(
+        "svc.test",
+        &[Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2)],
+        1,
+    )
+    .await;
+    let sidecar = Sidecar::start(&format!(
+        "dns: {{ servers: [\"{}\"], min_ttl: 1s, max_ttl: 30s }}\n\
+         upstreams:\n  - name: svc\n    url: http://svc.test:{port}\n    \
+         pool: {{ max_connections: 20, idle_timeout: 60s }}\n",
+        dns.addr
+    ))
+    .await;
+    let removed = format!("127.0.0.2:{port}");
+    // 20 streams held open by the origins (`/sse/2`: the second event waits for `sse_next`).
+    let held = spawn_gets(sidecar.addr, &format!("http://svc.test:{port}/sse/2"), 20);
+    let arrived = eventually(Duration::from_secs(5), || {
+        origins.iter().map(FakeUpstream::requests).sum::<usize>() == 20
+    })
+    .await;
+    let open: Vec<usize> = origins.iter().map(FakeUpstream::open).collect();
+    assert!(arrived && open[1] > 0, "open at the origins: {open:?}");
+
+    dns.set_records(&[Ipv4Addr::new(127, 0, 0, 1)]);
+    let draining = |p: &Value| {
+        endpoints(p)
+            .iter()
+            .any(|e| e["address"] == removed.as_str() && e["state"] == "draining")
+    };
+    let pool = fetch_until(
+        Duration::from_secs(5),
+        || debug_pool(sidecar.admin, "svc"),
+        draining,
+    )
+    .await;
+    assert!(draining(&pool), "{pool:#}");
+    let gone = endpoint(&pool, removed.parse().unwrap());
+    println!("held streams open at the origins {open:?}; the removed one listed as {gone}");
+    assert_eq!(gone["open"], open[1], "busy connections are not cut: {pool:#}");
+    assert_eq!(origins[1].open(), open[1], "busy connections are not cut");
+    let m = scrape(sidecar.admin).await;
+    let labels = |state| [("upstream", "svc"), ("state", state)];
+    assert_eq!(value(&m, "egress_upstream_endpoints", &labels("draining")), 1.0);
+    assert_eq!(value(&m, "egress_upstream_endpoints", &labels("active")), 1.0);
+
+    // Released, every stream finishes whole; then the removed endpoint's connections close.
+    let all_done = eventually(Duration::from_secs(5), || {
+        for origin in &origins {
+            origin.sse_next.notify_waiters();
+        }
+        held.iter().all(|t| t.is_finished())
+    })
+    .await;
+    assert!(all_done, "the held requests did not finish");
+    for (i, task) in held.into_iter().enumerate() {
+        let resp = task.await.unwrap();
+        assert_eq!(resp.status, 200, "request {i}");
+        assert_eq!(resp.text(), "data: event 0\n\ndata: event 1\n\n", "request {i}");
+    }
+    let closed = eventually(Duration::from_secs(5), || origins[1].open() == 0).await;
+    assert!(closed, "{} connections left open at {removed}", origins[1].open());
+    let pool = fetch_until(
+        Duration::from_secs(5),
+        || debug_pool(sidecar.admin, "svc"),
+        |p| endpoints(p).len() == 1,
+    )
+    .await;
+    assert_eq!(endpoints(&pool).len(), 1, "{pool:#}");
+    assert_eq!(
+        origins[0].open(),
+        open[0],
+        "the kept endpoint's connections stay, idle"
+    );
+}
+
+#[tokio::test]
 async fn a_hanging_ipv6_endpoint_gives_way_to_ipv4_after_the_attempt_delay() {
     let dead6 = match Blackhole::bind("[::1]:0".parse().unwrap()).await {
         Ok(b) => b,
