@@ -261,6 +261,11 @@ impl Router {
         })
     }
 
+    /// The configured upstream that `authority` names (its `url` or an alias), if any.
+    pub fn configured(&self, authority: &Authority) -> Option<Arc<Upstream>> {
+        self.routes.get().by_authority.get(authority).cloned()
+    }
+
     /// Routes a request by its target URI and `Host` header.
     pub fn route(&self, arrival: &Arrival, uri: &Uri, host: Option<&str>) -> Result<Route, ProxyError> {
         let routes = self.routes.get();

@@ -455,3 +455,37 @@ async fn idle_tunnels_close_after_idle_timeout_and_busy_ones_stay() {
     assert!(eventually(Duration::from_secs(3), || echo.open() == 0).await);
     assert_eq!(echo.accepted(), 2);
 }
+
+#[tokio::test]
+async fn an_opaque_connect_to_a_configured_upstream_dials_its_addresses() {
+    // `secure.test` resolves nowhere: the tunnel can only reach the echo server through the
+    // upstream's static addresses, the first of which refuses (happy eyeballs moves on).
+    let echo = EchoServer::start().await;
+    let refusing = support::RefusingPort::new();
+    let port = echo.addr.port();
+    let sidecar = Sidecar::start(&format!(
+        "policy:\n  connect_ports: [{port}]\nupstreams:\n  - name: secure\n    url: https://secure.test:{port}\n    \
+         addresses: [{}, {}]\n",
+        refusing.addr, echo.addr
+    ))
+    .await;
+    let (client, answer) = connect(sidecar.addr, &format!("secure.test:{port}"), b"ping").await;
+    let mut early = answer.expect("200 Connection Established through the configured addresses");
+    let mut stream = client.stream;
+    assert_eq!(read_n(&mut stream, &mut early, 4).await, b"ping");
+    assert_eq!(echo.accepted(), 1);
+    // A name that is no configured upstream goes to the resolver, which knows no such host.
+    let (_client, answer) = connect(sidecar.addr, &format!("other.invalid:{port}"), b"").await;
+    let refused = answer.expect_err("an unresolvable tunnel target is refused");
+    // NXDOMAIN, or no name server answering within connect_timeout on a machine without one.
+    let kind = refused.header("x-egress-error");
+    assert!(
+        matches!(
+            (refused.status, kind),
+            (502, Some("connect_failed")) | (504, Some("connect_timeout"))
+        ),
+        "{} {kind:?}: {}",
+        refused.status,
+        refused.text()
+    );
+}

@@ -190,3 +190,66 @@ fn positive(raw: &Option<Scalar>, base: Duration, key: &str, problems: &mut Prob
     }
     value
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse, ConfigError, Overrides};
+    use super::*;
+
+    fn problems(yaml: &str) -> Vec<(String, String)> {
+        match parse(yaml, &Overrides::default()) {
+            Ok(_) => vec![],
+            Err(ConfigError::Invalid(p)) => p.into_iter().map(|p| (p.key, p.reason)).collect(),
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = parse("", &Overrides::default()).unwrap();
+        assert_eq!(c.dns, DnsConfig::default());
+        assert_eq!(c.defaults.balance, Balance::LeastConnections);
+        assert_eq!(c.defaults.outlier, OutlierConfig::default());
+        let c = parse(
+            "dns: { servers: [10.0.0.2, '127.0.0.1:5353', '[fd00::2]:53'], min_ttl: 1s, max_ttl: 30s }\n\
+             defaults: { balance: p2c_ewma, outlier: { consecutive_failures: 5 } }\n\
+             upstreams:\n  - { name: a, url: 'http://a.test', balance: least_connections, outlier: { base_ejection: 1s } }\n",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let servers: Vec<String> = c.dns.servers.iter().map(|s| s.to_string()).collect();
+        assert_eq!(servers, ["10.0.0.2:53", "127.0.0.1:5353", "[fd00::2]:53"]);
+        assert_eq!(
+            (c.dns.min_ttl, c.dns.max_ttl),
+            (Duration::from_secs(1), Duration::from_secs(30))
+        );
+        assert_eq!(c.defaults.balance, Balance::P2cEwma);
+        let up = &c.upstreams[0].settings;
+        assert_eq!(up.balance, Balance::LeastConnections);
+        assert_eq!(up.outlier.consecutive_failures, 5, "inherited from defaults");
+        assert_eq!(up.outlier.base_ejection, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn bad_values_name_their_keys() {
+        let found = problems(
+            "dns: { servers: [nameserver.example], min_ttl: 10m, max_ttl: 1m }\n\
+             defaults: { balance: random, outlier: { base_ejection: 5m, max_ejection: 1m } }\n\
+             upstreams:\n  - { name: a, url: 'http://a.test', outlier: { max_ejection: 0s } }\n",
+        );
+        let keys: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
+        for key in [
+            "dns.servers[0]",
+            "dns.min_ttl",
+            "defaults.balance",
+            "defaults.outlier.base_ejection",
+            "upstreams[0].outlier.max_ejection",
+        ] {
+            assert!(keys.contains(&key), "{key} missing from {found:?}");
+        }
+        assert!(
+            parse("dns: { port: 53 }\n", &Overrides::default()).is_err(),
+            "unknown keys are errors"
+        );
+    }
+}

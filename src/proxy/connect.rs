@@ -108,15 +108,24 @@ fn check(target: &Uri, framing: BodyFraming, proxy: &Proxy) -> Result<Tunnel, Pr
     proxy.router().check_connect_target(text)
 }
 
-/// Dials the target of an opaque tunnel.
+/// Dials the target of an opaque tunnel: through the endpoints of the configured upstream it
+/// names (its static `addresses`, balance and ejections), else what the resolver finds.
 async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, ProxyError> {
     let router = proxy.router();
     let label = authority.to_string();
+    let configured = router.configured(authority);
+    let (resolve, connect_timeout) = match &configured {
+        Some(up) => (dial::Resolve::Endpoints(up.endpoints()), up.connect_timeout()),
+        None => (
+            dial::Resolve::Name(router.resolver()),
+            router.config().defaults.connect_timeout,
+        ),
+    };
     dial::tcp(DialTarget {
         label: &label,
         authority,
-        resolve: dial::Resolve::Name(router.resolver()),
-        connect_timeout: router.config().defaults.connect_timeout,
+        resolve,
+        connect_timeout,
         guard: router.guard(),
     })
     .await

@@ -347,6 +347,11 @@ impl Upstream {
         self.classify(e).0
     }
 
+    /// The endpoints this upstream's connections go to.
+    pub fn endpoints(&self) -> &Arc<endpoint::Set> {
+        &self.endpoints
+    }
+
     /// The pool.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
