@@ -301,6 +301,19 @@ impl DialTarget<'_> {
         )
     }
 
+    /// The timeout of a race, naming the addresses it tried.
+    fn timeout_error_tried(&self, tried: &[SocketAddr]) -> ProxyError {
+        self.error(
+            ErrorKind::ConnectTimeout,
+            format!(
+                "connecting to {} ({}) took longer than connect_timeout ({})",
+                self.authority,
+                list(tried),
+                humantime::format_duration(self.connect_timeout)
+            ),
+        )
+    }
+
     /// The addresses to connect to, in the order to try them. Static `addresses` are the
     /// operator's own choice; the policy checks those the request's host names or resolves to,
     /// before any is dialed.
@@ -402,7 +415,7 @@ async fn race(target: &DialTarget<'_>, addrs: &[SocketAddr], deadline: Instant) 
             () = tokio::time::sleep_until(deadline) => {
                 let hanging = (0..started.len()).filter(|i| !failed.contains(i));
                 failed.extend(hanging.collect::<Vec<_>>());
-                return fail(target.timeout_error(), failed);
+                return fail(target.timeout_error_tried(&addrs[..started.len()]), failed);
             }
         };
         match finished {
@@ -434,16 +447,16 @@ async fn race(target: &DialTarget<'_>, addrs: &[SocketAddr], deadline: Instant) 
         }
     }
     let cause = last_err.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-    let tried: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
     let err = target.error(
         ErrorKind::ConnectFailed,
-        format!(
-            "connecting to {} ({}): {cause}",
-            target.authority,
-            tried.join(", ")
-        ),
+        format!("connecting to {} ({}): {cause}", target.authority, list(addrs)),
     );
     fail(err, failed)
+}
+
+fn list(addrs: &[SocketAddr]) -> String {
+    let text: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+    text.join(", ")
 }
 
 /// The TLS half of a dial, within the deadline its TCP half started.
