@@ -1,10 +1,12 @@
 //! A hand-written DNS responder over UDP for tests that resolve through a server they control:
-//! A records for one name from a list the test changes at runtime, queries counted by type.
+//! A records for one name from a list the test changes at runtime, queries counted by type, and
+//! failures (SERVFAIL, NXDOMAIN, silence) switched on and off at runtime.
 
 use super::*;
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU8};
+use std::time::Instant;
 
 use tokio::net::UdpSocket;
 
@@ -14,6 +16,7 @@ pub const TYPE_AAAA: u16 = 28;
 
 const RCODE_NOERROR: u16 = 0;
 const RCODE_FORMERR: u16 = 1;
+const RCODE_SERVFAIL: u16 = 2;
 const RCODE_NXDOMAIN: u16 = 3;
 const RCODE_NOTIMP: u16 = 4;
 
@@ -24,11 +27,32 @@ struct Zone {
     ttl: AtomicU32,
     /// Questions seen for the name, by type.
     queries: Mutex<Vec<u16>>,
+    /// Questions for other names (answered NXDOMAIN).
+    other_queries: AtomicUsize,
+    /// How questions for the name are met: a [`DnsMode`] as its index.
+    mode: AtomicU8,
+    /// When A records were last sent for the name.
+    last_answer: Mutex<Option<Instant>>,
+}
+
+/// How a [`DnsServer`] meets questions for its name; the test switches it at runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum DnsMode {
+    /// The records (for A; NOERROR without answers for any other type).
+    Answer = 0,
+    /// SERVFAIL, at once, for every type.
+    ServFail = 1,
+    /// NXDOMAIN, at once, for every type.
+    NxDomain = 2,
+    /// No reply at all: the resolver waits out its own timeout.
+    Silent = 3,
 }
 
 /// A UDP DNS server on 127.0.0.1:0 answering for one name: its A records (the current list,
 /// with the current TTL); NOERROR without answers for any other type (AAAA included); NXDOMAIN
-/// for any other name. Runs until dropped.
+/// for any other name. [`DnsServer::set_mode`] makes it fail instead (SERVFAIL, NXDOMAIN, or
+/// silence). Runs until dropped.
 pub struct DnsServer {
     pub addr: SocketAddr,
     zone: Arc<Zone>,
@@ -44,6 +68,9 @@ impl DnsServer {
             records: Mutex::new(records.to_vec()),
             ttl: AtomicU32::new(ttl),
             queries: Mutex::new(Vec::new()),
+            other_queries: AtomicUsize::new(0),
+            mode: AtomicU8::new(DnsMode::Answer as u8),
+            last_answer: Mutex::new(None),
         });
         let (stop, mut stopped) = oneshot::channel::<()>();
         let served = zone.clone();
@@ -73,6 +100,21 @@ impl DnsServer {
 
     pub fn set_ttl(&self, ttl: u32) {
         self.zone.ttl.store(ttl, Ordering::SeqCst);
+    }
+
+    /// How questions for the name are met from now on.
+    pub fn set_mode(&self, mode: DnsMode) {
+        self.zone.mode.store(mode as u8, Ordering::SeqCst);
+    }
+
+    /// When A records for the name were last sent (None: never).
+    pub fn last_answer(&self) -> Option<Instant> {
+        *self.zone.last_answer.lock().unwrap()
+    }
+
+    /// Questions for names other than this server's (each answered NXDOMAIN).
+    pub fn other_queries(&self) -> usize {
+        self.zone.other_queries.load(Ordering::SeqCst)
     }
 
     /// Questions of type `qtype` for the name so far.
@@ -137,7 +179,8 @@ fn question(msg: &[u8]) -> Option<Question<'_>> {
 }
 
 impl Zone {
-    /// The reply to `msg`; None for what is not a query at all (too short, or a response).
+    /// The reply to `msg`; None for what is not a query at all (too short, or a response), and
+    /// in [`DnsMode::Silent`].
     fn answer(&self, msg: &[u8]) -> Option<Vec<u8>> {
         let id = u16_at(msg, 0)?;
         let flags = u16_at(msg, 2)?;
@@ -164,18 +207,31 @@ impl Zone {
         let Some(q) = question(msg) else {
             return Some(header(RCODE_FORMERR, 0, 0));
         };
-        if q.name != self.name {
-            let mut out = header(RCODE_NXDOMAIN, 1, 0);
+        let failure = |rcode: u16| {
+            let mut out = header(rcode, 1, 0);
             out.extend_from_slice(q.wire);
-            return Some(out);
+            Some(out)
+        };
+        if q.name != self.name {
+            self.other_queries.fetch_add(1, Ordering::SeqCst);
+            return failure(RCODE_NXDOMAIN);
         }
         self.queries.lock().unwrap().push(q.qtype);
+        match self.mode.load(Ordering::SeqCst) {
+            m if m == DnsMode::ServFail as u8 => return failure(RCODE_SERVFAIL),
+            m if m == DnsMode::NxDomain as u8 => return failure(RCODE_NXDOMAIN),
+            m if m == DnsMode::Silent as u8 => return None,
+            _ => {}
+        }
         let records = if q.qtype == TYPE_A {
             self.records.lock().unwrap().clone()
         } else {
             Vec::new()
         };
         let ttl = self.ttl.load(Ordering::SeqCst);
+        if !records.is_empty() {
+            *self.last_answer.lock().unwrap() = Some(Instant::now());
+        }
         let mut out = header(RCODE_NOERROR, 1, records.len() as u16);
         out.extend_from_slice(q.wire);
         for ip in records {

@@ -32,6 +32,8 @@ pub struct Counters {
     pub goaway: Notify,
     /// `notify_waiters()`: every open connection is dropped at once (the upstream dies).
     pub kill: Notify,
+    /// Milliseconds every response waits before it is sent (see [`FakeUpstream::set_delay`]).
+    pub delay_ms: std::sync::atomic::AtomicU64,
 }
 
 /// An HTTP/1.1 upstream that counts connections. Paths:
@@ -162,6 +164,14 @@ impl FakeUpstream {
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
+
+    /// Delays every response from now on by `delay` (on top of what its path does): an
+    /// upstream slower than its peers.
+    pub fn set_delay(&self, delay: Duration) {
+        self.counters
+            .delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
 }
 
 impl Drop for FakeUpstream {
@@ -221,6 +231,11 @@ async fn handle(
     sse_next: Arc<Notify>,
 ) -> Result<Response<BoxBody>, Infallible> {
     counters.requests.fetch_add(1, Ordering::SeqCst);
+    let delay = counters.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        // A slow upstream is the scenario here (not synchronisation).
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
     let path = req.uri().path().to_owned();
     let mut record = Seen {
         version: req.version(),
