@@ -1,6 +1,6 @@
 //! An upstream's endpoint set (issue 21): static addresses or a DNS name's A records (from a
 //! DNS responder the test runs, refreshed by TTL, removed ones drained), new connections to the
-//! least loaded endpoint, dials raced happy eyeballs style (RFC 8305) so a dead or hanging
+//! least loaded endpoint (or, under `p2c_ewma`, the faster one), dials raced happy eyeballs style (RFC 8305) so a dead or hanging
 //! address costs an attempt delay rather than `connect_timeout`, dead endpoints ejected, and an
 //! upstream whose endpoints are all dead failing, naming each, without busy dialing.
 
@@ -570,4 +570,68 @@ async fn the_dns_responder_answers_a_records_and_counts_queries() {
     let reply = ask_dns(dns.addr, &dns_query(4, "other.test", TYPE_A)).await;
     assert_eq!((reply.id, reply.rcode), (4, 3), "another name: NXDOMAIN");
     assert_eq!((dns.queries(TYPE_A), dns.queries(TYPE_AAAA)), (2, 1));
+}
+
+/// Connections a fast address and a slow one (each response 100 ms later) accepted: in a warm-up
+/// (a wave of 8 concurrent requests, then 4 one after another), then in 40 requests, 8 at a time;
+/// every request dials (`max_requests_per_connection: 1`).
+async fn fast_and_slow_spread(balance: &str) -> ([usize; 2], [usize; 2]) {
+    let fast = FakeUpstream::start().await;
+    let slow = FakeUpstream::start().await;
+    slow.set_delay(Duration::from_millis(100));
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: multi\n    url: http://multi.test\n    addresses: [{}, {}]\n    \
+         balance: {balance}\n    pool: {{ max_requests_per_connection: 1 }}\n",
+        fast.addr, slow.addr
+    ))
+    .await;
+    let wave = |n| async move {
+        for (i, task) in spawn_gets(sidecar.addr, "http://multi.test/sleep/0", n)
+            .into_iter()
+            .enumerate()
+        {
+            let resp = task.await.unwrap();
+            assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
+        }
+    };
+    wave(8).await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    for i in 0..4 {
+        let resp = client.get("http://multi.test/sleep/0").await;
+        assert_eq!(resp.status, 200, "warm-up request {i}: {}", resp.text());
+    }
+    let warm = [fast.accepted(), slow.accepted()];
+    for _ in 0..5 {
+        wave(8).await;
+    }
+    (warm, [fast.accepted() - warm[0], slow.accepted() - warm[1]])
+}
+
+#[tokio::test]
+async fn p2c_ewma_prefers_the_faster_address_where_least_connections_splits_evenly() {
+    let (warm, p2c) = fast_and_slow_spread("p2c_ewma").await;
+    let (lc_warm, lc) = fast_and_slow_spread("least_connections").await;
+    println!(
+        "40 requests, 8 at a time, [fast, slow +100 ms]: p2c_ewma {p2c:?} (warm-up {warm:?}), \
+         least_connections {lc:?} (warm-up {lc_warm:?})"
+    );
+    assert_eq!(p2c[0] + p2c[1], 40, "one connection per request: {p2c:?}");
+    assert_eq!(lc[0] + lc[1], 40, "one connection per request: {lc:?}");
+    // The first wave dials both before any latency is known, so the slow address's latency is
+    // measured: the preference below is that measurement, not the cost assumed of a stranger.
+    assert!(
+        warm[1] >= 1,
+        "the warm-up never reached the slow address: {warm:?}"
+    );
+    assert!(
+        p2c[0] >= 2 * p2c[1],
+        "p2c_ewma: the fast address got {} connections, the slow one {}",
+        p2c[0],
+        p2c[1]
+    );
+    // Waves of 8 dial at once: the fewest open connections alternates between the two.
+    assert!(
+        lc.iter().all(|n| (14..=26).contains(n)),
+        "least_connections splits each wave evenly: {lc:?}"
+    );
 }
