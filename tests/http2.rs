@@ -453,3 +453,29 @@ async fn max_lifetime_retires_an_h2_connection_gracefully() {
         "the retired connection stayed open after its last stream"
     );
 }
+
+#[tokio::test]
+async fn max_requests_per_connection_retires_h2_connections_too() {
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = Sidecar::start(&h2c_upstream_config(&upstream, "max_requests_per_connection: 3")).await;
+    let url = format!("http://{}/", upstream.addr);
+    let mut client = RawClient::connect(sidecar.addr).await;
+    for i in 0..9 {
+        assert_eq!(client.get(&url).await.status, 200, "request {i}");
+    }
+    assert_eq!(upstream.requests(), 9);
+    assert_eq!(upstream.accepted(), 3, "9 streams, 3 per connection");
+    // Each connection closes when its third stream ends, not when it idles out.
+    assert!(
+        support::eventually(Duration::from_secs(3), || upstream.open() == 0).await,
+        "{} connections left open after their last stream",
+        upstream.open()
+    );
+    let m = support::scrape(sidecar.admin).await;
+    let closed = support::value(
+        &m,
+        "egress_upstream_connections_closed_total",
+        &[("upstream", "h2"), ("reason", "max_requests")],
+    );
+    assert_eq!(closed, 3.0);
+}

@@ -42,11 +42,18 @@ impl H2Conn {
         max_streams.min(self.server_max_streams.load(Ordering::Relaxed))
     }
 
-    /// Whether this connection may take another stream; one past `max_lifetime` starts draining
-    /// here, as a busy connection has no reaper deadline of its own.
+    /// Whether this connection may take another stream; one past `max_lifetime`, one that has
+    /// carried `max_requests_per_connection` streams and one whose endpoint left the DNS answer
+    /// start draining here, as a busy connection has no reaper deadline of its own.
     fn takes_streams(&mut self, cfg: &PoolConfig, max_streams: usize, now: Instant) -> bool {
         if past_lifetime(cfg, self.created, now) {
             self.track.set("max_lifetime");
+            self.draining = true;
+        } else if cfg
+            .max_requests_per_connection
+            .is_some_and(|max| self.served >= max)
+        {
+            self.track.set("max_requests");
             self.draining = true;
         } else if self.track.endpoint_removed() {
             self.track.set("endpoint_removed");
@@ -55,9 +62,17 @@ impl H2Conn {
         !self.draining && self.in_flight < self.stream_limit(max_streams)
     }
 
-    fn grant_stream(&mut self) -> H2Stream {
+    fn grant_stream(&mut self, cfg: &PoolConfig) -> H2Stream {
         self.in_flight += 1;
         self.served += 1;
+        if cfg
+            .max_requests_per_connection
+            .is_some_and(|max| self.served >= max)
+        {
+            // This stream is its last: the connection closes when it ends.
+            self.track.set("max_requests");
+            self.draining = true;
+        }
         H2Stream {
             sender: self.sender.clone(),
             conn_id: self.id,
@@ -86,7 +101,7 @@ impl Pool {
             .h2
             .iter_mut()
             .find_map(|c| c.takes_streams(&cfg, max_streams, now).then_some(c))?;
-        Some(conn.grant_stream())
+        Some(conn.grant_stream(&cfg))
     }
 
     /// Gives free stream slots of `st.h2[index]` to the oldest waiters.
@@ -99,7 +114,7 @@ impl Pool {
             let Some(waiter) = st.waiters.pop_front() else {
                 break;
             };
-            let stream = st.h2[index].grant_stream();
+            let stream = st.h2[index].grant_stream(&cfg);
             if waiter.tx.send(Ok(Grant::H2(stream))).is_err() {
                 // The waiter left; its grant was dropped with the channel.
                 st.h2[index].in_flight -= 1;
