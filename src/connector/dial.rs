@@ -126,7 +126,7 @@ impl Connector {
         let target = self.dial_target();
         let plan = tokio::time::timeout_at(deadline, self.endpoints.plan(&self.guard))
             .await
-            .map_err(|_| target.timeout_error())??;
+            .map_err(|_| target.resolve_timeout_error())??;
         let addrs: Vec<SocketAddr> = plan.attempts.iter().map(|e| e.addr()).collect();
         let started = Instant::now();
         let raced = race(&target, &addrs, deadline).await;
@@ -301,6 +301,24 @@ impl DialTarget<'_> {
         )
     }
 
+    /// The deadline passed while the name was being resolved.
+    fn resolve_timeout_error(&self) -> ProxyError {
+        let host = match self.resolve {
+            Resolve::Endpoints(set) => set.resolved_name(),
+            Resolve::Name(_) => Some(self.authority.host.as_str()),
+        };
+        match host {
+            Some(host) => self.error(
+                ErrorKind::ConnectTimeout,
+                format!(
+                    "resolving {host} took longer than connect_timeout ({})",
+                    humantime::format_duration(self.connect_timeout)
+                ),
+            ),
+            None => self.timeout_error(),
+        }
+    }
+
     /// The timeout of a race, naming the addresses it tried.
     fn timeout_error_tried(&self, tried: &[SocketAddr]) -> ProxyError {
         self.error(
@@ -364,7 +382,7 @@ pub async fn tcp(target: DialTarget<'_>) -> Result<TcpStream, ProxyError> {
     let deadline = Instant::now() + target.connect_timeout;
     let addrs = tokio::time::timeout_at(deadline, target.resolve())
         .await
-        .map_err(|_| target.timeout_error())??;
+        .map_err(|_| target.resolve_timeout_error())??;
     race(&target, &addrs, deadline)
         .await
         .result

@@ -11,13 +11,16 @@
 //! reads resolv.conf) and rebuilt when a reload changes the `dns` section.
 
 use std::net::IpAddr;
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use hickory_resolver::config::{
     ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
 };
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
-use hickory_resolver::TokioResolver;
+use hickory_resolver::proto::op::Query;
+use hickory_resolver::proto::rr::{Name, RecordType};
+use hickory_resolver::{Hosts, TokioResolver};
 use tokio::time::Instant;
 
 use crate::config::DnsConfig;
@@ -45,7 +48,20 @@ pub struct Resolver {
 struct State {
     config: DnsConfig,
     /// `Err`: hickory would not build with this configuration (every lookup says why).
-    built: Option<Result<Arc<TokioResolver>, String>>,
+    built: Option<Result<Built, String>>,
+}
+
+/// The resolver and the `/etc/hosts` it was built with.
+#[derive(Clone)]
+struct Built {
+    resolver: Arc<TokioResolver>,
+    hosts: Arc<Hosts>,
+}
+
+impl std::fmt::Debug for Built {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Built").finish_non_exhaustive()
+    }
 }
 
 impl Resolver {
@@ -77,12 +93,17 @@ impl Resolver {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn resolver(&self) -> Result<Arc<TokioResolver>, String> {
+    fn built(&self) -> Result<Built, String> {
         let mut st = self.lock();
         if let Some(built) = &st.built {
             return built.clone();
         }
-        let built = build(&st.config).map(Arc::new);
+        // Read once per build, as the name servers are: a reload that changes `dns` re-reads it.
+        let hosts = Hosts::from_system().unwrap_or_default();
+        let built = build(&st.config).map(|resolver| Built {
+            resolver: Arc::new(resolver),
+            hosts: Arc::new(hosts),
+        });
         st.built = Some(built.clone());
         built
     }
@@ -93,13 +114,29 @@ impl Resolver {
             let st = self.lock();
             (st.config.min_ttl, st.config.max_ttl)
         };
-        let resolver = self.resolver()?;
-        let found = resolver.lookup_ip(host).await.map_err(|e| e.to_string())?;
+        let built = self.built()?;
+        // A name in /etc/hosts is answered from it alone, as glibc does: hickory would answer
+        // the family the file has and still wait on DNS for the other.
+        if let Some(ips) = from_hosts(&built.hosts, host) {
+            return Ok(Answer {
+                ips,
+                valid_until: Instant::now() + max_ttl,
+            });
+        }
+        let found = built.resolver.lookup_ip(host).await.map_err(|e| {
+            if e.is_nx_domain() {
+                "no such name (NXDOMAIN)".to_owned()
+            } else if e.is_no_records_found() {
+                "no A or AAAA records".to_owned()
+            } else {
+                e.to_string()
+            }
+        })?;
         let ips: Vec<IpAddr> = found.iter().collect();
         if ips.is_empty() {
             return Err("no addresses".to_owned());
         }
-        // hickory clamps the TTLs it caches; /etc/hosts answers carry a TTL of their own.
+        // hickory clamps the TTLs it caches; the combined A and AAAA answer may carry another.
         let now = Instant::now();
         let ttl = Instant::from_std(found.valid_until())
             .saturating_duration_since(now)
@@ -109,6 +146,18 @@ impl Resolver {
             valid_until: now + ttl,
         })
     }
+}
+
+/// The addresses `/etc/hosts` gives `host` (IPv6 first), if it names it.
+fn from_hosts(hosts: &Hosts, host: &str) -> Option<Vec<IpAddr>> {
+    let name = Name::from_str(host).ok()?;
+    let mut ips = Vec::new();
+    for record_type in [RecordType::AAAA, RecordType::A] {
+        if let Some(found) = hosts.lookup_static_host(&Query::query(name.clone(), record_type)) {
+            ips.extend(found.answers().iter().filter_map(|r| r.data.ip_addr()));
+        }
+    }
+    (!ips.is_empty()).then_some(ips)
 }
 
 fn build(config: &DnsConfig) -> Result<TokioResolver, String> {
@@ -153,4 +202,25 @@ fn build(config: &DnsConfig) -> Result<TokioResolver, String> {
     builder
         .build()
         .map_err(|e| format!("the resolver could not be set up: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_entries_answer_alone_ipv6_first() {
+        let mut hosts = Hosts::default();
+        let file =
+            "127.0.0.1 localhost\n10.0.0.5 billing billing.internal\nfd00::5 billing\n10.0.0.6 ledger\n";
+        hosts.read_hosts_conf(file.as_bytes()).unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            from_hosts(&hosts, "billing"),
+            Some(vec![ip("fd00::5"), ip("10.0.0.5")])
+        );
+        assert_eq!(from_hosts(&hosts, "billing.internal"), Some(vec![ip("10.0.0.5")]));
+        assert_eq!(from_hosts(&hosts, "ledger"), Some(vec![ip("10.0.0.6")]));
+        assert_eq!(from_hosts(&hosts, "elsewhere.example"), None);
+    }
 }

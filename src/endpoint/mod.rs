@@ -390,16 +390,29 @@ impl Set {
         if !self.needs_resolving(Instant::now()) {
             return self.check_policy(guard);
         }
-        let _one = self.resolving.lock().await;
-        if self.needs_resolving(Instant::now()) {
-            self.refresh().await;
-            let mut inner = self.lock();
-            if !inner.dns.refreshing && !inner.endpoints.is_empty() {
-                inner.dns.refreshing = true;
-                tokio::spawn(refresh_while_used(Arc::downgrade(self)));
+        // On a task of its own: a dial whose deadline passes first stops waiting, but the
+        // lookup still ends, and is counted and recorded, and the next dial finds its answer.
+        let set = self.clone();
+        let resolving = tokio::spawn(async move {
+            let _one = set.resolving.lock().await;
+            if set.needs_resolving(Instant::now()) {
+                set.refresh().await;
+                let mut inner = set.lock();
+                if !inner.dns.refreshing && !inner.endpoints.is_empty() {
+                    inner.dns.refreshing = true;
+                    tokio::spawn(refresh_while_used(Arc::downgrade(&set)));
+                }
             }
+        });
+        if let Err(e) = resolving.await {
+            return Err(self.error(ErrorKind::ConnectFailed, format!("resolving: {e}")));
         }
         self.check_policy(guard)
+    }
+
+    /// The host name this set resolves, if it resolves one.
+    pub fn resolved_name(&self) -> Option<&str> {
+        self.resolves.then_some(self.authority.host.as_str())
     }
 
     fn check_policy(&self, guard: &Guard) -> Result<(), ProxyError> {
