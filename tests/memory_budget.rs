@@ -430,7 +430,10 @@ async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_requests_past_the_budget_waits_in_the_backlog_and_none_fails() {
-    const BUDGET: u64 = 12 << 20;
+    // Most of this is the debug binary's code pages, which the budget counts (RSS): 8.2 MB of
+    // file pages at the peak before hickory-resolver was linked, 9.2-9.7 MB after (with less
+    // heap: the budget paused sooner), so the budget moved up with them, from 12 MiB.
+    const BUDGET: u64 = 13 << 20;
     const BURST: usize = 800;
     let Some(meter) = TestCgroup::meter() else {
         return;
