@@ -81,6 +81,11 @@ impl ChildSidecar {
                 sh
             }
         };
+        // The sidecar reads HTTPS_PROXY and the like (`via: { url: env }`): it sees only those
+        // the test gives it, never the test runner's own.
+        for var in PROXY_ENV {
+            command.env_remove(var);
+        }
         let mut child = command
             .arg("run")
             .arg("--config")
