@@ -102,7 +102,7 @@ fn assert_parent_refused(resp: &RawResponse, squid: &Squid, status: u16, what: &
 }
 
 /// Squid's lines for requests to `origin` (absolute-form GETs, or CONNECTs to it).
-fn lines_for<'a>(entries: &'a [SquidEntry], origin: SocketAddr) -> Vec<&'a SquidEntry> {
+fn lines_for(entries: &[SquidEntry], origin: SocketAddr) -> Vec<&SquidEntry> {
     let authority = origin.to_string();
     entries
         .iter()
