@@ -196,17 +196,31 @@ async fn squid_lets_authenticated_clients_through_and_logs_them() {
             String::from_utf8(out.stdout).unwrap()
         }
     };
+    // Right, wrong, right again: a refused password does not stick in Squid's auth cache.
     assert_eq!(run(squid.credentials()).await, "200");
     assert_eq!(run("alice:wrong".into()).await, "407");
+    assert_eq!(run(squid.credentials()).await, "200");
     squid.fence(origin.addr).await;
     let entries = squid.entries();
     let summary: Vec<_> = entries.iter().map(|e| (e.status, e.user.as_str())).collect();
-    assert_eq!(summary, [(200, "alice"), (407, "alice")], "{entries:?}");
+    assert_eq!(
+        summary,
+        [(200, "alice"), (407, "alice"), (200, "alice")],
+        "{entries:?}"
+    );
     assert_eq!(
         entries[0].proxy_authorization,
         format!("Basic {}", basic(&squid.credentials()))
     );
-    assert_eq!(origin.requests(), 2, "the fence reached the origin too");
+    assert_eq!(origin.requests(), 3, "the fence reached the origin too");
+    // What Squid forwards carries its Via, and never the Proxy-Authorization it consumed.
+    let seen = &origin.seen()[0];
+    assert!(seen.headers.get("via").is_some(), "{:?}", seen.headers);
+    assert!(
+        seen.headers.get("proxy-authorization").is_none(),
+        "{:?}",
+        seen.headers
+    );
 }
 
 // === 1. pooled through the parent ===
@@ -643,6 +657,61 @@ async fn url_env_follows_the_sidecars_https_proxy_and_no_proxy() {
 }
 
 // === failures of the parent itself ===
+
+#[tokio::test]
+async fn a_connect_the_parent_answers_with_403_or_503_is_parent_refused() {
+    let echo = echo_server().await;
+    let closed = RefusingPort::new();
+    let denied = format!(
+        "acl denied_port port {}\nhttp_access deny CONNECT denied_port",
+        echo.port()
+    );
+    let Some(squid) = Squid::start_with(&denied).await else {
+        return;
+    };
+    let dir = TempDir::new();
+    let creds = dir.path.join("parent-credentials");
+    std::fs::write(&creds, squid.credentials()).unwrap();
+    let plain = FakeUpstream::start().await;
+    let sidecar = Sidecar::start(&format!(
+        "defaults:\n  via: {via}\npolicy: {{ connect_ports: [{denied_port}, {closed_port}] }}\n",
+        via = via(&squid, &creds, ""),
+        denied_port = echo.port(),
+        closed_port = closed.port(),
+    ))
+    .await;
+
+    let (_client, resp) = connect(sidecar.addr, &echo.to_string(), "").await;
+    let body = assert_parent_refused(&resp, &squid, 403, "a CONNECT squid's ACL denies");
+    println!("403: {body}");
+    let (_client, resp) = connect(sidecar.addr, &closed.addr.to_string(), "").await;
+    let body = assert_parent_refused(&resp, &squid, 503, "a CONNECT to a closed port");
+    println!("503: {body}");
+    // A forwarded request's 5xx is the parent's answer about the origin: it passes through.
+    let resp = get_once(sidecar.addr, &format!("http://{}/closed", closed.addr)).await;
+    assert_eq!(resp.status, 503, "{}", resp.text());
+    assert_eq!(
+        resp.header("x-egress-error"),
+        None,
+        "squid's own 503 passed through"
+    );
+
+    squid.fence(plain.addr).await;
+    let statuses: Vec<(String, u16)> = squid
+        .entries()
+        .iter()
+        .map(|e| (e.method.clone(), e.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("CONNECT".into(), 403),
+            ("CONNECT".into(), 503),
+            ("GET".into(), 503)
+        ],
+        "one attempt each, none retried"
+    );
+}
 
 #[tokio::test]
 async fn an_unreachable_parent_is_connect_failed_naming_it() {

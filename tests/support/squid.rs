@@ -45,6 +45,12 @@ impl Squid {
     /// Starts Squid with user `alice` and a fresh password, and waits until it listens.
     /// `None` (after [`skip`], which fails under CI) when Squid or what it needs is not here.
     pub async fn start() -> Option<Self> {
+        Self::start_with("").await
+    }
+
+    /// Like [`Squid::start`], with `access` lines (`acl`, `http_access deny`) checked before
+    /// the rule that lets authenticated clients through.
+    pub async fn start_with(access: &str) -> Option<Self> {
         for (path, what) in [
             (SQUID_BINARY, "squid (Debian package squid)"),
             (SQUID_NCSA_AUTH, "basic_ncsa_auth (Debian package squid)"),
@@ -82,7 +88,7 @@ impl Squid {
                 let _ = std::fs::remove_file(dir.path.join(file));
             }
             let config = dir.path.join("squid.conf");
-            std::fs::write(&config, squid_config(&dir.path, port, &passwd, as_root)).unwrap();
+            std::fs::write(&config, squid_config(&dir.path, port, &passwd, as_root, access)).unwrap();
             let stderr = std::fs::File::create(dir.path.join("stderr.log")).unwrap();
             let mut child = tokio::process::Command::new(SQUID_BINARY)
                 .arg("-N") // no daemon: this process is Squid, and dies on drop
@@ -257,7 +263,7 @@ async fn wait_listening(child: &mut tokio::process::Child, dir: &Path, port: u16
     }
 }
 
-fn squid_config(dir: &Path, port: u16, passwd: &Path, as_root: bool) -> String {
+fn squid_config(dir: &Path, port: u16, passwd: &Path, as_root: bool, access: &str) -> String {
     let d = dir.display();
     // Started as root Squid runs as cache_effective_user (default `proxy`: the directory is
     // world-writable for it); started as anyone else it stays that user and needs no setting.
@@ -286,6 +292,7 @@ fn squid_config(dir: &Path, port: u16, passwd: &Path, as_root: bool) -> String {
          auth_param basic realm egress-sidecar-test\n\
          auth_param basic credentialsttl 1 second\n\
          acl authenticated proxy_auth REQUIRED\n\
+         {access}\n\
          http_access allow localhost authenticated\n\
          http_access deny all\n",
         ncsa = SQUID_NCSA_AUTH,
