@@ -34,6 +34,8 @@ pub enum ErrorKind {
     TlsFailed,
     /// 502: the upstream spoke malformed HTTP.
     ProtocolError,
+    /// 502: the parent proxy refused (407, 403, 5xx to a CONNECT; 407 to a request).
+    ParentRefused,
     /// 504: TCP connect did not finish within `connect_timeout`.
     ConnectTimeout,
     /// 504: no response head within `response_header_timeout`.
@@ -55,7 +57,9 @@ impl ErrorKind {
             Denied => StatusCode::FORBIDDEN,
             Loop => StatusCode::LOOP_DETECTED,
             HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError => StatusCode::BAD_GATEWAY,
+            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused => {
+                StatusCode::BAD_GATEWAY
+            }
             ConnectTimeout | ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             PoolOverflow | PendingTimeout | Draining => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -74,6 +78,7 @@ impl ErrorKind {
             UpstreamReset => "upstream_reset",
             TlsFailed => "tls_failed",
             ProtocolError => "protocol_error",
+            ParentRefused => "parent_refused",
             ConnectTimeout => "connect_timeout",
             ResponseTimeout => "response_timeout",
             PoolOverflow => "pool_overflow",
@@ -87,9 +92,8 @@ impl ErrorKind {
         use ErrorKind::*;
         match self {
             BadRequest | UnknownUpstream | Denied | Loop | HeaderTooLarge => ErrorSource::Downstream,
-            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ConnectTimeout | ResponseTimeout => {
-                ErrorSource::Upstream
-            }
+            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused | ConnectTimeout
+            | ResponseTimeout => ErrorSource::Upstream,
             PoolOverflow | PendingTimeout | Draining => ErrorSource::Internal,
         }
     }
@@ -127,6 +131,12 @@ impl ProxyError {
     /// Names the upstream (label) the error concerns.
     pub fn with_upstream(mut self, upstream: impl Into<String>) -> Self {
         self.upstream = Some(upstream.into());
+        self
+    }
+
+    /// Puts `context` (where it happened) before the cause.
+    pub fn with_context(mut self, context: &str) -> Self {
+        self.cause = format!("{context}: {}", self.cause);
         self
     }
 

@@ -18,6 +18,7 @@ mod endpoints;
 mod host;
 mod schema;
 mod validate;
+mod via;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -34,6 +35,7 @@ pub use endpoints::{
 };
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
+pub use via::{ParentUrl, Via, ViaConfig};
 
 use schema::FileConfig;
 use validate::validate;
@@ -166,6 +168,8 @@ pub struct UpstreamSettings {
     pub balance: Balance,
     /// When an endpoint is ejected.
     pub outlier: OutlierConfig,
+    /// A parent proxy to reach the upstream through.
+    pub via: ViaConfig,
 }
 
 /// The pool knobs of one upstream.

@@ -51,6 +51,15 @@ pub(super) struct FileSettings {
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,
     pub(super) outlier: FileOutlier,
+    pub(super) via: Option<FileVia>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileVia {
+    pub(super) url: Option<String>,
+    pub(super) credentials_file: Option<PathBuf>,
+    pub(super) no_via: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -108,6 +117,7 @@ pub(super) struct FileUpstream {
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,
     pub(super) outlier: FileOutlier,
+    pub(super) via: Option<FileVia>,
 }
 
 #[derive(Debug, Default, Deserialize)]

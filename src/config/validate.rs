@@ -8,11 +8,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::endpoints;
 use super::schema::{
     FileBudget, FileConfig, FileDownstream, FileHttp2, FileOutlier, FilePolicy, FilePool, FileSettings,
-    FileUpstream, Scalar,
+    FileUpstream, FileVia, Scalar,
 };
+use super::via::ViaConfig;
+use super::{endpoints, via};
 use super::{
     load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HostPattern,
     Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Problem, Protocol, Scheme,
@@ -244,6 +245,7 @@ fn builtin_settings() -> UpstreamSettings {
         },
         balance: Balance::LeastConnections,
         outlier: OutlierConfig::default(),
+        via: ViaConfig::default(),
     }
 }
 
@@ -256,6 +258,7 @@ struct SettingsRef<'a> {
     http2: &'a FileHttp2,
     balance: &'a Option<String>,
     outlier: &'a FileOutlier,
+    via: &'a Option<FileVia>,
 }
 
 impl<'a> SettingsRef<'a> {
@@ -268,6 +271,7 @@ impl<'a> SettingsRef<'a> {
             http2: &raw.http2,
             balance: &raw.balance,
             outlier: &raw.outlier,
+            via: &raw.via,
         }
     }
 
@@ -280,6 +284,7 @@ impl<'a> SettingsRef<'a> {
             http2: &raw.http2,
             balance: &raw.balance,
             outlier: &raw.outlier,
+            via: &raw.via,
         }
     }
 }
@@ -324,6 +329,7 @@ fn merge_settings(
     let http2 = merge_http2(&base.http2, raw.http2, &key("http2"), problems);
     let balance = endpoints::merge_balance(base.balance, raw.balance, &key("balance"), problems);
     let outlier = endpoints::merge_outlier(&base.outlier, raw.outlier, &key("outlier"), problems);
+    let via = via::merge_via(&base.via, raw.via, &key("via"), problems);
     UpstreamSettings {
         protocol,
         connect_timeout,
@@ -332,6 +338,7 @@ fn merge_settings(
         http2,
         balance,
         outlier,
+        via,
     }
 }
 

@@ -30,6 +30,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::h1::{self, Transport};
+use super::parent::Parent;
 use super::tls::TlsConnector;
 use super::{Connect, Dialed, Place};
 use crate::config::{Authority, Http2Config, Protocol};
@@ -59,6 +60,8 @@ pub struct Connector {
     tls: Option<Result<TlsConnector, String>>,
     protocol: Protocol,
     http2: Http2Config,
+    /// The parent proxy connections go through, if any.
+    parent: Option<Arc<Parent>>,
 }
 
 /// Where to dial and how.
@@ -74,6 +77,8 @@ pub struct Peer {
     pub connect_timeout: Duration,
     /// The policy and the sidecar's own listeners, never to be dialed.
     pub guard: Arc<Guard>,
+    /// The parent proxy to go through (`endpoints` are then the parent's).
+    pub parent: Option<Arc<Parent>>,
 }
 
 impl Connector {
@@ -93,6 +98,7 @@ impl Connector {
             tls,
             protocol,
             http2,
+            parent: peer.parent,
         }
     }
 
@@ -133,7 +139,10 @@ impl Connector {
         for &i in &raced.failed {
             self.endpoints.failed(&plan.attempts[i]);
         }
-        let (stream, winner) = raced.result?;
+        let (stream, winner) = raced.result.map_err(|e| match &self.parent {
+            Some(parent) => e.with_context(&format!("through parent proxy {}", parent.shown())),
+            None => e,
+        })?;
         let endpoint = &plan.attempts[winner];
         endpoint.succeeded();
         endpoint.seed_latency(started.elapsed());
@@ -144,9 +153,27 @@ impl Connector {
     async fn connect(&self, place: Box<dyn Place>) -> Result<Dialed, ProxyError> {
         let started = Instant::now();
         let deadline = started + self.connect_timeout;
-        let tcp = self.tcp(&*place, deadline).await?;
+        let mut tcp = self.tcp(&*place, deadline).await?;
         // A TCP handshake is one round trip: the measure of how soon a server's SETTINGS come.
         let rtt = started.elapsed();
+        if let Some(parent) = &self.parent {
+            if parent.is_tls() {
+                return Err(self.error(
+                    ErrorKind::ConnectFailed,
+                    format!(
+                        "TLS to the parent proxy {} is not built yet (use http://)",
+                        parent.shown()
+                    ),
+                ));
+            }
+            // Plain HTTP/1.1 goes as absolute-form requests on the parent connection itself.
+            if self.tls.is_some() || self.protocol == Protocol::Http2 {
+                let target = self.dial_target();
+                tokio::time::timeout_at(deadline, parent.tunnel(&mut tcp, &self.authority, &self.label))
+                    .await
+                    .map_err(|_| target.timeout_error())??;
+            }
+        }
         match &self.tls {
             None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, place, rtt, deadline).await,
             None => Ok(self.http1(Transport::Plain(tcp), place)),
@@ -261,6 +288,9 @@ pub enum Resolve<'a> {
     Endpoints(&'a Arc<Set>),
     /// The resolver, for a host met in a tunnel.
     Name(&'a Resolver),
+    /// The resolver, for a parent proxy a tunnel goes through: the operator chose it, so its
+    /// addresses are not policy-checked.
+    Parent(&'a Resolver),
 }
 
 /// What to dial.
@@ -305,7 +335,7 @@ impl DialTarget<'_> {
     fn resolve_timeout_error(&self) -> ProxyError {
         let host = match self.resolve {
             Resolve::Endpoints(set) => set.resolved_name(),
-            Resolve::Name(_) => Some(self.authority.host.as_str()),
+            Resolve::Name(_) | Resolve::Parent(_) => Some(self.authority.host.as_str()),
         };
         match host {
             Some(host) => self.error(
@@ -336,9 +366,10 @@ impl DialTarget<'_> {
     /// operator's own choice; the policy checks those the request's host names or resolves to,
     /// before any is dialed.
     async fn resolve(&self) -> Result<Vec<SocketAddr>, ProxyError> {
-        let resolver = match self.resolve {
+        let (resolver, checked) = match self.resolve {
             Resolve::Endpoints(set) => return set.addresses(self.guard).await,
-            Resolve::Name(resolver) => resolver,
+            Resolve::Name(resolver) => (resolver, true),
+            Resolve::Parent(resolver) => (resolver, false),
         };
         let host = self.authority.host.as_str();
         let found = match host.parse() {
@@ -352,7 +383,9 @@ impl DialTarget<'_> {
                 .map(|ip| SocketAddr::new(ip, self.authority.port))
                 .collect(),
         };
-        self.guard.check_addresses(self.label, self.authority, &found)?;
+        if checked {
+            self.guard.check_addresses(self.label, self.authority, &found)?;
+        }
         Ok(interleave_families(found, SocketAddr::is_ipv6))
     }
 

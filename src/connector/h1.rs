@@ -304,8 +304,13 @@ impl Transfer {
         let mut head = Vec::with_capacity(256);
         head.extend_from_slice(req.method().as_str().as_bytes());
         head.push(b' ');
-        let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-        head.extend_from_slice(target.as_bytes());
+        if req.uri().scheme().is_some() {
+            // Absolute-form: a request to a parent proxy.
+            let _ = write!(head, "{}", req.uri());
+        } else {
+            let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+            head.extend_from_slice(target.as_bytes());
+        }
         head.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in req.headers() {
             head.extend_from_slice(name.as_str().as_bytes());

@@ -11,6 +11,7 @@
 
 pub mod dial;
 pub mod h1;
+pub mod parent;
 pub mod tls;
 
 use std::fmt;

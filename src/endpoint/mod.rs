@@ -56,6 +56,9 @@ pub struct Spec {
     pub authority: Authority,
     /// Static endpoints; empty means resolve `authority`.
     pub addresses: Vec<SocketAddr>,
+    /// The parent proxy `authority` is (shown without credentials), when the upstream is
+    /// reached through one: the operator chose it, so its addresses are not policy-checked.
+    pub parent: Option<Arc<str>>,
     /// Where new connections go.
     pub balance: Balance,
     /// When an endpoint is ejected.
@@ -216,6 +219,8 @@ pub struct Set {
     /// Whether the fixed endpoint is the IP the request named, which the policy checks (static
     /// `addresses` are the operator's own choice and are not checked).
     checks_ip: bool,
+    /// The parent proxy these endpoints are: resolved, never policy-checked.
+    parent: Option<Arc<str>>,
     resolver: Arc<dns::Resolver>,
     metrics: UpstreamMetrics,
     /// `balance` is `p2c_ewma`: read per response, so not behind the lock.
@@ -279,7 +284,8 @@ impl Set {
             .map_or(0x9e37_79b9, |d| d.as_nanos() as u64);
         Arc::new(Set {
             resolves: fixed.is_empty(),
-            checks_ip: spec.addresses.is_empty() && ip.is_some(),
+            checks_ip: spec.addresses.is_empty() && ip.is_some() && spec.parent.is_none(),
+            parent: spec.parent,
             label: spec.label,
             authority: spec.authority,
             resolver: spec.resolver,
@@ -309,6 +315,7 @@ impl Set {
             },
             label,
             addresses: vec![addr],
+            parent: None,
             balance: Balance::LeastConnections,
             outlier: OutlierConfig::default(),
             resolver: Arc::new(dns::Resolver::new(&Default::default())),
@@ -419,6 +426,9 @@ impl Set {
         let inner = self.lock();
         if inner.endpoints.is_empty() {
             return Err(self.no_endpoints(&inner));
+        }
+        if self.parent.is_some() {
+            return Ok(());
         }
         let addrs: Vec<SocketAddr> = inner.endpoints.iter().map(|e| e.addr).collect();
         drop(inner);
@@ -580,7 +590,11 @@ impl Set {
                 .map(|v| v.saturating_duration_since(now).as_millis() as u64),
             last_error: inner.dns.last_error.clone(),
         });
-        SetReport { endpoints, dns }
+        SetReport {
+            endpoints,
+            dns,
+            via: self.parent.as_deref().map(str::to_owned),
+        }
     }
 }
 
@@ -755,6 +769,8 @@ pub struct SetReport {
     pub endpoints: Vec<EndpointReport>,
     /// The DNS answer's state, for a set that resolves a name.
     pub dns: Option<DnsReport>,
+    /// The parent proxy these endpoints are, if they are one.
+    pub via: Option<String>,
 }
 
 /// One endpoint as `/debug/pools` shows it.

@@ -14,6 +14,7 @@ fn set(addrs: &[&str], balance: Balance) -> Arc<Set> {
             port: 80,
         },
         addresses: addrs.iter().map(|a| addr(a)).collect(),
+        parent: None,
         balance,
         outlier: OutlierConfig::default(),
         resolver: Arc::new(dns::Resolver::new(&Default::default())),

@@ -73,6 +73,8 @@ pub struct PoolReport {
     pub endpoints: Vec<EndpointReport>,
     /// The DNS answer's state, for an upstream resolved by name.
     pub dns: Option<DnsReport>,
+    /// The parent proxy the pool's connections go through (its URL, no credentials), if any.
+    pub via: Option<String>,
 }
 
 /// One upstream connection as `/debug/pools` shows it.
@@ -216,6 +218,7 @@ impl Pool {
             connections,
             endpoints: endpoints.endpoints,
             dns: endpoints.dns,
+            via: endpoints.via,
         }
     }
 }

@@ -14,6 +14,7 @@
 //! Not handled here: parsing the CONNECT head (`wire::codec`), moving bytes
 //! (`proxy::splice`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -24,8 +25,9 @@ use tracing::Instrument;
 
 use super::splice;
 use super::Proxy;
-use crate::config::Authority;
+use crate::config::{Authority, Scheme};
 use crate::connector::dial::{self, DialTarget};
+use crate::connector::parent::Parent;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::ActiveGuard;
 use crate::routing::Tunnel;
@@ -109,26 +111,63 @@ fn check(target: &Uri, framing: BodyFraming, proxy: &Proxy) -> Result<Tunnel, Pr
 }
 
 /// Dials the target of an opaque tunnel: through the endpoints of the configured upstream it
-/// names (its static `addresses`, balance and ejections), else what the resolver finds.
+/// names (its static `addresses`, balance and ejections), else what the resolver finds; when
+/// that upstream (or `defaults.via`, for other hosts) names a parent proxy, the tunnel is
+/// chained through it with a CONNECT of its own.
 async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, ProxyError> {
     let router = proxy.router();
     let label = authority.to_string();
+    let config = router.config();
     let configured = router.configured(authority);
-    let (resolve, connect_timeout) = match &configured {
-        Some(up) => (dial::Resolve::Endpoints(up.endpoints()), up.connect_timeout()),
-        None => (
+    let parent = match &configured {
+        Some(up) => up.parent().cloned(),
+        None => {
+            let via = &config.defaults.via;
+            via.parent_for(Scheme::Https, &authority.host)
+                .map(|url| Arc::new(Parent::new(url, via.credentials_file.clone())))
+        }
+    };
+    let (dialed, resolve, connect_timeout) = match (&configured, &parent) {
+        (Some(up), _) => (
+            authority,
+            dial::Resolve::Endpoints(up.endpoints()),
+            up.connect_timeout(),
+        ),
+        (None, Some(parent)) => (
+            parent.authority(),
+            dial::Resolve::Parent(router.resolver()),
+            config.defaults.connect_timeout,
+        ),
+        (None, None) => (
+            authority,
             dial::Resolve::Name(router.resolver()),
-            router.config().defaults.connect_timeout,
+            config.defaults.connect_timeout,
         ),
     };
-    dial::tcp(DialTarget {
+    let deadline = tokio::time::Instant::now() + connect_timeout;
+    let mut stream = dial::tcp(DialTarget {
         label: &label,
-        authority,
+        authority: dialed,
         resolve,
         connect_timeout,
         guard: router.guard(),
     })
-    .await
+    .await?;
+    if let Some(parent) = &parent {
+        tokio::time::timeout_at(deadline, parent.tunnel(&mut stream, authority, &label))
+            .await
+            .map_err(|_| {
+                ProxyError::new(
+                    ErrorKind::ConnectTimeout,
+                    format!(
+                        "CONNECT {authority} through parent proxy {} took longer than connect_timeout",
+                        parent.shown()
+                    ),
+                )
+                .with_upstream(label.clone())
+            })??;
+    }
+    Ok(stream)
 }
 
 #[cfg(test)]

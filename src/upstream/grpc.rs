@@ -56,7 +56,7 @@ impl GrpcPool {
                 &TlsConfig::default(),
                 &settings,
                 &self.shared.guard,
-                &upstream.endpoints,
+                (&upstream.endpoints, upstream.parent.as_ref()),
                 upstream.metrics.clone(),
             );
             let source: Arc<dyn PoolSource> = pool.clone();

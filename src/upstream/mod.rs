@@ -11,6 +11,7 @@
 //! Not handled here: header rewriting (`proxy::headers`), the pool itself (`pool`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -21,6 +22,8 @@ mod grpc;
 
 use grpc::GrpcPool;
 
+use crate::config::ParentUrl;
+use crate::connector::parent::Parent;
 use crate::connector::{dial, h1, tls};
 use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
@@ -56,8 +59,13 @@ pub struct Upstream {
     settings: UpstreamSettings,
     host_header: HeaderValue,
     pool: Arc<Pool>,
-    /// The endpoints every pool of this upstream and its dedicated connections dial.
+    /// The endpoints every pool of this upstream and its dedicated connections dial (the
+    /// parent's, through a parent).
     endpoints: Arc<endpoint::Set>,
+    /// The parent proxy connections go through, if any.
+    parent: Option<Arc<Parent>>,
+    /// Requests go to the parent in absolute-form (plain HTTP/1.1 through a parent).
+    forward: bool,
     /// The h2c pool for gRPC requests, when this upstream speaks HTTP/1.1 on plain TCP only
     /// because `protocol` is `auto` (`grpc`).
     grpc: Option<GrpcPool>,
@@ -97,6 +105,8 @@ pub struct PoolKey {
     connect_timeout: Duration,
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Duration,
+    /// The parent proxy and its credentials file, when the upstream is reached through one.
+    parent: Option<(ParentUrl, Option<PathBuf>)>,
 }
 
 /// Everything an upstream is built from.
@@ -150,6 +160,11 @@ impl Spec {
             connect_timeout: self.settings.connect_timeout,
             keepalive_interval: self.settings.http2.keepalive_interval,
             keepalive_timeout: self.settings.http2.keepalive_timeout,
+            parent: self
+                .settings
+                .via
+                .parent_for(self.scheme, &self.authority.host)
+                .map(|url| (url, self.settings.via.credentials_file.clone())),
         }
     }
 }
@@ -183,15 +198,25 @@ impl Upstream {
         let max_streams = settings.http2.max_streams_per_connection as usize;
         let previous = previous.filter(|p| p.key == key);
         let grpc = GrpcPool::for_upstream(&key, &settings, shared, previous);
+        let parent = match previous {
+            Some(previous) => previous.parent.clone(),
+            None => key
+                .parent
+                .as_ref()
+                .map(|(url, file)| Arc::new(Parent::new(url.clone(), file.clone()))),
+        };
         let endpoints = match previous {
             Some(previous) => {
                 previous.endpoints.reconfigure(settings.balance, settings.outlier);
                 previous.endpoints.clone()
             }
+            // Through a parent, connections go to the parent's addresses, which the operator
+            // chose: the policy judges the upstream's name at routing, not the parent.
             None => endpoint::Set::new(endpoint::Spec {
                 label: label.clone(),
-                authority: authority.clone(),
-                addresses,
+                authority: parent.as_ref().map_or(&authority, |p| p.authority()).clone(),
+                addresses: if parent.is_some() { Vec::new() } else { addresses },
+                parent: parent.as_ref().map(|p| p.shown().clone()),
                 balance: settings.balance,
                 outlier: settings.outlier,
                 resolver: shared.resolver.clone(),
@@ -209,7 +234,7 @@ impl Upstream {
                     &tls,
                     &settings,
                     &shared.guard,
-                    &endpoints,
+                    (&endpoints, parent.as_ref()),
                     upstream_metrics.clone(),
                 );
                 let source: Arc<dyn PoolSource> = pool.clone();
@@ -224,9 +249,11 @@ impl Upstream {
             scheme,
             authority,
             aliases,
+            forward: parent.is_some() && scheme == Scheme::Http && settings.protocol != Protocol::Http2,
             settings,
             pool,
             endpoints,
+            parent,
             grpc,
             tls: (scheme == Scheme::Https).then_some(tls),
             upgrade_tls: OnceLock::new(),
@@ -240,7 +267,7 @@ impl Upstream {
         tls: &TlsConfig,
         settings: &UpstreamSettings,
         guard: &Arc<Guard>,
-        endpoints: &Arc<endpoint::Set>,
+        (endpoints, parent): (&Arc<endpoint::Set>, Option<&Arc<Parent>>),
         metrics: UpstreamMetrics,
     ) -> Arc<Pool> {
         let label = &key.label;
@@ -264,6 +291,7 @@ impl Upstream {
             endpoints: endpoints.clone(),
             connect_timeout: settings.connect_timeout,
             guard: guard.clone(),
+            parent: parent.cloned(),
         };
         let connector = dial::Connector::new(peer, connector_tls, protocol, settings.http2.clone());
         Pool::new(
@@ -328,7 +356,21 @@ impl Upstream {
             connect_timeout: self.settings.connect_timeout,
             guard,
         };
-        let tcp = dial::tcp(target).await?;
+        let mut tcp = dial::tcp(target).await?;
+        if let Some(parent) = &self.parent {
+            // Through a parent, an upgraded connection is a tunnel, whatever the scheme.
+            tokio::time::timeout_at(deadline, parent.tunnel(&mut tcp, &self.authority, &self.label))
+                .await
+                .map_err(|_| {
+                    self.error(
+                        ErrorKind::ConnectTimeout,
+                        format!(
+                            "CONNECT through parent proxy {} took longer than connect_timeout",
+                            parent.shown()
+                        ),
+                    )
+                })??;
+        }
         let Some(tls_config) = &self.tls else {
             return Ok(Box::new(tcp));
         };
@@ -350,6 +392,11 @@ impl Upstream {
     /// The endpoints this upstream's connections go to.
     pub fn endpoints(&self) -> &Arc<endpoint::Set> {
         &self.endpoints
+    }
+
+    /// The parent proxy this upstream is reached through, if any.
+    pub fn parent(&self) -> Option<&Arc<Parent>> {
+        self.parent.as_ref()
     }
 
     /// The pool.
@@ -416,6 +463,15 @@ impl Upstream {
                 None
             };
             match self.exchange(&mut lease, &mut req).await {
+                // Only the parent asks a client for proxy credentials: it refused ours. The
+                // connection closes with the lease (its body unread); a 407 is not retried.
+                Ok(resp)
+                    if self.forward && resp.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
+                {
+                    let parent = self.parent.as_ref().expect("forward implies a parent");
+                    let reason = resp.status().canonical_reason().unwrap_or("");
+                    return Err(parent.refused(&self.label, 407, reason, "a request"));
+                }
                 Ok(resp) => {
                     lease.observe_response(resp.version(), resp.headers());
                     return Ok(resp.map(|body| PooledBody::new(body, lease)));
@@ -483,6 +539,9 @@ impl Upstream {
             }
             req.headers_mut().remove(http::header::HOST);
             *req.version_mut() = http::Version::HTTP_2;
+        } else if self.forward {
+            let absolute = format!("http://{}{path}", self.host_header.to_str().unwrap_or(""));
+            self.fit_forwarded(req, &absolute);
         } else if req.uri().scheme().is_some() {
             if let Ok(uri) = path.parse() {
                 *req.uri_mut() = uri;
@@ -491,6 +550,23 @@ impl Upstream {
                 .insert(http::header::HOST, self.host_header.clone());
             *req.version_mut() = http::Version::HTTP_11;
         }
+    }
+
+    /// A plain HTTP/1.1 request through a parent: absolute-form, with the parent's
+    /// credentials (the application's own `Proxy-Authorization` was removed with the other
+    /// hop-by-hop fields).
+    fn fit_forwarded(&self, req: &mut Request<RequestBody>, absolute: &str) {
+        if let Ok(uri) = absolute.parse() {
+            *req.uri_mut() = uri;
+        }
+        req.headers_mut()
+            .insert(http::header::HOST, self.host_header.clone());
+        *req.version_mut() = http::Version::HTTP_11;
+        let auth = self.parent.as_ref().and_then(|p| p.proxy_authorization());
+        match auth {
+            Some(value) => req.headers_mut().insert(http::header::PROXY_AUTHORIZATION, value),
+            None => req.headers_mut().remove(http::header::PROXY_AUTHORIZATION),
+        };
     }
 
     async fn exchange(
