@@ -301,7 +301,8 @@ async fn http_and_https_upstreams_go_through_the_parent_on_pooled_connections() 
     );
     assert!(
         (1..=4).contains(&connects.len()),
-        "one CONNECT per pooled tunnel, not per request (max_connections 4): {connects:?}"
+        "one CONNECT per pooled tunnel, not per request (max_connections 4): {} CONNECTs",
+        connects.len()
     );
     assert!(
         connects
@@ -617,11 +618,16 @@ async fn url_env_follows_the_sidecars_https_proxy_and_no_proxy() {
         !pools_text.contains(&squid.password),
         "/debug/pools shows the parent's password: {pools_text}"
     );
+    let via = |pool: serde_json::Value| pool["via"].clone();
     assert_eq!(
-        support::debug_pool(sidecar.admin, "secure").await["via"],
-        squid.url()
+        via(support::debug_pool(sidecar.admin, "secure").await),
+        squid.url(),
+        "the https:// upstream's pool goes via HTTPS_PROXY"
     );
-    assert!(support::debug_pool(sidecar.admin, "nearby").await["via"].is_null());
+    assert!(
+        via(support::debug_pool(sidecar.admin, "nearby").await).is_null(),
+        "the NO_PROXY upstream's pool goes direct"
+    );
 
     let logs = sidecar.logs.clone();
     drop(sidecar); // killed: its tunnels close, and squid logs their CONNECTs
@@ -733,6 +739,67 @@ async fn an_unreachable_parent_is_connect_failed_naming_it() {
         "the parent named: {body:?}"
     );
     assert_eq!(plain.requests(), 0);
+}
+
+/// A parent that accepts connections and never says a word: each is held until the sidecar
+/// gives up on it.
+async fn silent_parent() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut sink = [0u8; 1024];
+                while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_parent_that_never_answers_is_connect_timeout_naming_it() {
+    let blackhole = support::Blackhole::start().await;
+    let silent = silent_parent().await;
+    let ca = TestCa::new();
+    let dir = TempDir::new();
+    let (secure, ca_file) = tls_origin(&ca, &dir).await;
+    let plain = FakeUpstream::start().await;
+    let sidecar = Sidecar::start(&format!(
+        "defaults:\n  connect_timeout: 500ms\n  via: {{ url: http://{silent} }}\n\
+         policy: {{ connect_ports: [{secure_port}] }}\nupstreams:\n  \
+         - name: unreachable\n    url: http://{plain}\n    via: {{ url: http://{blackhole} }}\n  \
+         - name: secure\n    url: https://{secure}\n    aliases: [secure.test:80]\n    \
+         tls: {{ ca_file: {ca} }}\n",
+        blackhole = blackhole.addr,
+        secure_port = secure.addr.port(),
+        plain = plain.addr,
+        secure = secure.addr,
+        ca = ca_file.display()
+    ))
+    .await;
+
+    let resp = get_once(sidecar.addr, &format!("http://{}/hangs", plain.addr)).await;
+    let body = resp.assert_sidecar_error(504, "connect_timeout", "a parent whose connects hang");
+    assert!(
+        body.contains(&format!("http://{}", blackhole.addr)),
+        "the parent named: {body:?}"
+    );
+
+    let (_client, resp) = connect(sidecar.addr, &secure.addr.to_string(), "").await;
+    let body = resp.assert_sidecar_error(504, "connect_timeout", "an opaque CONNECT unanswered");
+    assert!(
+        body.contains(&format!("http://{silent}")),
+        "the parent named: {body:?}"
+    );
+
+    let resp = get_once(sidecar.addr, "http://secure.test/unanswered").await;
+    let body = resp.assert_sidecar_error(504, "connect_timeout", "a CONNECT the parent never answers");
+    assert!(
+        body.contains(&format!("http://{silent}")),
+        "the parent named: {body:?}"
+    );
+    assert_eq!((plain.requests(), secure.accepted()), (0, 0));
 }
 
 #[test]

@@ -265,6 +265,9 @@ async fn wait_listening(child: &mut tokio::process::Child, dir: &Path, port: u16
 
 fn squid_config(dir: &Path, port: u16, passwd: &Path, as_root: bool, access: &str) -> String {
     let d = dir.display();
+    // Names are answered from /etc/hosts only (dns_nameservers on loopback, where none
+    // listens): the tests' made-up names (*.test) are never asked of the machine's resolver,
+    // and fail within seconds when they reach Squid.
     // Started as root Squid runs as cache_effective_user (default `proxy`: the directory is
     // world-writable for it); started as anyone else it stays that user and needs no setting.
     let user = if as_root {
@@ -285,6 +288,8 @@ fn squid_config(dir: &Path, port: u16, passwd: &Path, as_root: bool, access: &st
          cache_mem 8 MB\n\
          visible_hostname egress-sidecar-test-parent\n\
          netdb_filename none\n\
+         dns_nameservers 127.0.0.1\n\
+         dns_timeout 1 seconds\n\
          pinger_enable off\n\
          shutdown_lifetime 0 seconds\n\
          auth_param basic program {ncsa} {passwd}\n\
