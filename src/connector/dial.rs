@@ -168,10 +168,19 @@ impl Connector {
             }
             // Plain HTTP/1.1 goes as absolute-form requests on the parent connection itself.
             if self.tls.is_some() || self.protocol == Protocol::Http2 {
-                let target = self.dial_target();
                 tokio::time::timeout_at(deadline, parent.tunnel(&mut tcp, &self.authority, &self.label))
                     .await
-                    .map_err(|_| target.timeout_error())??;
+                    .map_err(|_| {
+                        self.error(
+                            ErrorKind::ConnectTimeout,
+                            format!(
+                                "CONNECT {} through parent proxy {} took longer than connect_timeout ({})",
+                                self.authority,
+                                parent.shown(),
+                                humantime::format_duration(self.connect_timeout)
+                            ),
+                        )
+                    })??;
             }
         }
         match &self.tls {
