@@ -168,19 +168,15 @@ impl Connector {
             }
             // Plain HTTP/1.1 goes as absolute-form requests on the parent connection itself.
             if self.tls.is_some() || self.protocol == Protocol::Http2 {
-                tokio::time::timeout_at(deadline, parent.tunnel(&mut tcp, &self.authority, &self.label))
-                    .await
-                    .map_err(|_| {
-                        self.error(
-                            ErrorKind::ConnectTimeout,
-                            format!(
-                                "CONNECT {} through parent proxy {} took longer than connect_timeout ({})",
-                                self.authority,
-                                parent.shown(),
-                                humantime::format_duration(self.connect_timeout)
-                            ),
-                        )
-                    })??;
+                parent
+                    .tunnel_by(
+                        &mut tcp,
+                        &self.authority,
+                        &self.label,
+                        deadline,
+                        self.connect_timeout,
+                    )
+                    .await?;
             }
         }
         match &self.tls {

@@ -157,6 +157,33 @@ impl Parent {
         Err(self.refused(label, status, reason, &format!("CONNECT {target}")))
     }
 
+    /// [`Parent::tunnel`] by `deadline` (the dial's, which took `connect_timeout`); past it,
+    /// `connect_timeout` naming the parent.
+    pub async fn tunnel_by<S>(
+        &self,
+        io: &mut S,
+        target: &Authority,
+        label: &str,
+        deadline: tokio::time::Instant,
+        connect_timeout: std::time::Duration,
+    ) -> Result<(), ProxyError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        match tokio::time::timeout_at(deadline, self.tunnel(io, target, label)).await {
+            Ok(result) => result,
+            Err(_) => Err(ProxyError::new(
+                ErrorKind::ConnectTimeout,
+                format!(
+                    "CONNECT {target} through parent proxy {} took longer than connect_timeout ({})",
+                    self.shown,
+                    humantime::format_duration(connect_timeout)
+                ),
+            )
+            .with_upstream(label)),
+        }
+    }
+
     fn protocol_error(&self, label: &str, what: &str) -> ProxyError {
         ProxyError::new(
             ErrorKind::ProtocolError,

@@ -154,18 +154,9 @@ async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, 
     })
     .await?;
     if let Some(parent) = &parent {
-        tokio::time::timeout_at(deadline, parent.tunnel(&mut stream, authority, &label))
-            .await
-            .map_err(|_| {
-                ProxyError::new(
-                    ErrorKind::ConnectTimeout,
-                    format!(
-                        "CONNECT {authority} through parent proxy {} took longer than connect_timeout",
-                        parent.shown()
-                    ),
-                )
-                .with_upstream(label.clone())
-            })??;
+        parent
+            .tunnel_by(&mut stream, authority, &label, deadline, connect_timeout)
+            .await?;
     }
     Ok(stream)
 }

@@ -359,17 +359,10 @@ impl Upstream {
         let mut tcp = dial::tcp(target).await?;
         if let Some(parent) = &self.parent {
             // Through a parent, an upgraded connection is a tunnel, whatever the scheme.
-            tokio::time::timeout_at(deadline, parent.tunnel(&mut tcp, &self.authority, &self.label))
-                .await
-                .map_err(|_| {
-                    self.error(
-                        ErrorKind::ConnectTimeout,
-                        format!(
-                            "CONNECT through parent proxy {} took longer than connect_timeout",
-                            parent.shown()
-                        ),
-                    )
-                })??;
+            let timeout = self.settings.connect_timeout;
+            parent
+                .tunnel_by(&mut tcp, &self.authority, &self.label, deadline, timeout)
+                .await?;
         }
         let Some(tls_config) = &self.tls else {
             return Ok(Box::new(tcp));
