@@ -111,6 +111,40 @@ fn lines_for(entries: &[SquidEntry], origin: SocketAddr) -> Vec<&SquidEntry> {
 }
 
 /// A TCP server echoing every byte back (the far end of an opaque tunnel).
+/// A plain origin, a TLS one (`secure`, also `secure.test:80` for apps) and an echo server for
+/// opaque CONNECTs, and a sidecar reaching all three through `squid`.
+struct Origins {
+    plain: FakeUpstream,
+    secure: FakeUpstream,
+    echo: SocketAddr,
+    sidecar: Sidecar,
+}
+
+async fn origins_through(squid: &Squid, dir: &TempDir, creds: &Path) -> Origins {
+    let plain = FakeUpstream::start().await;
+    let ca = TestCa::new();
+    let (secure, ca_file) = tls_origin(&ca, dir).await;
+    let echo = echo_server().await;
+    let sidecar = Sidecar::start(&format!(
+        "defaults:\n  via: {via}\npolicy: {{ connect_ports: [{echo_port}] }}\nupstreams:\n  \
+         - name: plain\n    url: http://{plain}\n  \
+         - name: secure\n    url: https://{secure}\n    aliases: [secure.test:80]\n    \
+         tls: {{ ca_file: {ca} }}\n",
+        via = via(squid, creds, ""),
+        echo_port = echo.port(),
+        plain = plain.addr,
+        secure = secure.addr,
+        ca = ca_file.display()
+    ))
+    .await;
+    Origins {
+        plain,
+        secure,
+        echo,
+        sidecar,
+    }
+}
+
 async fn echo_server() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -324,22 +358,12 @@ async fn a_wrong_password_is_502_parent_refused_naming_407_and_never_retried() {
     let Some((squid, dir, creds)) = squid_with_credentials(Some("wrong")).await else {
         return;
     };
-    let plain = FakeUpstream::start().await;
-    let ca = TestCa::new();
-    let (secure, ca_file) = tls_origin(&ca, &dir).await;
-    let echo = echo_server().await;
-    let sidecar = Sidecar::start(&format!(
-        "defaults:\n  via: {via}\npolicy: {{ connect_ports: [{echo_port}] }}\nupstreams:\n  \
-         - name: plain\n    url: http://{plain}\n  \
-         - name: secure\n    url: https://{secure}\n    aliases: [secure.test:80]\n    \
-         tls: {{ ca_file: {ca} }}\n",
-        via = via(&squid, &creds, ""),
-        echo_port = echo.port(),
-        plain = plain.addr,
-        secure = secure.addr,
-        ca = ca_file.display()
-    ))
-    .await;
+    let Origins {
+        plain,
+        secure,
+        echo,
+        sidecar,
+    } = origins_through(&squid, &dir, &creds).await;
 
     for i in 0..5 {
         let resp = get_once(sidecar.addr, &format!("http://{}/refused/{i}", plain.addr)).await;
@@ -504,22 +528,12 @@ async fn the_apps_proxy_authorization_reaches_neither_the_parent_nor_the_origin(
     let Some((squid, dir, creds)) = squid_with_credentials(None).await else {
         return;
     };
-    let plain = FakeUpstream::start().await;
-    let ca = TestCa::new();
-    let (secure, ca_file) = tls_origin(&ca, &dir).await;
-    let echo = echo_server().await;
-    let sidecar = Sidecar::start(&format!(
-        "defaults:\n  via: {via}\npolicy: {{ connect_ports: [{echo_port}] }}\nupstreams:\n  \
-         - name: plain\n    url: http://{plain}\n  \
-         - name: secure\n    url: https://{secure}\n    aliases: [secure.test:80]\n    \
-         tls: {{ ca_file: {ca} }}\n",
-        via = via(&squid, &creds, ""),
-        echo_port = echo.port(),
-        plain = plain.addr,
-        secure = secure.addr,
-        ca = ca_file.display()
-    ))
-    .await;
+    let Origins {
+        plain,
+        secure,
+        echo,
+        sidecar,
+    } = origins_through(&squid, &dir, &creds).await;
     let app_token = basic("app-user:app-secret-7f3a9c");
     let header = format!("Proxy-Authorization: Basic {app_token}\r\n");
 
