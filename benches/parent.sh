@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# benches/parent.sh: CPU per request of a keep-alive plain-HTTP request sent through a parent
+# proxy (`via`, a real Squid) next to the same request sent direct (issue 22).
+#
+# Question answered:
+#   With `defaults.via` a plain http:// upstream is reached through a parent proxy: absolute-form
+#   requests on pooled keep-alive connections to the parent, each with Proxy-Authorization
+#   (README "Parent proxy"). What CPU per request does the sidecar spend on such a request,
+#   next to the same request reached direct? (And, separately, what does Squid spend?)
+#
+# What it does and measures:
+#   upstream  : nginx, 1 worker, `return 200 "ok\n"`, keepalive_requests 1e6, on LOAD_CPU.
+#   parent    : Squid (/usr/sbin/squid, `squid -N`), basic auth through basic_ncsa_auth (one
+#               user, an `openssl passwd -apr1` hash), `cache deny all`, access log to a file
+#               (as a corporate parent logs), config/pid/logs in the scratch dir, on LOAD_CPU.
+#   sidecars  : two of the same release build, both alone on PROXY_CPU (TOKIO_WORKER_THREADS=1,
+#               EGRESS_LOG=warn), forward-proxy listener only, default pool; they differ only
+#               in `defaults.via`:
+#                 direct : none (the upstream is dialed directly);
+#                 via    : `{ url: http://127.0.0.1:SQUID, credentials_file: FILE }`.
+#               Only the sidecar of the mode being measured gets requests; the other idles.
+#   client    : the Python keep-alive client of benches/tunnel.sh (absolute-form
+#               `GET http://127.0.0.1:UP/`, what HTTP_PROXY clients send), on LOAD_CPU so its
+#               own cost stays off the sidecar's core: CONNECTIONS connections, each in its own
+#               thread sending one request at a time. Every connection is opened and warmed
+#               with WARMUP requests first (so the pools, and Squid's connections to nginx, are
+#               open); then the client reads utime+stime from /proc/PID/stat and the sum of the
+#               threads' run time from /proc/PID/task/*/schedstat (nanoseconds, finer than the
+#               10 ms ticks) of the sidecar, and of Squid plus its children (the auth helpers),
+#               sends REQUESTS requests in total, and reads them again. Every response is
+#               checked (200, body "ok\n"; in via mode also Squid's `Via` header, so a request
+#               that bypassed the parent fails the run).
+#   Rounds    : ROUNDS rounds of both modes (their order alternating), medians reported, and
+#               the ratio via / direct of the sidecar's CPU per request.
+#
+# Usage (from the repo root):   benches/parent.sh [SIDECAR_BIN]
+#   env: REQUESTS (20000), CONNECTIONS (4), ROUNDS (3), WARMUP (200 per connection),
+#        PROXY_CPU (1, the sidecars), LOAD_CPU (0: nginx, Squid and the client),
+#        SQUID (/usr/sbin/squid), SQUID_AUTH (/usr/lib/squid/basic_ncsa_auth),
+#        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary;
+#        it must know `via`: commit 22eaa51 or later).
+# Installs nginx and squid with apt-get if missing. Numbers are reported, not asserted.
+
+set -euo pipefail
+
+REQUESTS=${REQUESTS:-20000}
+CONNECTIONS=${CONNECTIONS:-4}
+ROUNDS=${ROUNDS:-3}
+WARMUP=${WARMUP:-200}
+SQUID=${SQUID:-/usr/sbin/squid}
+SQUID_AUTH=${SQUID_AUTH:-/usr/lib/squid/basic_ncsa_auth}
+
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+# shellcheck source=benches/common.sh
+source "$REPO/benches/common.sh"
+
+ensure_tools nginx:nginx taskset:util-linux python3:python3 curl:curl openssl:openssl \
+    squid:squid
+[[ -x $SQUID ]] || die "no squid at $SQUID"
+[[ -x $SQUID_AUTH ]] || die "no basic_ncsa_auth at $SQUID_AUTH"
+[[ -n ${1:-} ]] && SIDECAR_BIN=$1
+build_sidecar
+make_scratch egress-parent
+# Squid started as root drops to the `proxy` user, which must write its logs and pid file here
+# and read the password file.
+chmod 0777 "$TMP"
+
+read -r UP_PORT STATUS_PORT SQUID_PORT DIRECT_PORT DIRECT_ADMIN VIA_PORT VIA_ADMIN \
+    < <(free_ports 7)
+
+nginx_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
+start_nginx upstream "$LOAD_CPU"
+wait_port "$UP_PORT"
+
+# Like wait_port (20 s), but fails at once, with the end of its logs, if process PID exits.
+wait_up() { # pid port log...
+    local i pid=$1 port=$2
+    shift 2
+    for ((i = 0; i < 400; i++)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || die "process $pid exited before listening on $port: $(tail -n 5 "$@" 2>&1)"
+        sleep 0.05
+    done
+    die "nothing listens on 127.0.0.1:$port (logs in $TMP)"
+}
+
+# === Squid, the parent ===
+SQUID_USER=bench
+SQUID_PASSWORD="pw-$$-$RANDOM"
+printf '%s:%s\n' "$SQUID_USER" "$(openssl passwd -apr1 "$SQUID_PASSWORD")" >"$TMP/squid.passwd"
+chmod 0644 "$TMP/squid.passwd"
+printf '%s:%s\n' "$SQUID_USER" "$SQUID_PASSWORD" >"$TMP/credentials"
+SQUID_AS=""
+[[ $(id -u) == 0 ]] && SQUID_AS="cache_effective_user proxy"
+# Names from /etc/hosts only (no resolver is asked: the bench uses 127.0.0.1 anyway).
+cat >"$TMP/squid.conf" <<EOF
+http_port 127.0.0.1:$SQUID_PORT
+$SQUID_AS
+pid_filename $TMP/squid.pid
+cache_log $TMP/squid.cache.log
+coredump_dir $TMP
+access_log stdio:$TMP/squid.access.log squid
+cache deny all
+cache_mem 8 MB
+visible_hostname egress-bench-parent
+netdb_filename none
+dns_nameservers 127.0.0.1
+pinger_enable off
+shutdown_lifetime 0 seconds
+auth_param basic program $SQUID_AUTH $TMP/squid.passwd
+auth_param basic children 2
+auth_param basic realm egress-bench
+acl authenticated proxy_auth REQUIRED
+http_access allow localhost authenticated
+http_access deny all
+EOF
+taskset -c "$LOAD_CPU" "$SQUID" -N -f "$TMP/squid.conf" </dev/null >"$TMP/squid.stderr" 2>&1 &
+SQUID_PID=$!
+PIDS+=("$SQUID_PID")
+wait_up "$SQUID_PID" "$SQUID_PORT" "$TMP/squid.cache.log" "$TMP/squid.stderr"
+check "squid" "http://127.0.0.1:$UP_PORT/" -x "http://127.0.0.1:$SQUID_PORT" \
+    -U "$SQUID_USER:$SQUID_PASSWORD"
+
+# === the two sidecars ===
+sidecar_yaml() { # listen-port admin-port [via-line]
+    cat <<EOF
+listen: 127.0.0.1:$1
+admin: 127.0.0.1:$2
+shutdown: { drain_timeout: 1s }
+EOF
+    [[ -z ${3:-} ]] || printf 'defaults:\n  via: %s\n' "$3"
+}
+sidecar_yaml "$DIRECT_PORT" "$DIRECT_ADMIN" >"$TMP/direct.yaml"
+sidecar_yaml "$VIA_PORT" "$VIA_ADMIN" \
+    "{ url: http://127.0.0.1:$SQUID_PORT, credentials_file: $TMP/credentials }" >"$TMP/via.yaml"
+declare -A SC PORT ADMIN
+PORT[direct]=$DIRECT_PORT ADMIN[direct]=$DIRECT_ADMIN
+PORT[via]=$VIA_PORT ADMIN[via]=$VIA_ADMIN
+for mode in direct via; do
+    start_sidecar "$TMP/$mode.yaml" "$PROXY_CPU"
+    SC[$mode]=$SC_PID
+    wait_up "$SC_PID" "${PORT[$mode]}" "$TMP/$mode.log"
+    wait_up "$SC_PID" "${ADMIN[$mode]}" "$TMP/$mode.log"
+    check "$mode" "http://127.0.0.1:$UP_PORT/" -x "http://127.0.0.1:${PORT[$mode]}"
+done
+curl -sS -o /dev/null -D - -x "http://127.0.0.1:$VIA_PORT" "http://127.0.0.1:$UP_PORT/" |
+    grep -qi '^via:.*squid' || die "via: the response did not come through Squid"
+
+cat >"$TMP/client.py" <<'PY'
+"""Keep-alive absolute-form HTTP/1.1 client for benches/parent.sh; prints one RESULT line."""
+import os, socket, sys, threading, time
+
+mode, proxy_port, up_port, sidecar_pid, squid_pid, total, conns, warmup = sys.argv[1:9]
+proxy_port, up_port, total, conns, warmup = map(int, (proxy_port, up_port, total, conns, warmup))
+target = f"127.0.0.1:{up_port}"
+request = f"GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n".encode()
+TICK = os.sysconf("SC_CLK_TCK")
+
+def tree(pid):
+    """pid and its direct children (Squid's auth helpers)."""
+    pids = [pid]
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                pids += f.read().split()
+        except FileNotFoundError:
+            pass
+    return pids
+
+def cpu(pid):
+    """(utime+stime seconds, summed schedstat run time seconds) of pid and its children."""
+    ticks = run_ns = 0
+    for p in tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    run_ns += int(f.read().split()[0])
+        except FileNotFoundError:
+            pass
+    return ticks / TICK, run_ns / 1e9
+
+class Conn:
+    def __init__(self):
+        self.sock = socket.create_connection(("127.0.0.1", proxy_port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def head(self):
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head, self.buf = self.buf[:end], self.buf[end + 4:]
+                return head
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("closed")
+            self.buf += chunk
+
+    def get(self):
+        self.sock.sendall(request)
+        head = self.head()
+        if not head.startswith(b"HTTP/1.1 200 "):
+            raise RuntimeError(head.decode(errors="replace"))
+        length, via = 0, False
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"via" and b"squid" in value.lower():
+                via = True
+        if via != (mode == "via"):
+            raise RuntimeError(f"{mode}: Squid's Via header {'missing' if mode == 'via' else 'present'}")
+        while len(self.buf) < length:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("closed mid-body")
+            self.buf += chunk
+        body, self.buf = self.buf[:length], self.buf[length:]
+        if body != b"ok\n":
+            raise RuntimeError(f"body {body!r}")
+
+connections = [Conn() for _ in range(conns)]
+for c in connections:
+    for _ in range(warmup):
+        c.get()
+start = threading.Barrier(conns + 1)
+errors = []
+
+def work(c, n):
+    start.wait()
+    try:
+        for _ in range(n):
+            c.get()
+    except Exception as e:  # reported, and the run counts as failed
+        errors.append(repr(e))
+
+share = [total // conns + (1 if i < total % conns else 0) for i in range(conns)]
+threads = [threading.Thread(target=work, args=(c, n)) for c, n in zip(connections, share)]
+for t in threads:
+    t.start()
+sc0, sq0, wall0 = cpu(sidecar_pid), cpu(squid_pid), time.monotonic()
+start.wait()
+for t in threads:
+    t.join()
+wall, sc1, sq1 = time.monotonic() - wall0, cpu(sidecar_pid), cpu(squid_pid)
+if errors:
+    sys.exit(f"{len(errors)} connections failed: {errors[:3]}")
+per = lambda a, b, i: (b[i] - a[i]) / total * 1e6
+print(f"RESULT requests={total} wall_s={wall:.2f} rps={total / wall:.0f} "
+      f"stat_us_per_req={per(sc0, sc1, 0):.2f} sched_us_per_req={per(sc0, sc1, 1):.2f} "
+      f"squid_stat_us_per_req={per(sq0, sq1, 0):.2f} squid_sched_us_per_req={per(sq0, sq1, 1):.2f}")
+PY
+
+# One measured run; prints its RESULT line (without the prefix).
+measure() { # mode
+    local out
+    out=$(taskset -c "$LOAD_CPU" python3 "$TMP/client.py" "$1" "${PORT[$1]}" "$UP_PORT" \
+        "${SC[$1]}" "$SQUID_PID" "$REQUESTS" "$CONNECTIONS" "$WARMUP") || die "client ($1) failed"
+    grep '^RESULT ' <<<"$out" | sed 's/^RESULT //'
+}
+
+field() { # name line
+    sed -n "s/.*\b$1=\([0-9.-]*\).*/\1/p" <<<"$2"
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+declare -A STAT SCHED SQ_STAT SQ_SCHED RPS
+for mode in direct via; do
+    STAT[$mode]="" SCHED[$mode]="" SQ_STAT[$mode]="" SQ_SCHED[$mode]="" RPS[$mode]=""
+done
+log "sidecars $BIN on core $PROXY_CPU; nginx, Squid and the client on core $LOAD_CPU"
+log "$ROUNDS rounds x $REQUESTS requests on $CONNECTIONS keep-alive connections per mode"
+for ((r = 1; r <= ROUNDS; r++)); do
+    if ((r % 2)); then order=(via direct); else order=(direct via); fi
+    for mode in "${order[@]}"; do
+        line=$(measure "$mode")
+        printf 'round %d %-6s %s\n' "$r" "$mode" "$line"
+        STAT[$mode]+="$(field stat_us_per_req "$line") "
+        SCHED[$mode]+="$(field sched_us_per_req "$line") "
+        SQ_STAT[$mode]+="$(field squid_stat_us_per_req "$line") "
+        SQ_SCHED[$mode]+="$(field squid_sched_us_per_req "$line") "
+        RPS[$mode]+="$(field rps "$line") "
+    done
+done
+
+med() { tr ' ' '\n' <<<"$1" | grep . | median; }
+echo
+printf '%-6s | %-26s | %-24s | %s\n' mode "sidecar CPU us/req (stat)" "(schedstat)" "req/s"
+for mode in direct via; do
+    printf '%-6s | %-26s | %-24s | %s\n' "$mode" "$(med "${STAT[$mode]}")" \
+        "$(med "${SCHED[$mode]}")" "$(med "${RPS[$mode]}")"
+done
+printf 'Squid CPU us/req in via mode: %s (stat), %s (schedstat); in direct mode (idle): %s\n' \
+    "$(med "${SQ_STAT[via]}")" "$(med "${SQ_SCHED[via]}")" "$(med "${SQ_SCHED[direct]}")"
+awk -v v="$(med "${STAT[via]}")" -v d="$(med "${STAT[direct]}")" \
+    -v vs="$(med "${SCHED[via]}")" -v ds="$(med "${SCHED[direct]}")" \
+    'BEGIN { printf "ratio via/direct (sidecar): %.3f (stat), %.3f (schedstat)\n", v / d, vs / ds }'
+
+accepts=$(curl -sS "http://127.0.0.1:$STATUS_PORT/" | awk 'NR == 3 { print $1 }')
+logged=$(wc -l <"$TMP/squid.access.log")
+echo "Squid access log lines: $logged; upstream connections accepted by nginx: $accepts"
