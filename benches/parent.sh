@@ -100,7 +100,8 @@ $SQUID_AS
 pid_filename $TMP/squid.pid
 cache_log $TMP/squid.cache.log
 coredump_dir $TMP
-access_log stdio:$TMP/squid.access.log squid
+logformat bench %ts.%03tu %>a %>p %rm %ru %>Hs %un
+access_log stdio:$TMP/squid.access.log bench
 cache deny all
 cache_mem 8 MB
 visible_hostname egress-bench-parent
@@ -303,5 +304,9 @@ awk -v v="$(med "${STAT[via]}")" -v d="$(med "${STAT[direct]}")" \
     'BEGIN { printf "ratio via/direct (sidecar): %.3f (stat), %.3f (schedstat)\n", v / d, vs / ds }'
 
 accepts=$(curl -sS "http://127.0.0.1:$STATUS_PORT/" | awk 'NR == 3 { print $1 }')
-logged=$(wc -l <"$TMP/squid.access.log")
-echo "Squid access log lines: $logged; upstream connections accepted by nginx: $accepts"
+# Squid's log: "time client-ip client-port method url status user"; the sidecar's connections
+# to Squid are the distinct client ports of its requests (curl's checks aside).
+read -r logged via_conns < <(awk -v u="$SQUID_USER" '$7 == u { n++; p[$3] = 1 }
+    END { k = 0; for (x in p) k++; print n + 0, k }' "$TMP/squid.access.log")
+echo "Squid logged $logged authenticated requests on $via_conns client connections (the sidecar's" \
+    "pool to the parent, plus curl's check); upstream connections accepted by nginx: $accepts"
