@@ -30,8 +30,14 @@
 #               sends REQUESTS requests in total, and reads them again. Every response is
 #               checked (200, body "ok\n"; in via mode also Squid's `Via` header, so a request
 #               that bypassed the parent fails the run).
+#               Also the sidecar's voluntary context switches per request ("sleeps/req",
+#               /proc/PID/task/*/status): how often it went idle and had to be woken.
 #   Rounds    : ROUNDS rounds of both modes (their order alternating), medians reported, and
 #               the ratio via / direct of the sidecar's CPU per request.
+#   Caveat    : Squid (on LOAD_CPU with the client) caps the via rate well below direct's, and
+#               a sidecar woken for nearly every request spends more per request than one that
+#               finds several waiting (compare sleeps/req). CONNECTIONS=1 makes both modes wake
+#               the sidecar once per request: the like-for-like control.
 #
 # Usage (from the repo root):   benches/parent.sh [SIDECAR_BIN]
 #   env: REQUESTS (20000), CONNECTIONS (4), ROUNDS (3), WARMUP (200 per connection),
@@ -170,7 +176,8 @@ def tree(pid):
     return pids
 
 def cpu(pid):
-    """(utime+stime seconds, summed schedstat run time seconds) of pid and its children."""
+    """(utime+stime seconds, summed schedstat run time seconds) of pid and its children, and
+    pid's voluntary context switches."""
     ticks = run_ns = 0
     for p in tree(pid):
         try:
@@ -182,7 +189,18 @@ def cpu(pid):
                     run_ns += int(f.read().split()[0])
         except FileNotFoundError:
             pass
-    return ticks / TICK, run_ns / 1e9
+    return ticks / TICK, run_ns / 1e9, switches(pid)
+
+def switches(pid):
+    """Voluntary context switches of pid's threads: how often it went idle (and was woken)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                n += sum(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches"))
+        except FileNotFoundError:
+            pass
+    return n
 
 class Conn:
     def __init__(self):
@@ -254,7 +272,8 @@ if errors:
 per = lambda a, b, i: (b[i] - a[i]) / total * 1e6
 print(f"RESULT requests={total} wall_s={wall:.2f} rps={total / wall:.0f} "
       f"stat_us_per_req={per(sc0, sc1, 0):.2f} sched_us_per_req={per(sc0, sc1, 1):.2f} "
-      f"squid_stat_us_per_req={per(sq0, sq1, 0):.2f} squid_sched_us_per_req={per(sq0, sq1, 1):.2f}")
+      f"squid_stat_us_per_req={per(sq0, sq1, 0):.2f} squid_sched_us_per_req={per(sq0, sq1, 1):.2f} "
+      f"sleeps_per_req={(sc1[2] - sc0[2]) / total:.2f}")
 PY
 
 # One measured run; prints its RESULT line (without the prefix).
@@ -271,9 +290,9 @@ field() { # name line
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
-declare -A STAT SCHED SQ_STAT SQ_SCHED RPS
+declare -A STAT SCHED SQ_STAT SQ_SCHED RPS SLEEPS
 for mode in direct via; do
-    STAT[$mode]="" SCHED[$mode]="" SQ_STAT[$mode]="" SQ_SCHED[$mode]="" RPS[$mode]=""
+    STAT[$mode]="" SCHED[$mode]="" SQ_STAT[$mode]="" SQ_SCHED[$mode]="" RPS[$mode]="" SLEEPS[$mode]=""
 done
 log "sidecars $BIN on core $PROXY_CPU; nginx, Squid and the client on core $LOAD_CPU"
 log "$ROUNDS rounds x $REQUESTS requests on $CONNECTIONS keep-alive connections per mode"
@@ -287,15 +306,17 @@ for ((r = 1; r <= ROUNDS; r++)); do
         SQ_STAT[$mode]+="$(field squid_stat_us_per_req "$line") "
         SQ_SCHED[$mode]+="$(field squid_sched_us_per_req "$line") "
         RPS[$mode]+="$(field rps "$line") "
+        SLEEPS[$mode]+="$(field sleeps_per_req "$line") "
     done
 done
 
 med() { tr ' ' '\n' <<<"$1" | grep . | median; }
 echo
-printf '%-6s | %-26s | %-24s | %s\n' mode "sidecar CPU us/req (stat)" "(schedstat)" "req/s"
+printf '%-6s | %-26s | %-12s | %-8s | %s\n' mode "sidecar CPU us/req (stat)" "(schedstat)" "req/s" \
+    "sidecar sleeps/req"
 for mode in direct via; do
-    printf '%-6s | %-26s | %-24s | %s\n' "$mode" "$(med "${STAT[$mode]}")" \
-        "$(med "${SCHED[$mode]}")" "$(med "${RPS[$mode]}")"
+    printf '%-6s | %-26s | %-12s | %-8s | %s\n' "$mode" "$(med "${STAT[$mode]}")" \
+        "$(med "${SCHED[$mode]}")" "$(med "${RPS[$mode]}")" "$(med "${SLEEPS[$mode]}")"
 done
 printf 'Squid CPU us/req in via mode: %s (stat), %s (schedstat); in direct mode (idle): %s\n' \
     "$(med "${SQ_STAT[via]}")" "$(med "${SQ_SCHED[via]}")" "$(med "${SQ_SCHED[direct]}")"
