@@ -439,3 +439,13 @@ start_sidecar() { # config-file cpu -> sets SC_PID
     SC_PID=$!
     PIDS+=("$SC_PID")
 }
+
+# The value of NAME=VALUE in a RESULT line of benches/keepalive_client.py.
+field() { # name line
+    sed -n "s/.*\b$1=\([0-9.-]*\).*/\1/p" <<<"$2"
+}
+
+# The median of the space-separated numbers in $1.
+med() { # "numbers..."
+    tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
+}

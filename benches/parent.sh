@@ -19,7 +19,7 @@
 #                 direct : none (the upstream is dialed directly);
 #                 via    : `{ url: http://127.0.0.1:SQUID, credentials_file: FILE }`.
 #               Only the sidecar of the mode being measured gets requests; the other idles.
-#   client    : the Python keep-alive client of benches/tunnel.sh (absolute-form
+#   client    : benches/keepalive_client.py, as in benches/tunnel.sh (absolute-form
 #               `GET http://127.0.0.1:UP/`, what HTTP_PROXY clients send), on LOAD_CPU so its
 #               own cost stays off the sidecar's core: CONNECTIONS connections, each in its own
 #               thread sending one request at a time. Every connection is opened and warmed
@@ -154,141 +154,17 @@ done
 curl -sS -o /dev/null -D - -x "http://127.0.0.1:$VIA_PORT" "http://127.0.0.1:$UP_PORT/" |
     grep -qi '^via:.*squid' || die "via: the response did not come through Squid"
 
-cat >"$TMP/client.py" <<'PY'
-"""Keep-alive absolute-form HTTP/1.1 client for benches/parent.sh; prints one RESULT line."""
-import os, socket, sys, threading, time
-
-mode, proxy_port, up_port, sidecar_pid, squid_pid, total, conns, warmup = sys.argv[1:9]
-proxy_port, up_port, total, conns, warmup = map(int, (proxy_port, up_port, total, conns, warmup))
-target = f"127.0.0.1:{up_port}"
-request = f"GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n".encode()
-TICK = os.sysconf("SC_CLK_TCK")
-
-def tree(pid):
-    """pid and its direct children (Squid's auth helpers)."""
-    pids = [pid]
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                pids += f.read().split()
-        except FileNotFoundError:
-            pass
-    return pids
-
-def cpu(pid):
-    """(utime+stime seconds, summed schedstat run time seconds) of pid and its children, and
-    pid's voluntary context switches."""
-    ticks = run_ns = 0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
-                    run_ns += int(f.read().split()[0])
-        except FileNotFoundError:
-            pass
-    return ticks / TICK, run_ns / 1e9, switches(pid)
-
-def switches(pid):
-    """Voluntary context switches of pid's threads: how often it went idle (and was woken)."""
-    n = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                n += sum(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches"))
-        except FileNotFoundError:
-            pass
-    return n
-
-class Conn:
-    def __init__(self):
-        self.sock = socket.create_connection(("127.0.0.1", proxy_port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-
-    def head(self):
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end >= 0:
-                head, self.buf = self.buf[:end], self.buf[end + 4:]
-                return head
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError("closed")
-            self.buf += chunk
-
-    def get(self):
-        self.sock.sendall(request)
-        head = self.head()
-        if not head.startswith(b"HTTP/1.1 200 "):
-            raise RuntimeError(head.decode(errors="replace"))
-        length, via = 0, False
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"via" and b"squid" in value.lower():
-                via = True
-        if via != (mode == "via"):
-            raise RuntimeError(f"{mode}: Squid's Via header {'missing' if mode == 'via' else 'present'}")
-        while len(self.buf) < length:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError("closed mid-body")
-            self.buf += chunk
-        body, self.buf = self.buf[:length], self.buf[length:]
-        if body != b"ok\n":
-            raise RuntimeError(f"body {body!r}")
-
-connections = [Conn() for _ in range(conns)]
-for c in connections:
-    for _ in range(warmup):
-        c.get()
-start = threading.Barrier(conns + 1)
-errors = []
-
-def work(c, n):
-    start.wait()
-    try:
-        for _ in range(n):
-            c.get()
-    except Exception as e:  # reported, and the run counts as failed
-        errors.append(repr(e))
-
-share = [total // conns + (1 if i < total % conns else 0) for i in range(conns)]
-threads = [threading.Thread(target=work, args=(c, n)) for c, n in zip(connections, share)]
-for t in threads:
-    t.start()
-sc0, sq0, wall0 = cpu(sidecar_pid), cpu(squid_pid), time.monotonic()
-start.wait()
-for t in threads:
-    t.join()
-wall, sc1, sq1 = time.monotonic() - wall0, cpu(sidecar_pid), cpu(squid_pid)
-if errors:
-    sys.exit(f"{len(errors)} connections failed: {errors[:3]}")
-per = lambda a, b, i: (b[i] - a[i]) / total * 1e6
-print(f"RESULT requests={total} wall_s={wall:.2f} rps={total / wall:.0f} "
-      f"stat_us_per_req={per(sc0, sc1, 0):.2f} sched_us_per_req={per(sc0, sc1, 1):.2f} "
-      f"squid_stat_us_per_req={per(sq0, sq1, 0):.2f} squid_sched_us_per_req={per(sq0, sq1, 1):.2f} "
-      f"sleeps_per_req={(sc1[2] - sc0[2]) / total:.2f}")
-PY
 
 # One measured run; prints its RESULT line (without the prefix).
 measure() { # mode
     local out
-    out=$(taskset -c "$LOAD_CPU" python3 "$TMP/client.py" "$1" "${PORT[$1]}" "$UP_PORT" \
-        "${SC[$1]}" "$SQUID_PID" "$REQUESTS" "$CONNECTIONS" "$WARMUP") || die "client ($1) failed"
+    local via=no
+    [[ $1 == via ]] && via=yes
+    out=$(taskset -c "$LOAD_CPU" python3 "$REPO/benches/keepalive_client.py" --port "${PORT[$1]}" \
+        --target "127.0.0.1:$UP_PORT" --via "$via" --pid "sidecar=${SC[$1]}" --pid "squid=$SQUID_PID" \
+        --total "$REQUESTS" --conns "$CONNECTIONS" --warmup "$WARMUP") || die "client ($1) failed"
     grep '^RESULT ' <<<"$out" | sed 's/^RESULT //'
 }
-
-field() { # name line
-    sed -n "s/.*\b$1=\([0-9.-]*\).*/\1/p" <<<"$2"
-}
-
-median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 declare -A STAT SCHED SQ_STAT SQ_SCHED RPS SLEEPS
 for mode in direct via; do
@@ -310,7 +186,6 @@ for ((r = 1; r <= ROUNDS; r++)); do
     done
 done
 
-med() { tr ' ' '\n' <<<"$1" | grep . | median; }
 echo
 printf '%-6s | %-26s | %-12s | %-8s | %s\n' mode "sidecar CPU us/req (stat)" "(schedstat)" "req/s" \
     "sidecar sleeps/req"

@@ -12,7 +12,7 @@
 #   upstream  : nginx, 1 worker, `return 200 "ok\n"`, keepalive_requests 1e6, on LOAD_CPU.
 #   sidecar   : release build, forward-proxy listener only, default pool, TOKIO_WORKER_THREADS=1,
 #               EGRESS_LOG=warn, alone on PROXY_CPU.
-#   client    : a small Python program (on LOAD_CPU, so its own cost stays off the sidecar's
+#   client    : benches/keepalive_client.py (on LOAD_CPU, so its own cost stays off the sidecar's
 #               core), CONNECTIONS keep-alive connections, each in its own thread sending one
 #               request at a time:
 #                 tunnel   : `CONNECT 127.0.0.1:UP`, then `GET / HTTP/1.1` + `Host` on it;
@@ -65,118 +65,17 @@ wait_port "$ADMIN_PORT"
 check "absolute-form" "http://127.0.0.1:$UP_PORT/" -x "http://127.0.0.1:$FWD_PORT"
 check "curl -p" "http://127.0.0.1:$UP_PORT/" -p -x "http://127.0.0.1:$FWD_PORT"
 
-cat >"$TMP/client.py" <<'PY'
-"""Keep-alive HTTP/1.1 client for benches/tunnel.sh; prints one RESULT line."""
-import os, socket, sys, threading, time
-
-mode, proxy_port, up_port, sidecar_pid, total, conns, warmup = sys.argv[1:8]
-proxy_port, up_port, total, conns, warmup = map(int, (proxy_port, up_port, total, conns, warmup))
-target = f"127.0.0.1:{up_port}"
-if mode == "tunnel":
-    request = f"GET / HTTP/1.1\r\nHost: {target}\r\n\r\n".encode()
-else:
-    request = f"GET http://{target}/ HTTP/1.1\r\nHost: {target}\r\n\r\n".encode()
-TICK = os.sysconf("SC_CLK_TCK")
-
-def cpu():
-    """(utime+stime seconds, summed schedstat run time seconds) of the sidecar."""
-    with open(f"/proc/{sidecar_pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])
-    run_ns = 0
-    for tid in os.listdir(f"/proc/{sidecar_pid}/task"):
-        try:
-            with open(f"/proc/{sidecar_pid}/task/{tid}/schedstat") as f:
-                run_ns += int(f.read().split()[0])
-        except FileNotFoundError:
-            pass
-    return ticks / TICK, run_ns / 1e9
-
-class Conn:
-    def __init__(self):
-        self.sock = socket.create_connection(("127.0.0.1", proxy_port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-        if mode == "tunnel":
-            self.sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-            head = self.head()
-            assert head.startswith(b"HTTP/1.1 200"), head
-
-    def head(self):
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end >= 0:
-                head, self.buf = self.buf[:end], self.buf[end + 4:]
-                return head
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError("closed")
-            self.buf += chunk
-
-    def get(self):
-        self.sock.sendall(request)
-        head = self.head()
-        if not head.startswith(b"HTTP/1.1 200 "):
-            raise RuntimeError(head.decode(errors="replace"))
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        while len(self.buf) < length:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise EOFError("closed mid-body")
-            self.buf += chunk
-        body, self.buf = self.buf[:length], self.buf[length:]
-        if body != b"ok\n":
-            raise RuntimeError(f"body {body!r}")
-
-connections = [Conn() for _ in range(conns)]
-for c in connections:
-    for _ in range(warmup):
-        c.get()
-start = threading.Barrier(conns + 1)
-errors = []
-
-def work(c, n):
-    start.wait()
-    try:
-        for _ in range(n):
-            c.get()
-    except Exception as e:  # reported, and the run counts as failed
-        errors.append(repr(e))
-
-share = [total // conns + (1 if i < total % conns else 0) for i in range(conns)]
-threads = [threading.Thread(target=work, args=(c, n)) for c, n in zip(connections, share)]
-for t in threads:
-    t.start()
-cpu0, wall0 = cpu(), time.monotonic()
-start.wait()
-for t in threads:
-    t.join()
-wall, cpu1 = time.monotonic() - wall0, cpu()
-if errors:
-    sys.exit(f"{len(errors)} connections failed: {errors[:3]}")
-stat_us = (cpu1[0] - cpu0[0]) / total * 1e6
-sched_us = (cpu1[1] - cpu0[1]) / total * 1e6
-print(f"RESULT requests={total} wall_s={wall:.2f} rps={total / wall:.0f} "
-      f"stat_us_per_req={stat_us:.2f} sched_us_per_req={sched_us:.2f}")
-PY
 
 # One measured run; prints its RESULT line (without the prefix).
 measure() { # mode
     local out
-    out=$(taskset -c "$LOAD_CPU" python3 "$TMP/client.py" "$1" "$FWD_PORT" "$UP_PORT" "$SC_PID" \
-        "$REQUESTS" "$CONNECTIONS" "$WARMUP") || die "client ($1) failed"
+    local tunnel=()
+    [[ $1 == tunnel ]] && tunnel=(--tunnel)
+    out=$(taskset -c "$LOAD_CPU" python3 "$REPO/benches/keepalive_client.py" --port "$FWD_PORT" \
+        --target "127.0.0.1:$UP_PORT" "${tunnel[@]}" --pid "sidecar=$SC_PID" --total "$REQUESTS" \
+        --conns "$CONNECTIONS" --warmup "$WARMUP") || die "client ($1) failed"
     grep '^RESULT ' <<<"$out" | sed 's/^RESULT //'
 }
-
-field() { # name line
-    sed -n "s/.*\b$1=\([0-9.]*\).*/\1/p" <<<"$2"
-}
-
-median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 
 declare -A STAT SCHED RPS
 for mode in tunnel absolute; do STAT[$mode]="" SCHED[$mode]="" RPS[$mode]=""; done
@@ -193,7 +92,6 @@ for ((r = 1; r <= ROUNDS; r++)); do
     done
 done
 
-med() { tr ' ' '\n' <<<"$1" | grep . | median; }
 echo
 printf '%-9s | %-22s | %-24s | %s\n' mode "CPU us/req (stat)" "CPU us/req (schedstat)" "req/s"
 for mode in tunnel absolute; do
