@@ -147,8 +147,7 @@ struct Refusal<'a> {
 
 #[tokio::test]
 async fn curl_tunnels_through_https_proxy_to_a_tls_server() {
-    if !support::curl_available() {
-        support::skip("`curl` is not on PATH");
+    if !support::curl_or_skip() {
         return;
     }
     let ca = TestCa::new();

@@ -9,12 +9,9 @@
 mod support;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use support::{FakeUpstream, Sidecar};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
 
 const REQUESTS: usize = 2000;
 /// The sidecar's `downstream.idle_timeout`: about 4x the client's sequential run on an idle
@@ -95,63 +92,28 @@ fn check_fd_limit() {
 }
 
 /// A running leaky client whose stdout is read line by line.
-struct Leaky {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-}
+struct Leaky(support::LineClient);
 
 impl Leaky {
     fn spawn(bin: &Path, url: &str, proxy: Option<&str>, wait: &str) -> Leaky {
-        let mut cmd = Command::new(bin);
+        // The program picks its proxy from -proxy only; client_command keeps the environment's
+        // proxy variables out of it.
+        let mut cmd = support::client_command(bin);
         cmd.args(["-n", &REQUESTS.to_string(), "-url", url, "-wait", wait])
-            .args(["-proxy", proxy.unwrap_or("")])
-            // The program picks its proxy from -proxy only; keep the environment out of it.
-            .env_remove("HTTP_PROXY")
-            .env_remove("http_proxy")
-            .env_remove("NO_PROXY")
-            .env_remove("no_proxy")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawning the leaky client");
-        let stdout = child.stdout.take().unwrap();
-        Leaky {
-            child,
-            lines: BufReader::new(stdout).lines(),
-        }
+            .args(["-proxy", proxy.unwrap_or("")]);
+        Leaky(support::LineClient::spawn(cmd, "leaky client", false))
     }
 
     /// The next JSON line, which must be `phase`.
     async fn next(&mut self, phase: &str) -> Phase {
-        let line = tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
-            .await
-            .unwrap_or_else(|_| panic!("no {phase:?} line from the leaky client within 30s"))
-            .expect("reading the leaky client's stdout");
-        let Some(line) = line else {
-            let stderr = self.stderr().await;
-            panic!("leaky client exited before {phase:?}; stderr:\n{stderr}");
-        };
+        let line = self.0.next_line(phase, Duration::from_secs(30)).await;
         let parsed = Phase::parse(&line);
         assert_eq!(parsed.phase, phase, "unexpected line {line}");
         parsed
     }
 
-    async fn stderr(&mut self) -> String {
-        let mut text = String::new();
-        if let Some(mut err) = self.child.stderr.take() {
-            let _ = err.read_to_string(&mut text).await;
-        }
-        text
-    }
-
-    async fn finish(mut self) {
-        let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .expect("leaky client did not exit")
-            .unwrap();
-        let stderr = self.stderr().await;
-        assert!(status.success(), "leaky client failed: {status}\n{stderr}");
+    async fn finish(self) {
+        self.0.finish().await;
     }
 }
 

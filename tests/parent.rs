@@ -212,8 +212,7 @@ fn basic(credentials: &str) -> String {
 
 #[tokio::test]
 async fn squid_lets_authenticated_clients_through_and_logs_them() {
-    if !support::curl_available() {
-        support::skip("curl is not installed");
+    if !support::curl_or_skip() {
         return;
     }
     let Some(squid) = Squid::start().await else { return };
@@ -748,11 +747,16 @@ async fn an_unreachable_parent_is_connect_failed_naming_it() {
     .await;
     let resp = get_once(sidecar.addr, &format!("http://{}/unreachable", plain.addr)).await;
     let body = resp.assert_sidecar_error(502, "connect_failed", "a refusing parent");
+    assert_names_parent(&body, parent.addr);
+    assert_eq!(plain.requests(), 0);
+}
+
+/// The error body names the parent at `addr` by its URL.
+fn assert_names_parent(body: &str, addr: SocketAddr) {
     assert!(
-        body.contains(&format!("http://{}", parent.addr)),
+        body.contains(&format!("http://{addr}")),
         "the parent named: {body:?}"
     );
-    assert_eq!(plain.requests(), 0);
 }
 
 /// A parent that accepts connections and never says a word: each is held until the sidecar
@@ -795,24 +799,15 @@ async fn a_parent_that_never_answers_is_connect_timeout_naming_it() {
 
     let resp = get_once(sidecar.addr, &format!("http://{}/hangs", plain.addr)).await;
     let body = resp.assert_sidecar_error(504, "connect_timeout", "a parent whose connects hang");
-    assert!(
-        body.contains(&format!("http://{}", blackhole.addr)),
-        "the parent named: {body:?}"
-    );
+    assert_names_parent(&body, blackhole.addr);
 
     let (_client, resp) = connect(sidecar.addr, &secure.addr.to_string(), "").await;
     let body = resp.assert_sidecar_error(504, "connect_timeout", "an opaque CONNECT unanswered");
-    assert!(
-        body.contains(&format!("http://{silent}")),
-        "the parent named: {body:?}"
-    );
+    assert_names_parent(&body, silent);
 
     let resp = get_once(sidecar.addr, "http://secure.test/unanswered").await;
     let body = resp.assert_sidecar_error(504, "connect_timeout", "a CONNECT the parent never answers");
-    assert!(
-        body.contains(&format!("http://{silent}")),
-        "the parent named: {body:?}"
-    );
+    assert_names_parent(&body, silent);
     assert_eq!((plain.requests(), secure.accepted()), (0, 0));
 }
 

@@ -144,8 +144,7 @@ fn h2_frames(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_p_requests_go_in_origin_form_through_one_pooled_connection() {
-    if !support::curl_available() {
-        support::skip("`curl` is not on PATH");
+    if !support::curl_or_skip() {
         return;
     }
     let upstream = FakeUpstream::start().await;
@@ -265,8 +264,7 @@ async fn thirty_concurrent_tunnels_share_a_pool_of_four() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_h2_prior_knowledge_through_the_tunnel_is_served_as_h2c() {
-    if !support::curl_available() {
-        support::skip("`curl` is not on PATH");
+    if !support::curl_or_skip() {
         return;
     }
     let upstream = FakeUpstream::start().await;
@@ -475,8 +473,7 @@ async fn anything_but_plain_http_inside_is_closed_counted_and_reaches_no_upstrea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_inspect_false_restores_the_403() {
-    if !support::curl_available() {
-        support::skip("`curl` is not on PATH");
+    if !support::curl_or_skip() {
         return;
     }
     let upstream = FakeUpstream::start().await;
@@ -498,8 +495,7 @@ async fn connect_inspect_false_restores_the_403() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_in_connect_ports_keeps_the_opaque_tunnel() {
-    if !support::curl_available() {
-        support::skip("`curl` is not on PATH");
+    if !support::curl_or_skip() {
         return;
     }
     let upstream = FakeUpstream::start().await;

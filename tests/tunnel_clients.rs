@@ -10,12 +10,10 @@
 
 mod support;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use support::{FakeUpstream, Sidecar};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::io::AsyncWriteExt;
 
 // === Node: fetch through undici's EnvHttpProxyAgent ===
 
@@ -59,11 +57,7 @@ fn node_missing() -> Option<String> {
 
 /// The leaky Node client, its stdout read line by line and its stdin open (it lives, holding
 /// its agents, until stdin closes).
-struct NodeClient {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Lines<BufReader<ChildStdout>>,
-}
+struct NodeClient(support::LineClient);
 
 impl NodeClient {
     /// Runs the script against `url`, through `proxy` (as `HTTP_PROXY`) when given. The agents
@@ -80,29 +74,12 @@ impl NodeClient {
         if let Some(proxy) = proxy {
             cmd.env("HTTP_PROXY", proxy);
         }
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawning node");
-        let stdout = child.stdout.take().unwrap();
-        NodeClient {
-            stdin: child.stdin.take(),
-            child,
-            lines: BufReader::new(stdout).lines(),
-        }
+        NodeClient(support::LineClient::spawn(cmd, "Node client", true))
     }
 
     /// The next JSON line, which must be `phase`.
     async fn next(&mut self, phase: &str) -> serde_json::Value {
-        let line = tokio::time::timeout(Duration::from_secs(60), self.lines.next_line())
-            .await
-            .unwrap_or_else(|_| panic!("no {phase:?} line from the Node client within 60s"))
-            .expect("reading the Node client's stdout");
-        let Some(line) = line else {
-            let stderr = self.stderr().await;
-            panic!("the Node client exited before {phase:?}; stderr:\n{stderr}");
-        };
+        let line = self.0.next_line(phase, Duration::from_secs(60)).await;
         let value: serde_json::Value =
             serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
         assert_eq!(value["phase"], phase, "unexpected line {line}");
@@ -111,7 +88,7 @@ impl NodeClient {
 
     /// The sockets the Node process has open now.
     async fn sockets(&mut self) -> i64 {
-        let stdin = self.stdin.as_mut().expect("stdin still open");
+        let stdin = self.0.stdin();
         stdin.write_all(b"sockets\n").await.unwrap();
         stdin.flush().await.unwrap();
         self.next("sockets").await["sockets"].as_i64().unwrap()
@@ -131,26 +108,12 @@ impl NodeClient {
     }
 
     fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    async fn stderr(&mut self) -> String {
-        let mut text = String::new();
-        if let Some(mut err) = self.child.stderr.take() {
-            let _ = err.read_to_string(&mut text).await;
-        }
-        text
+        self.0.alive()
     }
 
     /// Closes stdin and waits for a clean exit.
-    async fn finish(mut self) {
-        drop(self.stdin.take());
-        let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .expect("the Node client did not exit after stdin closed")
-            .unwrap();
-        let stderr = self.stderr().await;
-        assert!(status.success(), "the Node client failed: {status}\n{stderr}");
+    async fn finish(self) {
+        self.0.finish().await;
     }
 }
 

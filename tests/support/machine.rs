@@ -240,10 +240,14 @@ pub fn curl() -> tokio::process::Command {
     cmd
 }
 
-/// Whether curl runs here (tests that need it `skip` otherwise).
-pub fn curl_available() -> bool {
-    std::process::Command::new("curl")
+/// Whether curl runs here; when it does not, the test is [`skip`]ped (a failure under CI).
+pub fn curl_or_skip() -> bool {
+    let runs = std::process::Command::new("curl")
         .arg("--version")
         .output()
-        .is_ok_and(|o| o.status.success())
+        .is_ok_and(|o| o.status.success());
+    if !runs {
+        skip("`curl` is not on PATH");
+    }
+    runs
 }
