@@ -18,6 +18,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::config::{Authority, ParentUrl};
 use crate::error::{ErrorKind, ProxyError};
 
+/// How often the credentials file is looked at (a stat; read only when it changed): not per
+/// request. A mounted Secret changes by the kubelet's sync, a minute or so after its update.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The longest CONNECT answer head read from a parent.
 const MAX_ANSWER_HEAD: usize = 16 * 1024;
 
@@ -36,6 +40,8 @@ pub struct Parent {
 /// A credentials file as last read: its modification time and length, and the value it gave.
 #[derive(Debug)]
 struct FileRead {
+    /// When the file was last looked at.
+    checked: tokio::time::Instant,
     mtime: Option<SystemTime>,
     len: u64,
     value: Option<HeaderValue>,
@@ -70,14 +76,22 @@ impl Parent {
     }
 
     /// The `Proxy-Authorization` value for the next request or CONNECT: the credentials file
-    /// as it is now (re-read when its modification time or length changed), else the URL's.
+    /// (looked at once per [`RECHECK`], re-read when its modification time or length changed),
+    /// else the URL's.
     pub fn proxy_authorization(&self) -> Option<HeaderValue> {
         let Some(path) = &self.file else {
             return self.inline.clone();
         };
+        let now = tokio::time::Instant::now();
+        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(last) = read.as_mut() {
+            if now.saturating_duration_since(last.checked) < RECHECK {
+                return last.value.clone();
+            }
+            last.checked = now;
+        }
         let meta = std::fs::metadata(path).ok();
         let stamp = meta.as_ref().map(|m| (m.modified().ok(), m.len()));
-        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
         match (&*read, stamp) {
             (Some(last), Some(now)) if (last.mtime, last.len) == now => return last.value.clone(),
             (Some(last), None) => return last.value.clone(),
@@ -92,6 +106,7 @@ impl Parent {
         };
         let (mtime, len) = stamp.unwrap_or((None, 0));
         *read = Some(FileRead {
+            checked: now,
             mtime,
             len,
             value: value.clone(),
@@ -208,8 +223,9 @@ fn basic(userinfo: &str) -> Option<HeaderValue> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn credentials_follow_the_file() {
+    #[tokio::test(start_paused = true)]
+    async fn credentials_follow_the_file() {
+        let recheck = || tokio::time::advance(RECHECK);
         let dir = std::env::temp_dir().join(format!("egress-parent-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("parent");
@@ -226,10 +242,17 @@ mod tests {
         std::fs::write(&file, "alice:twotwo\n").unwrap();
         assert_eq!(
             parent.proxy_authorization().unwrap(),
+            expect("alice:one").as_str(),
+            "looked at once per RECHECK"
+        );
+        recheck().await;
+        assert_eq!(
+            parent.proxy_authorization().unwrap(),
             expect("alice:twotwo").as_str()
         );
         assert!(parent.proxy_authorization().unwrap().is_sensitive());
         std::fs::remove_file(&file).unwrap();
+        recheck().await;
         assert_eq!(
             parent.proxy_authorization().unwrap(),
             expect("alice:twotwo").as_str(),
