@@ -86,37 +86,23 @@ async fn connect(
     extra: &[u8],
 ) -> (RawClient, Result<Vec<u8>, RawResponse>) {
     let mut client = RawClient::connect(sidecar).await;
-    let mut raw =
-        format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nUser-Agent: test\r\n\r\n").into_bytes();
-    raw.extend_from_slice(extra);
-    client.send_raw(&raw).await;
-    let resp = tokio::time::timeout(Duration::from_secs(5), client.read_response(true))
-        .await
-        .expect("answered within 5s")
-        .expect("a response, not a bare close");
-    if resp.status == 200 {
-        assert!(
-            resp.headers.is_empty(),
-            "a tunnel's 200 has no fields: {:?}",
-            resp.headers
-        );
-        let early = client.take_buffered();
-        return (client, Ok(early));
+    let resp = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.open_tunnel(target, "User-Agent: test\r\n", extra),
+    )
+    .await
+    .expect("answered within 5s")
+    .expect("a response, not a bare close");
+    if resp.status != 200 {
+        return (client, Err(resp));
     }
-    let len: usize = resp
-        .header("content-length")
-        .expect("error responses have a length")
-        .parse()
-        .unwrap();
-    let mut body = client.take_buffered();
-    while body.len() < len {
-        let mut tmp = [0u8; 1024];
-        let n = client.stream.read(&mut tmp).await.unwrap();
-        assert!(n > 0, "closed mid-body");
-        body.extend_from_slice(&tmp[..n]);
-    }
-    let full = RawResponse { body, ..resp };
-    (client, Err(full))
+    assert!(
+        resp.headers.is_empty(),
+        "a tunnel's 200 has no fields: {:?}",
+        resp.headers
+    );
+    let early = client.take_buffered();
+    (client, Ok(early))
 }
 
 async fn output(cmd: &mut tokio::process::Command) -> String {

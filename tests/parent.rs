@@ -163,29 +163,11 @@ async fn echo_server() -> SocketAddr {
 /// (with the whole body unless it is a 200).
 async fn connect(sidecar: SocketAddr, target: &str, extra: &str) -> (RawClient, RawResponse) {
     let mut client = RawClient::connect(sidecar).await;
-    client
-        .send_raw(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n").as_bytes())
-        .await;
-    let resp = tokio::time::timeout(Duration::from_secs(15), client.read_response(true))
+    let resp = tokio::time::timeout(Duration::from_secs(15), client.open_tunnel(target, extra, b""))
         .await
         .expect("CONNECT answered within 15s")
         .expect("a response to CONNECT, not a bare close");
-    if resp.status == 200 {
-        return (client, resp);
-    }
-    let len: usize = resp
-        .header("content-length")
-        .expect("a sidecar error has a length")
-        .parse()
-        .unwrap();
-    let mut body = client.take_buffered();
-    while body.len() < len {
-        let mut chunk = [0u8; 1024];
-        let n = client.stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "closed mid-body");
-        body.extend_from_slice(&chunk[..n]);
-    }
-    (client, RawResponse { body, ..resp })
+    (client, resp)
 }
 
 /// Through an open tunnel: sends `bytes`, reads as many back.

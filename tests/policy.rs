@@ -34,10 +34,7 @@ async fn get(sidecar: &Sidecar, url: &str) -> RawResponse {
 
 async fn connect(sidecar: &Sidecar, target: &str) -> RawResponse {
     let mut client = RawClient::connect(sidecar.addr).await;
-    client
-        .send_raw(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-        .await;
-    tokio::time::timeout(Duration::from_secs(5), client.read_response(false))
+    tokio::time::timeout(Duration::from_secs(5), client.open_tunnel(target, "", b""))
         .await
         .expect("answered within 5s")
         .expect("a response")

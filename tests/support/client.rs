@@ -79,9 +79,24 @@ impl RawClient {
         self.read_response(false).await.expect("response")
     }
 
+    /// Sends `CONNECT target` with `extra_head` lines (each ending in CRLF), then `early` bytes
+    /// in the same write, and reads the answer: a 200's head only (the stream is then at the
+    /// first tunnelled byte; bytes read past the head stay buffered), anything else whole.
+    pub async fn open_tunnel(&mut self, target: &str, extra_head: &str, early: &[u8]) -> Option<RawResponse> {
+        let mut raw = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra_head}\r\n").into_bytes();
+        raw.extend_from_slice(early);
+        self.send_raw(&raw).await;
+        let (status, headers) = self.try_read_head().await?;
+        Some(self.read_body(status, headers, status == 200).await)
+    }
+
     /// Reads one response (`head_only` for HEAD requests); None if the connection closed first.
     pub async fn read_response(&mut self, head_only: bool) -> Option<RawResponse> {
         let (status, headers) = self.try_read_head().await?;
+        Some(self.read_body(status, headers, head_only).await)
+    }
+
+    async fn read_body(&mut self, status: u16, headers: HeaderMap, head_only: bool) -> RawResponse {
         let no_body = head_only || status == 204 || status == 304 || (100..200).contains(&status);
         let body = if no_body {
             Vec::new()
@@ -97,11 +112,11 @@ impl RawClient {
             while self.fill().await {}
             std::mem::take(&mut self.buf)
         };
-        Some(RawResponse {
+        RawResponse {
             status,
             headers,
             body,
-        })
+        }
     }
 
     async fn read_chunked(&mut self) -> Vec<u8> {
