@@ -121,6 +121,11 @@ struct Origins {
 }
 
 async fn origins_through(squid: &Squid, dir: &TempDir, creds: &Path) -> Origins {
+    origins_via(&via(squid, creds, ""), dir).await
+}
+
+/// [`Origins`] with `defaults.via` set to `via` (flow style).
+async fn origins_via(via: &str, dir: &TempDir) -> Origins {
     let plain = FakeUpstream::start().await;
     let ca = TestCa::new();
     let (secure, ca_file) = tls_origin(&ca, dir).await;
@@ -130,7 +135,6 @@ async fn origins_through(squid: &Squid, dir: &TempDir, creds: &Path) -> Origins 
          - name: plain\n    url: http://{plain}\n  \
          - name: secure\n    url: https://{secure}\n    aliases: [secure.test:80]\n    \
          tls: {{ ca_file: {ca} }}\n",
-        via = via(squid, creds, ""),
         echo_port = echo.port(),
         plain = plain.addr,
         secure = secure.addr,
@@ -569,6 +573,131 @@ async fn the_apps_proxy_authorization_reaches_neither_the_parent_nor_the_origin(
     }
 }
 
+// === TLS to the parent (https://) ===
+
+/// A Squid listening for TLS too, a credentials file, and `via` naming its `https_port` with
+/// `ca_file` trusting its certificate (`trusted`), or no `ca_file`.
+async fn tls_squid(trusted: bool) -> Option<(Squid, TempDir, String)> {
+    let squid_ca = TestCa::new();
+    let squid = Squid::start_tls(&squid_ca).await?;
+    let dir = TempDir::new();
+    let creds = dir.path.join("parent-credentials");
+    std::fs::write(&creds, format!("{}\n", squid.credentials())).unwrap();
+    let ca_file = dir.path.join("parent-ca.pem");
+    std::fs::write(&ca_file, &squid_ca.pem).unwrap();
+    let ca = if trusted {
+        format!(", ca_file: {}", ca_file.display())
+    } else {
+        String::new()
+    };
+    let via = format!(
+        "{{ url: {url}, credentials_file: {creds}{ca} }}",
+        url = squid.tls_url(),
+        creds = creds.display()
+    );
+    Some((squid, dir, via))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_parent_carries_requests_tunnels_and_opaque_connects_over_tls() {
+    let Some((squid, dir, via)) = tls_squid(true).await else {
+        return;
+    };
+    let Origins {
+        plain,
+        secure,
+        echo,
+        sidecar,
+    } = origins_via(&via, &dir).await;
+
+    let plain_statuses = burst(sidecar.addr, &format!("http://{}/plain/", plain.addr), 2, 5).await;
+    let secure_statuses = burst(sidecar.addr, "http://secure.test/secure/", 2, 5).await;
+    assert_eq!(
+        plain_statuses,
+        vec![200; 10],
+        "http:// upstream through a TLS parent"
+    );
+    assert_eq!(
+        secure_statuses,
+        vec![200; 10],
+        "https:// upstream: TLS inside TLS"
+    );
+    let (mut tunnel, resp) = connect(sidecar.addr, &echo.to_string(), "").await;
+    assert_eq!(
+        resp.status,
+        200,
+        "opaque CONNECT through a TLS parent: {}",
+        resp.text()
+    );
+    assert_eq!(
+        echo_through(&mut tunnel, b"through two tunnels").await,
+        b"through two tunnels"
+    );
+    drop(tunnel);
+    let pool = support::debug_pool(sidecar.admin, "plain").await;
+    assert_eq!(
+        pool["via"],
+        squid.tls_url(),
+        "/debug/pools names the TLS parent: {pool}"
+    );
+
+    sidecar.stop().await;
+    assert!(
+        eventually(Duration::from_secs(10), || secure.open() == 0).await,
+        "tunnels still open at the TLS origin after the sidecar stopped"
+    );
+    squid.fence(plain.addr).await;
+    let entries = squid.entries();
+    let tls_port = squid.tls_addr.unwrap().port();
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.local_port == tls_port && e.user == "alice"),
+        "every request and CONNECT came to squid's https_port, authenticated: {entries:?}"
+    );
+    let gets = lines_for(&entries, plain.addr);
+    let connects = lines_for(&entries, secure.addr);
+    let opaque = lines_for(&entries, echo);
+    assert_eq!(gets.len(), 10, "every http:// request, absolute-form: {gets:?}");
+    assert!(
+        (1..=2).contains(&connects.len()) && connects.iter().all(|e| e.method == "CONNECT"),
+        "one CONNECT per pooled TLS connection (2 clients): {connects:?}"
+    );
+    assert_eq!(opaque.len(), 1, "the app's tunnel, chained: {opaque:?}");
+    assert_eq!(
+        (plain.requests(), secure.requests()),
+        (10 + 1, 10),
+        "requests at the origins (the plain one also answered the fence)"
+    );
+}
+
+#[tokio::test]
+async fn an_https_parent_whose_certificate_is_not_trusted_is_tls_failed_naming_it() {
+    let Some((squid, dir, via)) = tls_squid(false).await else {
+        return;
+    };
+    let Origins {
+        plain,
+        secure,
+        echo,
+        sidecar,
+    } = origins_via(&via, &dir).await;
+    let parent = squid.tls_url();
+    let resp = get_once(sidecar.addr, &format!("http://{}/untrusted", plain.addr)).await;
+    let body = resp.assert_sidecar_error(502, "tls_failed", "an untrusted TLS parent");
+    assert!(body.contains(&parent), "the parent named: {body:?}");
+    let resp = get_once(sidecar.addr, "http://secure.test/untrusted").await;
+    resp.assert_sidecar_error(502, "tls_failed", "an untrusted TLS parent, https:// upstream");
+    let (_, resp) = connect(sidecar.addr, &echo.to_string(), "").await;
+    let body = resp.assert_sidecar_error(502, "tls_failed", "an opaque CONNECT, untrusted TLS parent");
+    assert!(body.contains(&parent), "the parent named: {body:?}");
+    assert_eq!(
+        (plain.requests(), secure.accepted()),
+        (0, 0),
+        "nothing got past the parent"
+    );
+}
+
 // === 6. url: env ===
 
 #[tokio::test]
@@ -802,6 +931,10 @@ fn check_names_the_bad_via_key() {
         (
             "upstreams:\n  - url: http://a.example\n    via: { url: http://127.0.0.1:3128, credentials_file: /nonexistent/parent }\n",
             "upstreams[0].via.credentials_file",
+        ),
+        (
+            "defaults:\n  via: { url: https://127.0.0.1:3129, ca_file: /nonexistent/ca.pem }\n",
+            "defaults.via.ca_file",
         ),
     ] {
         std::fs::write(&path, yaml).unwrap();

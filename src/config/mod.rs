@@ -35,7 +35,7 @@ pub use endpoints::{
 };
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
-pub use via::{ParentUrl, Via, ViaConfig};
+pub use via::{ParentRoute, ParentUrl, Via, ViaConfig};
 
 use schema::FileConfig;
 use validate::validate;

@@ -59,6 +59,7 @@ pub(super) struct FileSettings {
 pub(super) struct FileVia {
     pub(super) url: Option<String>,
     pub(super) credentials_file: Option<PathBuf>,
+    pub(super) ca_file: Option<PathBuf>,
     pub(super) no_via: Option<Vec<String>>,
 }
 

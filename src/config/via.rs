@@ -16,6 +16,9 @@ pub struct ViaConfig {
     pub url: Via,
     /// One line `user:password` for `Proxy-Authorization`; re-read when it changes.
     pub credentials_file: Option<PathBuf>,
+    /// CA certificates (PEM) an `https://` parent's certificate may chain to, beside the
+    /// system store.
+    pub ca_file: Option<PathBuf>,
     /// Hosts reached directly whatever `url` says.
     pub no_via: Vec<HostPattern>,
 }
@@ -95,18 +98,34 @@ impl ParentUrl {
     }
 }
 
+/// The parent one upstream goes through, and what reaching it takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParentRoute {
+    /// The parent's address.
+    pub url: ParentUrl,
+    /// `via.credentials_file`.
+    pub credentials_file: Option<PathBuf>,
+    /// `via.ca_file`.
+    pub ca_file: Option<PathBuf>,
+}
+
 impl ViaConfig {
     /// The parent `host` (an upstream's, in canonical form) is reached through, if any, for an
     /// upstream of `scheme`; `env` reads the sidecar's environment now.
-    pub fn parent_for(&self, scheme: Scheme, host: &str) -> Option<ParentUrl> {
+    pub fn parent_for(&self, scheme: Scheme, host: &str) -> Option<ParentRoute> {
         if self.no_via.iter().any(|p| p.matches(host)) {
             return None;
         }
-        match &self.url {
+        let url = match &self.url {
             Via::Direct => None,
             Via::Parent(parent) => Some(parent.clone()),
             Via::Env => from_env(scheme, host, |name| std::env::var(name).ok()),
-        }
+        }?;
+        Some(ParentRoute {
+            url,
+            credentials_file: self.credentials_file.clone(),
+            ca_file: self.ca_file.clone(),
+        })
     }
 }
 
@@ -210,13 +229,6 @@ pub(super) fn merge_via(
                 );
                 Via::Parent(parent)
             }
-            Ok(parent) if parent.scheme == Scheme::Https => {
-                problems.add(
-                    key("url"),
-                    "TLS to the parent (https://) is not built yet: use http://",
-                );
-                Via::Parent(parent)
-            }
             Ok(parent) => Via::Parent(parent),
             Err(why) => {
                 problems.add(key("url"), why);
@@ -234,6 +246,11 @@ pub(super) fn merge_via(
             Err(e) => problems.add(key("credentials_file"), format!("{}: {e}", path.display())),
         }
     }
+    if let Some(path) = &raw.ca_file {
+        if let Err(why) = super::load_ca_file(path) {
+            problems.add(key("ca_file"), why);
+        }
+    }
     let mut no_via = Vec::new();
     for (i, text) in raw.no_via.iter().flatten().enumerate() {
         match HostPattern::parse(text) {
@@ -244,6 +261,7 @@ pub(super) fn merge_via(
     ViaConfig {
         url,
         credentials_file: raw.credentials_file.clone(),
+        ca_file: raw.ca_file.clone(),
         no_via,
     }
 }

@@ -153,49 +153,68 @@ impl Connector {
     async fn connect(&self, place: Box<dyn Place>) -> Result<Dialed, ProxyError> {
         let started = Instant::now();
         let deadline = started + self.connect_timeout;
-        let mut tcp = self.tcp(&*place, deadline).await?;
+        let tcp = self.tcp(&*place, deadline).await?;
         // A TCP handshake is one round trip: the measure of how soon a server's SETTINGS come.
         let rtt = started.elapsed();
-        if let Some(parent) = &self.parent {
-            if parent.is_tls() {
-                return Err(self.error(
-                    ErrorKind::ConnectFailed,
-                    format!(
-                        "TLS to the parent proxy {} is not built yet (use http://)",
-                        parent.shown()
-                    ),
-                ));
-            }
-            // Plain HTTP/1.1 goes as absolute-form requests on the parent connection itself.
-            if self.tls.is_some() || self.protocol == Protocol::Http2 {
-                parent
-                    .tunnel_by(
-                        &mut tcp,
-                        &self.authority,
-                        &self.label,
-                        deadline,
-                        self.connect_timeout,
-                    )
-                    .await?;
-            }
-        }
-        match &self.tls {
-            None if self.protocol == Protocol::Http2 => self.handshake_h2(tcp, place, rtt, deadline).await,
-            None => Ok(self.http1(Transport::Plain(tcp), place)),
-            Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
-            Some(Ok(tls)) => {
-                let stream = handshake_tls(&self.dial_target(), tls, tcp, deadline).await?;
-                if TlsConnector::negotiated_h2(&stream) {
-                    self.handshake_h2(stream, place, rtt, deadline).await
-                } else if self.protocol == Protocol::Http2 {
-                    Err(self.error(
-                        ErrorKind::ProtocolError,
-                        "the upstream did not agree to h2 in ALPN",
-                    ))
-                } else {
-                    Ok(self.http1(Transport::Tls(Box::new(stream)), place))
+        let io = match &self.parent {
+            None => Transport::Plain(tcp),
+            Some(parent) => {
+                let mut io = parent.secure(tcp, &self.label, deadline).await?;
+                // Plain HTTP/1.1 goes as absolute-form requests on the parent connection itself.
+                if self.tls.is_some() || self.protocol == Protocol::Http2 {
+                    parent
+                        .tunnel_by(
+                            &mut io,
+                            &self.authority,
+                            &self.label,
+                            deadline,
+                            self.connect_timeout,
+                        )
+                        .await?;
                 }
+                io
             }
+        };
+        match &self.tls {
+            None if self.protocol == Protocol::Http2 => self.handshake_h2(io, place, rtt, deadline).await,
+            None => Ok(self.http1(io, place)),
+            Some(Err(why)) => Err(self.error(ErrorKind::TlsFailed, why.clone())),
+            Some(Ok(tls)) => match io {
+                Transport::Plain(tcp) => {
+                    let stream = handshake_tls(&self.dial_target(), tls, tcp, deadline).await?;
+                    let h2 = TlsConnector::negotiated_h2(&stream);
+                    self.over_tls(h2, Transport::Tls(Box::new(stream)), place, rtt, deadline)
+                        .await
+                }
+                // A tunnel through a TLS parent.
+                io => {
+                    let stream = handshake_tls(&self.dial_target(), tls, io, deadline).await?;
+                    let h2 = TlsConnector::negotiated_h2(&stream);
+                    self.over_tls(h2, Transport::Nested(Box::new(stream)), place, rtt, deadline)
+                        .await
+                }
+            },
+        }
+    }
+
+    /// A TLS connection to the upstream: HTTP/2 when ALPN chose it (`h2`), else HTTP/1.1.
+    async fn over_tls(
+        &self,
+        h2: bool,
+        io: Transport,
+        place: Box<dyn Place>,
+        rtt: Duration,
+        deadline: Instant,
+    ) -> Result<Dialed, ProxyError> {
+        if h2 {
+            self.handshake_h2(io, place, rtt, deadline).await
+        } else if self.protocol == Protocol::Http2 {
+            Err(self.error(
+                ErrorKind::ProtocolError,
+                "the upstream did not agree to h2 in ALPN",
+            ))
+        } else {
+            Ok(self.http1(io, place))
         }
     }
 
@@ -515,14 +534,18 @@ fn list(addrs: &[SocketAddr]) -> String {
     text.join(", ")
 }
 
-/// The TLS half of a dial, within the deadline its TCP half started.
-pub async fn handshake_tls(
+/// The TLS half of a dial, within the deadline its TCP half started: over TCP, or over a
+/// tunnel through a TLS parent.
+pub async fn handshake_tls<IO>(
     target: &DialTarget<'_>,
     tls: &TlsConnector,
-    tcp: TcpStream,
+    io: IO,
     deadline: Instant,
-) -> Result<tokio_rustls::client::TlsStream<TcpStream>, ProxyError> {
-    match tokio::time::timeout_at(deadline, tls.handshake(tcp)).await {
+) -> Result<tokio_rustls::client::TlsStream<IO>, ProxyError>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    match tokio::time::timeout_at(deadline, tls.handshake(io)).await {
         Ok(Ok(stream)) => Ok(stream),
         Ok(Err(e)) => Err(target.error(
             ErrorKind::TlsFailed,

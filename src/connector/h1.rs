@@ -77,8 +77,10 @@ pub enum Error {
 pub enum Transport {
     /// Plain TCP.
     Plain(TcpStream),
-    /// TLS originated by the sidecar.
+    /// TLS originated by the sidecar (to the upstream, or to an `https://` parent).
     Tls(Box<TlsStream<TcpStream>>),
+    /// TLS to the upstream inside a tunnel through an `https://` parent: TLS in TLS.
+    Nested(Box<TlsStream<Transport>>),
     /// An in-memory pipe (tests and benches of the pool), kept out of the release binary: every
     /// upstream read and write matches on this enum.
     #[cfg(any(test, feature = "test-support"))]
@@ -87,10 +89,11 @@ pub enum Transport {
 
 impl Transport {
     /// The TCP socket underneath, whose readiness costs no syscall to ask.
-    fn tcp(&self) -> Option<&TcpStream> {
+    pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             Transport::Plain(tcp) => Some(tcp),
             Transport::Tls(tls) => Some(tls.get_ref().0),
+            Transport::Nested(tls) => tls.get_ref().0.tcp(),
             #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(_) => None,
         }
@@ -102,6 +105,7 @@ impl AsyncRead for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Nested(s) => Pin::new(s).poll_read(cx, buf),
             #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_read(cx, buf),
         }
@@ -113,6 +117,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Nested(s) => Pin::new(s).poll_write(cx, buf),
             #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_write(cx, buf),
         }
@@ -126,6 +131,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Transport::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Transport::Nested(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
@@ -135,6 +141,7 @@ impl AsyncWrite for Transport {
         match self {
             Transport::Plain(s) => s.is_write_vectored(),
             Transport::Tls(s) => s.is_write_vectored(),
+            Transport::Nested(s) => s.is_write_vectored(),
             #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => s.is_write_vectored(),
         }
@@ -144,6 +151,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_flush(cx),
             Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+            Transport::Nested(s) => Pin::new(s).poll_flush(cx),
             #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_flush(cx),
         }
@@ -153,6 +161,7 @@ impl AsyncWrite for Transport {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Transport::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Nested(s) => Pin::new(s).poll_shutdown(cx),
             #[cfg(any(test, feature = "test-support"))]
             Transport::Memory(s) => Pin::new(s).poll_shutdown(cx),
         }

@@ -5,6 +5,10 @@
 //! Plain HTTP/1.1 upstreams are reached with absolute-form requests on pooled connections to
 //! the parent (`upstream` writes those); TLS upstreams, HTTP/2 and upgrades go through a
 //! CONNECT tunnel, opened once per pooled connection.
+//!
+//! An `https://` parent is spoken to over TLS (what Squid's `https_port`, Chrome and curl call
+//! a secure web proxy): the parent's name is verified against the system store plus
+//! `via.ca_file`; a TLS upstream behind it is then TLS inside TLS.
 
 use std::io;
 use std::path::PathBuf;
@@ -15,7 +19,11 @@ use base64::Engine as _;
 use http::HeaderValue;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::config::{Authority, ParentUrl};
+use tokio::net::TcpStream;
+
+use super::h1::Transport;
+use super::tls::TlsConnector;
+use crate::config::{Authority, ParentRoute, ParentUrl, TlsConfig};
 use crate::error::{ErrorKind, ProxyError};
 
 /// How often the credentials file is looked at (a stat; read only when it changed): not per
@@ -35,6 +43,8 @@ pub struct Parent {
     file: Option<PathBuf>,
     /// The file's last read.
     read: Mutex<Option<FileRead>>,
+    /// TLS to an `https://` parent (`Err`: it cannot be set up, and every dial says why).
+    tls: Option<Result<TlsConnector, String>>,
 }
 
 /// A credentials file as last read: its modification time and length, and the value it gave.
@@ -48,15 +58,63 @@ struct FileRead {
 }
 
 impl Parent {
-    /// A parent at `url`, authenticating with `credentials_file` (else the URL's userinfo).
-    pub fn new(url: ParentUrl, credentials_file: Option<PathBuf>) -> Self {
+    /// The parent `route` names, authenticating with its `credentials_file` (else the URL's
+    /// userinfo).
+    pub fn new(route: ParentRoute) -> Self {
+        let ParentRoute {
+            url,
+            credentials_file,
+            ca_file,
+        } = route;
         let inline = url.userinfo.as_deref().and_then(basic);
+        let shown: Arc<str> = url.display().into();
+        let tls = (url.scheme == crate::config::Scheme::Https).then(|| {
+            let settings = TlsConfig {
+                ca_file,
+                ..TlsConfig::default()
+            };
+            // The parent speaks HTTP/1.1 (CONNECT, absolute-form), whatever runs inside.
+            TlsConnector::new(&settings, &url.authority.host, &[b"http/1.1"])
+                .map_err(|why| format!("TLS to parent proxy {shown}: {why}"))
+        });
         Parent {
-            shown: url.display().into(),
+            shown,
             url,
             inline,
             file: credentials_file,
             read: Mutex::new(None),
+            tls,
+        }
+    }
+
+    /// A connection to the parent over `tcp`: as it is for an `http://` parent, after a TLS
+    /// handshake (by `deadline`) for an `https://` one.
+    pub async fn secure(
+        &self,
+        tcp: TcpStream,
+        label: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Transport, ProxyError> {
+        let Some(tls) = &self.tls else {
+            return Ok(Transport::Plain(tcp));
+        };
+        let error = |kind, cause: String| ProxyError::new(kind, cause).with_upstream(label);
+        let tls = tls
+            .as_ref()
+            .map_err(|why| error(ErrorKind::TlsFailed, why.clone()))?;
+        match tokio::time::timeout_at(deadline, tls.handshake(tcp)).await {
+            Ok(Ok(stream)) => Ok(Transport::Tls(Box::new(stream))),
+            Ok(Err(e)) => Err(error(
+                ErrorKind::TlsFailed,
+                format!("TLS handshake with parent proxy {}: {e}", self.shown),
+            )),
+            Err(_) => Err(error(
+                ErrorKind::ConnectTimeout,
+                format!(
+                    "TLS handshake with parent proxy {} took longer than connect_timeout",
+                    self.shown
+                ),
+            )),
         }
     }
 
@@ -68,11 +126,6 @@ impl Parent {
     /// The parent's host and port.
     pub fn authority(&self) -> &Authority {
         &self.url.authority
-    }
-
-    /// Whether the parent is reached over TLS (`https://`).
-    pub fn is_tls(&self) -> bool {
-        self.url.scheme == crate::config::Scheme::Https
     }
 
     /// The `Proxy-Authorization` value for the next request or CONNECT: the credentials file
@@ -223,6 +276,14 @@ fn basic(userinfo: &str) -> Option<HeaderValue> {
 mod tests {
     use super::*;
 
+    fn route(url: &str, credentials_file: Option<PathBuf>) -> ParentRoute {
+        ParentRoute {
+            url: ParentUrl::parse(url).unwrap(),
+            credentials_file,
+            ca_file: None,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn credentials_follow_the_file() {
         let recheck = || tokio::time::advance(RECHECK);
@@ -230,10 +291,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("parent");
         std::fs::write(&file, "alice:one\n").unwrap();
-        let parent = Parent::new(
-            ParentUrl::parse("http://127.0.0.1:3128").unwrap(),
-            Some(file.clone()),
-        );
+        let parent = Parent::new(route("http://127.0.0.1:3128", Some(file.clone())));
         let expect = |text: &str| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(text));
         assert_eq!(
             parent.proxy_authorization().unwrap(),
@@ -259,13 +317,13 @@ mod tests {
             "a file gone keeps the last value"
         );
         let _ = std::fs::remove_dir_all(&dir);
-        let inline = Parent::new(ParentUrl::parse("http://bob:pw@proxy:3128").unwrap(), None);
+        let inline = Parent::new(route("http://bob:pw@proxy:3128", None));
         assert_eq!(inline.proxy_authorization().unwrap(), expect("bob:pw").as_str());
     }
 
     #[tokio::test]
     async fn a_tunnel_reads_the_answer_head_and_no_further() {
-        let parent = Parent::new(ParentUrl::parse("http://127.0.0.1:3128").unwrap(), None);
+        let parent = Parent::new(route("http://127.0.0.1:3128", None));
         let target = Authority::parse("api.example.com:443", 443).unwrap();
         let (mut ours, mut theirs) = tokio::io::duplex(4096);
         let server = tokio::spawn(async move {

@@ -20,7 +20,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::client::TlsStream;
 
 use crate::config::{load_ca_file, TlsConfig};
@@ -78,13 +78,16 @@ impl TlsConnector {
         })
     }
 
-    /// Runs the handshake over `tcp`.
-    pub async fn handshake(&self, tcp: TcpStream) -> io::Result<TlsStream<TcpStream>> {
-        self.connector.connect(self.server_name.clone(), tcp).await
+    /// Runs the handshake over `io`: a TCP connection, or a tunnel through a TLS parent.
+    pub async fn handshake<IO>(&self, io: IO) -> io::Result<TlsStream<IO>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        self.connector.connect(self.server_name.clone(), io).await
     }
 
     /// Whether the server chose HTTP/2 in ALPN.
-    pub fn negotiated_h2(stream: &TlsStream<TcpStream>) -> bool {
+    pub fn negotiated_h2<IO>(stream: &TlsStream<IO>) -> bool {
         stream.get_ref().1.alpn_protocol() == Some(b"h2")
     }
 

@@ -20,13 +20,13 @@ use std::time::Duration;
 use bytes::BytesMut;
 use http::Uri;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tracing::Instrument;
 
 use super::splice;
 use super::Proxy;
 use crate::config::{Authority, Scheme};
 use crate::connector::dial::{self, DialTarget};
+use crate::connector::h1::Transport;
 use crate::connector::parent::Parent;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::ActiveGuard;
@@ -85,7 +85,7 @@ pub async fn serve(
             tracing::debug!(error = %e, "client left before the tunnel was established");
             return TunnelEnd::Closed;
         }
-        tracing::debug!(peer = ?upstream.peer_addr().ok(), "tunnel established");
+        tracing::debug!(peer = ?upstream.tcp().and_then(|t| t.peer_addr().ok()), "tunnel established");
         let early = buf.split();
         let spliced = splice::splice(client, &early, &mut upstream, idle_timeout).await;
         tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "tunnel closed");
@@ -114,7 +114,7 @@ fn check(target: &Uri, framing: BodyFraming, proxy: &Proxy) -> Result<Tunnel, Pr
 /// names (its static `addresses`, balance and ejections), else what the resolver finds; when
 /// that upstream (or `defaults.via`, for other hosts) names a parent proxy, the tunnel is
 /// chained through it with a CONNECT of its own.
-async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, ProxyError> {
+async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<Transport, ProxyError> {
     let router = proxy.router();
     let label = authority.to_string();
     let config = router.config();
@@ -124,7 +124,7 @@ async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, 
         None => {
             let via = &config.defaults.via;
             via.parent_for(Scheme::Https, &authority.host)
-                .map(|url| Arc::new(Parent::new(url, via.credentials_file.clone())))
+                .map(|route| Arc::new(Parent::new(route)))
         }
     };
     let (dialed, resolve, connect_timeout) = match (&configured, &parent) {
@@ -145,7 +145,7 @@ async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, 
         ),
     };
     let deadline = tokio::time::Instant::now() + connect_timeout;
-    let mut stream = dial::tcp(DialTarget {
+    let tcp = dial::tcp(DialTarget {
         label: &label,
         authority: dialed,
         resolve,
@@ -153,11 +153,13 @@ async fn dial_opaque(authority: &Authority, proxy: &Proxy) -> Result<TcpStream, 
         guard: router.guard(),
     })
     .await?;
-    if let Some(parent) = &parent {
-        parent
-            .tunnel_by(&mut stream, authority, &label, deadline, connect_timeout)
-            .await?;
-    }
+    let Some(parent) = &parent else {
+        return Ok(Transport::Plain(tcp));
+    };
+    let mut stream = parent.secure(tcp, &label, deadline).await?;
+    parent
+        .tunnel_by(&mut stream, authority, &label, deadline, connect_timeout)
+        .await?;
     Ok(stream)
 }
 

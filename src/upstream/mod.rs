@@ -11,7 +11,6 @@
 //! Not handled here: header rewriting (`proxy::headers`), the pool itself (`pool`).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ mod grpc;
 
 use grpc::GrpcPool;
 
-use crate::config::ParentUrl;
+use crate::config::ParentRoute;
 use crate::connector::parent::Parent;
 use crate::connector::{dial, h1, tls};
 use crate::endpoint::{self, dns::Resolver};
@@ -105,8 +104,8 @@ pub struct PoolKey {
     connect_timeout: Duration,
     keepalive_interval: Option<Duration>,
     keepalive_timeout: Duration,
-    /// The parent proxy and its credentials file, when the upstream is reached through one.
-    parent: Option<(ParentUrl, Option<PathBuf>)>,
+    /// The parent proxy and what reaching it takes, when the upstream is reached through one.
+    parent: Option<ParentRoute>,
 }
 
 /// Everything an upstream is built from.
@@ -160,11 +159,7 @@ impl Spec {
             connect_timeout: self.settings.connect_timeout,
             keepalive_interval: self.settings.http2.keepalive_interval,
             keepalive_timeout: self.settings.http2.keepalive_timeout,
-            parent: self
-                .settings
-                .via
-                .parent_for(self.scheme, &self.authority.host)
-                .map(|url| (url, self.settings.via.credentials_file.clone())),
+            parent: self.settings.via.parent_for(self.scheme, &self.authority.host),
         }
     }
 }
@@ -203,7 +198,7 @@ impl Upstream {
             None => key
                 .parent
                 .as_ref()
-                .map(|(url, file)| Arc::new(Parent::new(url.clone(), file.clone()))),
+                .map(|route| Arc::new(Parent::new(route.clone()))),
         };
         let endpoints = match previous {
             Some(previous) => {
@@ -356,16 +351,21 @@ impl Upstream {
             connect_timeout: self.settings.connect_timeout,
             guard,
         };
-        let mut tcp = dial::tcp(target).await?;
-        if let Some(parent) = &self.parent {
-            // Through a parent, an upgraded connection is a tunnel, whatever the scheme.
-            let timeout = self.settings.connect_timeout;
-            parent
-                .tunnel_by(&mut tcp, &self.authority, &self.label, deadline, timeout)
-                .await?;
-        }
+        let tcp = dial::tcp(target).await?;
+        let io = match &self.parent {
+            None => h1::Transport::Plain(tcp),
+            Some(parent) => {
+                // Through a parent, an upgraded connection is a tunnel, whatever the scheme.
+                let timeout = self.settings.connect_timeout;
+                let mut io = parent.secure(tcp, &self.label, deadline).await?;
+                parent
+                    .tunnel_by(&mut io, &self.authority, &self.label, deadline, timeout)
+                    .await?;
+                io
+            }
+        };
         let Some(tls_config) = &self.tls else {
-            return Ok(Box::new(tcp));
+            return Ok(Box::new(io));
         };
         let connector = self
             .upgrade_tls
@@ -373,7 +373,7 @@ impl Upstream {
             .as_ref()
             .map_err(|why| self.error(ErrorKind::TlsFailed, why.clone()))?;
         Ok(Box::new(
-            dial::handshake_tls(&target, connector, tcp, deadline).await?,
+            dial::handshake_tls(&target, connector, io, deadline).await?,
         ))
     }
 

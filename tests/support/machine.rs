@@ -104,8 +104,8 @@ impl TestCa {
         }
     }
 
-    /// A server config with a certificate for `names` (expired when asked) offering `alpn`.
-    pub fn server(&self, names: &[&str], expired: bool, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
+    /// A certificate for `names` (expired when asked) and its key.
+    fn issue(&self, names: &[&str], expired: bool) -> (rcgen::Certificate, rcgen::KeyPair) {
         let mut params =
             rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
         if expired {
@@ -114,6 +114,31 @@ impl TestCa {
         }
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert, key)
+    }
+
+    /// A certificate for `names` and its key written as PEM files `{stem}.crt` and `{stem}.key`
+    /// in `dir`, readable by any user (a server that drops privileges reads them).
+    pub fn server_files(
+        &self,
+        names: &[&str],
+        dir: &std::path::Path,
+        stem: &str,
+    ) -> (std::path::PathBuf, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let (cert, key) = self.issue(names, false);
+        let files = (dir.join(format!("{stem}.crt")), dir.join(format!("{stem}.key")));
+        std::fs::write(&files.0, cert.pem()).unwrap();
+        std::fs::write(&files.1, key.serialize_pem()).unwrap();
+        for file in [&files.0, &files.1] {
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        files
+    }
+
+    /// A server config with a certificate for `names` (expired when asked) offering `alpn`.
+    pub fn server(&self, names: &[&str], expired: bool, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
+        let (cert, key) = self.issue(names, expired);
         let key_der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let mut config = rustls::ServerConfig::builder_with_provider(provider)

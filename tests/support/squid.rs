@@ -17,6 +17,8 @@ const FENCE_PATH: &str = "/squid-fence/";
 pub struct SquidEntry {
     /// The client's (the sidecar's) source port: one per client connection.
     pub client_port: u16,
+    /// The port of Squid's the client connected to (its `https_port` for TLS clients).
+    pub local_port: u16,
     /// `GET`, `CONNECT`, ...
     pub method: String,
     /// The absolute URL, or `host:port` for a CONNECT.
@@ -33,6 +35,9 @@ pub struct SquidEntry {
 /// port too), caching nothing; killed on drop.
 pub struct Squid {
     pub addr: SocketAddr,
+    /// Its `https_port` (TLS from clients, with a certificate for 127.0.0.1), when started
+    /// with [`Squid::start_tls`].
+    pub tls_addr: Option<SocketAddr>,
     /// The one user of its password file.
     pub user: String,
     pub password: String,
@@ -51,6 +56,16 @@ impl Squid {
     /// Like [`Squid::start`], with `access` lines (`acl`, `http_access deny`) checked before
     /// the rule that lets authenticated clients through.
     pub async fn start_with(access: &str) -> Option<Self> {
+        Self::start_with_tls(access, None).await
+    }
+
+    /// Like [`Squid::start`], also listening for TLS clients (an `https_port`: a secure web
+    /// proxy) with a certificate for 127.0.0.1 issued by `ca`.
+    pub async fn start_tls(ca: &TestCa) -> Option<Self> {
+        Self::start_with_tls("", Some(ca)).await
+    }
+
+    async fn start_with_tls(access: &str, ca: Option<&TestCa>) -> Option<Self> {
         for (path, what) in [
             (SQUID_BINARY, "squid (Debian package squid)"),
             (SQUID_NCSA_AUTH, "basic_ncsa_auth (Debian package squid)"),
@@ -59,6 +74,10 @@ impl Squid {
                 skip(&format!("{what} is not installed: no {path}"));
                 return None;
             }
+        }
+        if ca.is_some() && !built_with_tls() {
+            skip("squid without TLS support: https_port needs Debian's squid-openssl");
+            return None;
         }
         let password = format!("pw-{}-{}", std::process::id(), Self::next_id());
         let Some(hash) = apr1_hash(&password).await else {
@@ -73,22 +92,39 @@ impl Squid {
         std::fs::write(&passwd, format!("alice:{hash}\n")).unwrap();
         std::fs::set_permissions(&passwd, std::fs::Permissions::from_mode(0o644)).unwrap();
         let as_root = std::fs::metadata(&dir.path).unwrap().uid() == 0;
+        let tls_files = ca.map(|ca| ca.server_files(&["127.0.0.1"], &dir.path, "squid"));
 
         for _ in 0..10 {
             // Squid takes a port number, not a socket: pick a free one by binding port 0 and
             // releasing it. The port may be taken again before Squid binds it (no way to hand
             // Squid the bound socket), so a start that fails with "Address already in use" is
             // retried on a new port.
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let free_port = || {
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port()
+            };
+            let port = free_port();
+            let tls = tls_files.as_ref().map(|(cert, key)| TlsPort {
+                port: free_port(),
+                cert,
+                key,
+            });
             for file in ["cache.log", "access.log", "squid.pid", "stderr.log"] {
                 let _ = std::fs::remove_file(dir.path.join(file));
             }
             let config = dir.path.join("squid.conf");
-            std::fs::write(&config, squid_config(&dir.path, port, &passwd, as_root, access)).unwrap();
+            let listen = Listen {
+                port,
+                tls: tls.as_ref(),
+            };
+            std::fs::write(
+                &config,
+                squid_config(&dir.path, &listen, &passwd, as_root, access),
+            )
+            .unwrap();
             let stderr = std::fs::File::create(dir.path.join("stderr.log")).unwrap();
             let mut child = tokio::process::Command::new(SQUID_BINARY)
                 .arg("-N") // no daemon: this process is Squid, and dies on drop
@@ -100,10 +136,11 @@ impl Squid {
                 .kill_on_drop(true)
                 .spawn()
                 .expect("starting squid");
-            match wait_listening(&mut child, &dir.path, port).await {
+            match wait_listening(&mut child, &dir.path, &listen).await {
                 Started::Listening => {
                     return Some(Squid {
                         addr: SocketAddr::from(([127, 0, 0, 1], port)),
+                        tls_addr: tls.map(|t| SocketAddr::from(([127, 0, 0, 1], t.port))),
                         user: "alice".into(),
                         password,
                         child,
@@ -124,6 +161,11 @@ impl Squid {
     /// `http://127.0.0.1:PORT`: the parent's URL for `via.url`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `https://127.0.0.1:PORT`: the URL of its `https_port` (after [`Squid::start_tls`]).
+    pub fn tls_url(&self) -> String {
+        format!("https://{}", self.tls_addr.expect("squid started with start_tls"))
     }
 
     /// `user:password`, the line of a `credentials_file`.
@@ -209,12 +251,13 @@ pub fn distinct_client_ports<'a>(entries: impl IntoIterator<Item = &'a SquidEntr
         .len()
 }
 
-/// Parses `%>a %>p %rm %ru %>Hs %un %'{Proxy-Authorization}>h` (the header last, raw: it has
-/// spaces).
+/// Parses `%>a %>p %>lp %rm %ru %>Hs %un %'{Proxy-Authorization}>h` (the header last, raw: it
+/// has spaces).
 fn parse_entry(line: &str) -> Option<SquidEntry> {
-    let mut fields = line.splitn(7, ' ');
+    let mut fields = line.splitn(8, ' ');
     let _client_ip = fields.next()?;
     let client_port = fields.next()?.parse().ok()?;
+    let local_port = fields.next()?.parse().ok()?;
     let method = fields.next()?.to_owned();
     let url = fields.next()?.to_owned();
     let status = fields.next()?.parse().ok()?;
@@ -222,6 +265,7 @@ fn parse_entry(line: &str) -> Option<SquidEntry> {
     let proxy_authorization = fields.next()?.to_owned();
     Some(SquidEntry {
         client_port,
+        local_port,
         method,
         url,
         status,
@@ -230,20 +274,48 @@ fn parse_entry(line: &str) -> Option<SquidEntry> {
     })
 }
 
+/// Whether this Squid can listen for TLS (`squid -v` names its build options).
+fn built_with_tls() -> bool {
+    std::process::Command::new(SQUID_BINARY)
+        .arg("-v")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("--with-openssl"))
+}
+
 enum Started {
     Listening,
     PortTaken,
 }
 
-/// Waits (up to 20 s) until Squid says it accepts connections on `port`, or exits because the
-/// port was taken; panics with its log on any other exit or on the timeout.
-async fn wait_listening(child: &mut tokio::process::Child, dir: &Path, port: u16) -> Started {
-    let listening = "Accepting HTTP Socket connections at conn";
-    let local = format!("local=127.0.0.1:{port} ");
+/// The ports Squid listens on.
+struct Listen<'a> {
+    port: u16,
+    tls: Option<&'a TlsPort<'a>>,
+}
+
+/// An `https_port` and its certificate and key files.
+struct TlsPort<'a> {
+    port: u16,
+    cert: &'a Path,
+    key: &'a Path,
+}
+
+/// Waits (up to 20 s) until Squid says it accepts connections on every port of `listen`, or
+/// exits because a port was taken; panics with its log on any other exit or on the timeout.
+async fn wait_listening(child: &mut tokio::process::Child, dir: &Path, listen: &Listen<'_>) -> Started {
+    let mut expected = vec![("Accepting HTTP Socket connections at conn", listen.port)];
+    if let Some(tls) = listen.tls {
+        expected.push(("Accepting HTTPS Socket connections at conn", tls.port));
+    }
+    let port = listen.port;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let log = std::fs::read_to_string(dir.join("cache.log")).unwrap_or_default();
-        if log.lines().any(|l| l.contains(listening) && l.contains(&local)) {
+        let listening = |(what, port): &(&str, u16)| {
+            let local = format!("local=127.0.0.1:{port} ");
+            log.lines().any(|l| l.contains(what) && l.contains(&local))
+        };
+        if expected.iter().all(listening) {
             return Started::Listening;
         }
         if let Some(status) = child.try_wait().unwrap() {
@@ -263,7 +335,7 @@ async fn wait_listening(child: &mut tokio::process::Child, dir: &Path, port: u16
     }
 }
 
-fn squid_config(dir: &Path, port: u16, passwd: &Path, as_root: bool, access: &str) -> String {
+fn squid_config(dir: &Path, listen: &Listen<'_>, passwd: &Path, as_root: bool, access: &str) -> String {
     let d = dir.display();
     // Names are answered from /etc/hosts only (dns_nameservers on loopback, where none
     // listens): the tests' made-up names (*.test) are never asked of the machine's resolver,
@@ -275,13 +347,24 @@ fn squid_config(dir: &Path, port: u16, passwd: &Path, as_root: bool, access: &st
     } else {
         ""
     };
+    // An https_port without `accel` or `intercept` is a forward proxy spoken to over TLS.
+    let tls = match listen.tls {
+        Some(t) => format!(
+            "https_port 127.0.0.1:{} tls-cert={} tls-key={}\n",
+            t.port,
+            t.cert.display(),
+            t.key.display()
+        ),
+        None => String::new(),
+    };
     format!(
         "http_port 127.0.0.1:{port}\n\
+         {tls}\
          {user}\
          pid_filename {d}/squid.pid\n\
          cache_log {d}/cache.log\n\
          coredump_dir {d}\n\
-         logformat egress %>a %>p %rm %ru %>Hs %un %'{{Proxy-Authorization}}>h\n\
+         logformat egress %>a %>p %>lp %rm %ru %>Hs %un %'{{Proxy-Authorization}}>h\n\
          access_log stdio:{d}/access.log egress\n\
          buffered_logs off\n\
          cache deny all\n\
@@ -300,6 +383,7 @@ fn squid_config(dir: &Path, port: u16, passwd: &Path, as_root: bool, access: &st
          {access}\n\
          http_access allow localhost authenticated\n\
          http_access deny all\n",
+        port = listen.port,
         ncsa = SQUID_NCSA_AUTH,
         passwd = passwd.display(),
     )
