@@ -16,6 +16,7 @@
 
 mod endpoints;
 mod host;
+mod retry;
 mod schema;
 mod validate;
 mod via;
@@ -35,6 +36,7 @@ pub use endpoints::{
 };
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
+pub use retry::{RetryConfig, RetryOn, DEFAULT_BODY_IDLE_TIMEOUT};
 pub use via::{ParentRoute, ParentUrl, Via, ViaConfig};
 
 use schema::FileConfig;
@@ -160,6 +162,14 @@ pub struct UpstreamSettings {
     /// Deadline for the response head once the request is sent; `None` = wait forever.
     #[serde(serialize_with = "ser_opt_duration")]
     pub response_header_timeout: Option<Duration>,
+    /// Deadline for the whole exchange, request to last response byte; `None` = off.
+    #[serde(serialize_with = "ser_opt_duration")]
+    pub request_timeout: Option<Duration>,
+    /// Longest silence between body bytes, either direction; `None` = off.
+    #[serde(serialize_with = "ser_opt_duration")]
+    pub body_idle_timeout: Option<Duration>,
+    /// What is retried, how often and how soon.
+    pub retry: RetryConfig,
     /// Pool knobs.
     pub pool: PoolConfig,
     /// HTTP/2 knobs.

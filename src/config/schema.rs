@@ -47,11 +47,39 @@ pub(super) struct FileSettings {
     pub(super) protocol: Option<String>,
     pub(super) connect_timeout: Option<Scalar>,
     pub(super) response_header_timeout: Option<Scalar>,
+    pub(super) request_timeout: Option<Scalar>,
+    pub(super) body_idle_timeout: Option<Scalar>,
+    pub(super) retry: FileRetry,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,
     pub(super) outlier: FileOutlier,
     pub(super) via: Option<FileVia>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileRetry {
+    pub(super) attempts: Option<u64>,
+    pub(super) on: Option<Vec<Scalar>>,
+    pub(super) backoff: FileBackoff,
+    pub(super) retry_after_max: Option<Scalar>,
+    pub(super) budget: FileRetryBudget,
+    pub(super) buffer_body_up_to: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileBackoff {
+    pub(super) base: Option<Scalar>,
+    pub(super) max: Option<Scalar>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileRetryBudget {
+    pub(super) ratio: Option<f64>,
+    pub(super) min_per_second: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,6 +142,9 @@ pub(super) struct FileUpstream {
     pub(super) protocol: Option<String>,
     pub(super) connect_timeout: Option<Scalar>,
     pub(super) response_header_timeout: Option<Scalar>,
+    pub(super) request_timeout: Option<Scalar>,
+    pub(super) body_idle_timeout: Option<Scalar>,
+    pub(super) retry: FileRetry,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,

@@ -9,14 +9,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::schema::{
-    FileBudget, FileConfig, FileDownstream, FileHttp2, FileOutlier, FilePolicy, FilePool, FileSettings,
+    FileBudget, FileConfig, FileDownstream, FileHttp2, FileRetry, FileOutlier, FilePolicy, FilePool, FileSettings,
     FileUpstream, FileVia, Scalar,
 };
 use super::via::ViaConfig;
-use super::{endpoints, via};
+use super::{endpoints, retry, via};
 use super::{
     load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HostPattern,
-    Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Problem, Protocol, Scheme,
+    Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Problem, Protocol, RetryConfig, Scheme,
     ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
     DEFAULT_BUDGET_MEMORY_FRACTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DOWNSTREAM_IDLE_TIMEOUT,
     DEFAULT_DOWNSTREAM_MAX_CONNECTIONS, DEFAULT_DRAIN_TIMEOUT, DEFAULT_H2_KEEPALIVE_INTERVAL,
@@ -228,6 +228,9 @@ fn builtin_settings() -> UpstreamSettings {
         protocol: Protocol::Auto,
         connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         response_header_timeout: None,
+        request_timeout: None,
+        body_idle_timeout: Some(retry::DEFAULT_BODY_IDLE_TIMEOUT),
+        retry: RetryConfig::default(),
         pool: PoolConfig {
             max_connections: DEFAULT_POOL_MAX_CONNECTIONS,
             max_idle: DEFAULT_POOL_MAX_IDLE,
@@ -254,6 +257,9 @@ struct SettingsRef<'a> {
     protocol: &'a Option<String>,
     connect_timeout: &'a Option<Scalar>,
     response_header_timeout: &'a Option<Scalar>,
+    request_timeout: &'a Option<Scalar>,
+    body_idle_timeout: &'a Option<Scalar>,
+    retry: &'a FileRetry,
     pool: &'a FilePool,
     http2: &'a FileHttp2,
     balance: &'a Option<String>,
@@ -267,6 +273,9 @@ impl<'a> SettingsRef<'a> {
             protocol: &raw.protocol,
             connect_timeout: &raw.connect_timeout,
             response_header_timeout: &raw.response_header_timeout,
+            request_timeout: &raw.request_timeout,
+            body_idle_timeout: &raw.body_idle_timeout,
+            retry: &raw.retry,
             pool: &raw.pool,
             http2: &raw.http2,
             balance: &raw.balance,
@@ -280,6 +289,9 @@ impl<'a> SettingsRef<'a> {
             protocol: &raw.protocol,
             connect_timeout: &raw.connect_timeout,
             response_header_timeout: &raw.response_header_timeout,
+            request_timeout: &raw.request_timeout,
+            body_idle_timeout: &raw.body_idle_timeout,
+            retry: &raw.retry,
             pool: &raw.pool,
             http2: &raw.http2,
             balance: &raw.balance,
@@ -325,6 +337,19 @@ fn merge_settings(
         &key("response_header_timeout"),
         problems,
     );
+    let request_timeout = opt_duration_or(
+        raw.request_timeout,
+        base.request_timeout,
+        &key("request_timeout"),
+        problems,
+    );
+    let body_idle_timeout = opt_duration_or(
+        raw.body_idle_timeout,
+        base.body_idle_timeout,
+        &key("body_idle_timeout"),
+        problems,
+    );
+    let retry = retry::merge_retry(&base.retry, raw.retry, &key("retry"), problems);
     let pool = merge_pool(&base.pool, raw.pool, &key("pool"), problems);
     let http2 = merge_http2(&base.http2, raw.http2, &key("http2"), problems);
     let balance = endpoints::merge_balance(base.balance, raw.balance, &key("balance"), problems);
@@ -334,6 +359,9 @@ fn merge_settings(
         protocol,
         connect_timeout,
         response_header_timeout,
+        request_timeout,
+        body_idle_timeout,
+        retry,
         pool,
         http2,
         balance,
@@ -690,7 +718,7 @@ pub(super) fn duration_or(
 }
 
 /// Like [`duration_or`], where 0 means "off".
-fn opt_duration_or(
+pub(super) fn opt_duration_or(
     raw: &Option<Scalar>,
     base: Option<Duration>,
     key: &str,
@@ -705,7 +733,7 @@ fn opt_duration_or(
 }
 
 /// `65536`, `64KiB`, `1MiB`, `64KB` (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024).
-fn parse_size(value: &Scalar) -> Result<usize, String> {
+pub(super) fn parse_size(value: &Scalar) -> Result<usize, String> {
     let text = match value {
         Scalar::Int(n) => return usize::try_from(*n).map_err(|_| format!("{n} is too large")),
         Scalar::Str(s) => s.trim(),
