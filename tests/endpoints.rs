@@ -635,3 +635,66 @@ async fn p2c_ewma_prefers_the_faster_address_where_least_connections_splits_even
         "least_connections splits each wave evenly: {lc:?}"
     );
 }
+
+/// An origin that answers every request `503` (keep-alive); returns its address and a count
+/// of the requests it answered.
+async fn always_503() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while support::read_request_path(&mut stream, &mut buf).await.is_some() {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    let answer = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test]
+async fn a_retry_goes_to_another_endpoint() {
+    let (busy, busy_requests) = always_503().await;
+    let good = FakeUpstream::start().await;
+    // The busy address first: ties go to it, so the first request meets the 503.
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: multi\n    url: http://multi.test\n    addresses: [{busy}, {good}]\n    \
+         retry: {{ attempts: 1, backoff: {{ base: 1ms, max: 1ms }} }}\n",
+        good = good.addr
+    ))
+    .await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    for i in 0..10 {
+        let resp = client.get(&format!("http://multi.test/r{i}")).await;
+        assert_eq!(
+            resp.status,
+            200,
+            "request {i}: the retry went to the endpoint that answered 503: {}",
+            resp.text()
+        );
+    }
+    let busy_seen = busy_requests.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(busy_seen >= 1, "the busy endpoint was never tried");
+    assert_eq!(good.requests(), 10, "every request answered by the good endpoint");
+    let m = scrape(sidecar.admin).await;
+    assert_eq!(
+        value(
+            &m,
+            "egress_upstream_retries_total",
+            &[("upstream", "multi"), ("reason", "503")]
+        ),
+        busy_seen as f64,
+        "each 503 retried once, counted by its status"
+    );
+}

@@ -56,26 +56,40 @@ static HOP_BY_HOP: [HeaderName; 6] = [
 pub fn take_asked(req: &mut Request<impl Sized>) -> Result<Asked, String> {
     let headers = req.headers_mut();
     let mut asked = Asked::default();
-    if let Some(value) = headers.remove(X_EGRESS_TIMEOUT) {
-        let text = value.to_str().unwrap_or("").trim();
+    if let Some(text) = take_one(headers, X_EGRESS_TIMEOUT)? {
         let parsed = if text == "0" {
             Ok(std::time::Duration::ZERO)
         } else {
-            humantime::parse_duration(text)
+            humantime::parse_duration(&text)
         };
         asked.timeout = Some(
-            parsed
-                .map_err(|_| format!("x-egress-timeout: {value:?} is not a duration like 30s or 1500ms"))?,
+            parsed.map_err(|_| format!("x-egress-timeout: {text:?} is not a duration like 30s or 1500ms"))?,
         );
     }
-    if let Some(value) = headers.remove(X_EGRESS_RETRY) {
-        asked.no_retry = match value.to_str().unwrap_or("").trim() {
-            "off" => true,
-            "on" => false,
-            _ => return Err(format!("x-egress-retry: {value:?} is not off or on")),
+    if let Some(text) = take_one(headers, X_EGRESS_RETRY)? {
+        asked.no_retry = if text.eq_ignore_ascii_case("off") {
+            true
+        } else if text.eq_ignore_ascii_case("on") {
+            false
+        } else {
+            return Err(format!("x-egress-retry: {text:?} is not off or on"));
         };
     }
     Ok(asked)
+}
+
+/// Removes `name`, returning its one value, trimmed; more than one is an error.
+fn take_one(headers: &mut HeaderMap, name: HeaderName) -> Result<Option<String>, String> {
+    let mut values = headers.get_all(&name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(format!("{name} appears more than once"));
+    }
+    let text = value.to_str().unwrap_or("\u{fffd}").trim().to_owned();
+    headers.remove(&name);
+    Ok(Some(text))
 }
 
 const X_EGRESS_TIMEOUT: HeaderName = HeaderName::from_static("x-egress-timeout");

@@ -467,7 +467,7 @@ impl Upstream {
         if let Some(idle) = self.settings.body_idle_timeout {
             req.body_mut().set_idle_timeout(idle);
         }
-        let sending = self.send_with_policy(req, !asked.no_retry);
+        let sending = self.send_with_policy(req, !asked.no_retry, at);
         let result = match (at, limit) {
             (Some(at), Some(limit)) => match tokio::time::timeout_at(at, sending).await {
                 Ok(result) => result,
@@ -497,22 +497,34 @@ impl Upstream {
     }
 
     /// Sends `req` with the connection-level retries, and again by policy while `allowed`.
+    /// A wait that would end past `at` (the request's deadline) is not waited: the answer in
+    /// hand goes to the app instead of a later `request_timeout`.
     async fn send_with_policy(
         &self,
         mut req: Request<RequestBody>,
         allowed: bool,
+        at: Option<tokio::time::Instant>,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let policy = &self.settings.retry;
-        if !allowed || policy.attempts == 0 {
-            return self.send_with_retries(req, None).await.map_err(|(err, _)| err);
+        if policy.attempts == 0 {
+            return self
+                .send_with_retries(&mut req, None, false)
+                .await
+                .map_err(|(err, _)| err);
         }
+        // Every request counts towards the budget, retried or not.
         self.retries.deposit();
+        if !allowed {
+            return self
+                .send_with_retries(&mut req, None, false)
+                .await
+                .map_err(|(err, _)| err);
+        }
         let idempotent = is_idempotent(&req);
         let kept = req.body_mut().keep(policy.buffer_body_up_to);
-        let (method, uri, headers) = (req.method().clone(), req.uri().clone(), req.headers().clone());
         let mut avoid = None;
         for retry in 0.. {
-            let result = self.send_with_retries(req, avoid.as_ref()).await;
+            let result = self.send_with_retries(&mut req, avoid.as_ref(), true).await;
             let reason = match &result {
                 Ok(resp) => Reason::for_status(policy, resp.status().as_u16(), idempotent),
                 Err((err, _)) => Reason::for_error(policy, err, idempotent),
@@ -520,13 +532,15 @@ impl Upstream {
             let Some(reason) = reason.filter(|_| retry < policy.attempts) else {
                 return result.map_err(|(err, _)| err);
             };
-            // What goes again: the same head, and the body as it was kept (none, or whole).
+            // What goes again: the same head, with the body untouched when nothing was sent,
+            // else as it was kept (whole, or not at all).
             let body = match &kept {
+                _ if reason.nothing_sent() => None,
                 None => Some(RequestBody::Empty),
-                Some(copy) => copy.replay(),
-            };
-            let Some(body) = body else {
-                return result.map_err(|(err, _)| err);
+                Some(copy) => match copy.replay() {
+                    Some(body) => Some(body),
+                    None => return result.map_err(|(err, _)| err),
+                },
             };
             let wait = match &result {
                 Ok(resp) => match retry::retry_after(resp.headers(), std::time::SystemTime::now()) {
@@ -536,6 +550,9 @@ impl Upstream {
                 },
                 Err(_) => self.retries.backoff(policy.backoff, retry),
             };
+            if at.is_some_and(|at| tokio::time::Instant::now() + wait >= at) {
+                return result.map_err(|(err, _)| err);
+            }
             if !self.retries.withdraw() {
                 self.metrics.retry_budget_exhausted.inc();
                 return result.map_err(|(err, _)| err);
@@ -549,35 +566,36 @@ impl Upstream {
                 }
                 Err((err, endpoint)) => {
                     tracing::debug!(upstream = %self.label, error = %err, "retrying by policy");
-                    endpoint.filter(|_| !reason.nothing_sent())
+                    endpoint
                 }
             };
             self.metrics.retried(&reason.label());
             // The wait holds no connection: the response and its lease are gone.
             tokio::time::sleep(wait).await;
-            req = Request::new(body);
-            *req.method_mut() = method.clone();
-            *req.uri_mut() = uri.clone();
-            *req.headers_mut() = headers.clone();
+            if let Some(body) = body {
+                *req.body_mut() = body;
+            }
         }
         unreachable!("the loop returns once retries run out")
     }
 
     /// Sends `req` (on a connection away from `avoid`, when the pool has one) with the
     /// connection-level retries. A failure names the endpoint it happened on, if known.
+    /// Afterwards `req` keeps its head when `keep_head` (HTTP/1.1 leaves it; HTTP/2 takes the
+    /// request, so a copy is put back), and its body unless it was sent.
     async fn send_with_retries(
         &self,
-        req: Request<RequestBody>,
+        req: &mut Request<RequestBody>,
         avoid: Option<&Arc<endpoint::Endpoint>>,
+        keep_head: bool,
     ) -> Result<Response<PooledBody>, (ProxyError, Option<Arc<endpoint::Endpoint>>)> {
-        let mut req = req;
-        let idempotent = is_idempotent(&req);
+        let idempotent = is_idempotent(req);
         let mut retried = false;
         let mut unsent_attempts = 0;
         loop {
-            let pool = self.pool_for(&req);
+            let pool = self.pool_for(req);
             let mut lease = pool.checkout_avoiding(avoid).await.map_err(|e| (e, None))?;
-            self.fit_request(&mut req, lease.is_http2());
+            self.fit_request(req, lease.is_http2());
             let reused = lease.is_reused();
             let http2 = lease.is_http2();
             let bodyless = req.body().is_empty();
@@ -586,12 +604,19 @@ impl Upstream {
             // again as it is. HTTP/2 takes the request: a copy is kept for the one retry a
             // refused or reset stream may get (any method, since only HTTP/2 refuses streams).
             let replay = if http2 && !retried {
-                bodyless_copy(&req)
+                bodyless_copy(req)
             } else {
                 None
             };
+            let head = (http2 && keep_head).then(|| head_copy(req));
             let failed = |err| (err, endpoint.clone());
-            match self.exchange(&mut lease, &mut req).await {
+            let outcome = self.exchange(&mut lease, req).await;
+            if let Some(head) = head {
+                if !matches!(outcome, Err(Failure::Unsent(..))) {
+                    *req = head;
+                }
+            }
+            match outcome {
                 // Only the parent asks a client for proxy credentials: it refused ours. The
                 // connection closes with the lease (its body unread); a 407 is not retried.
                 Ok(resp)
@@ -607,11 +632,11 @@ impl Upstream {
                 }
                 Err(Failure::Unsent(back, err)) => {
                     unsent_attempts += 1;
+                    *req = *back;
                     if unsent_attempts >= MAX_UNSENT_ATTEMPTS {
                         return Err(failed(err));
                     }
                     self.metrics.retried("unsent");
-                    req = *back;
                 }
                 Err(Failure::Refused(err)) => {
                     // The upstream did not process the stream, so any method may go again.
@@ -621,7 +646,7 @@ impl Upstream {
                             tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
                             retried = true;
                             self.metrics.retried("refused_stream");
-                            req = copy;
+                            *req = copy;
                         }
                         None => return Err(failed(err)),
                     }
@@ -642,7 +667,7 @@ impl Upstream {
                     }
                     match (again, replay) {
                         (true, _) if !http2 => {}
-                        (true, Some(copy)) => req = copy,
+                        (true, Some(copy)) => *req = copy,
                         _ => return Err(failed(err)),
                     }
                     tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
@@ -871,13 +896,15 @@ fn seed(label: &str) -> u64 {
 /// A copy to send again on HTTP/2, for requests without a body (a streamed body cannot be
 /// replayed).
 fn bodyless_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
-    if !req.body().is_empty() {
-        return None;
-    }
+    req.body().is_empty().then(|| head_copy(req))
+}
+
+/// The request's head, with no body.
+fn head_copy(req: &Request<RequestBody>) -> Request<RequestBody> {
     let mut copy = Request::new(RequestBody::Empty);
     *copy.method_mut() = req.method().clone();
     *copy.uri_mut() = req.uri().clone();
     *copy.version_mut() = req.version();
     *copy.headers_mut() = req.headers().clone();
-    Some(copy)
+    copy
 }
