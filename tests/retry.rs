@@ -343,6 +343,84 @@ async fn x_egress_retry_off_sends_a_retryable_request_once() {
     assert_eq!(origin.requests("/flaky").len(), 1);
 }
 
+#[tokio::test]
+async fn a_body_over_buffer_body_up_to_is_not_retried_once_sent() {
+    let origin = ScriptedOrigin::start().await;
+    let script = vec![Answer::status(503), Answer::ok("second")];
+    origin.script("/big", script.clone());
+    origin.script("/small", script);
+    let sidecar = sidecar(
+        &origin,
+        "",
+        "    retry: { attempts: 2, buffer_body_up_to: 1KiB }\n",
+    )
+    .await;
+    let key = "Idempotency-Key: k2\r\n";
+    let resp = send(&sidecar, &origin, "POST", "/big", key, &"b".repeat(2000)).await;
+    assert_eq!(resp.status, 503, "a 2000-byte body over 1KiB: {}", resp.text());
+    assert_eq!(origin.requests("/big").len(), 1);
+    let resp = send(&sidecar, &origin, "POST", "/small", key, &"s".repeat(500)).await;
+    assert_eq!(resp.status, 200, "a 500-byte body under 1KiB: {}", resp.text());
+    let seen = origin.requests("/small");
+    assert_eq!(seen.iter().map(|r| r.body_len).collect::<Vec<_>>(), [500, 500]);
+}
+
+#[tokio::test]
+async fn request_timeout_is_504_before_the_head_and_cuts_the_stream_after_it() {
+    let origin = ScriptedOrigin::start().await;
+    origin.script(
+        "/slow",
+        vec![Answer::ok("late").head_after(Duration::from_millis(2500))],
+    );
+    let ticks = (0..10).fold(Answer::status(200), |a, i| {
+        a.chunk(
+            Duration::from_millis(if i == 0 { 0 } else { 500 }),
+            &format!("data: tick {i}\n\n"),
+        )
+    });
+    origin.script("/ticks", vec![ticks]);
+    let sidecar = sidecar(&origin, "", "    request_timeout: 1500ms\n").await;
+
+    let started = Instant::now();
+    let resp = send(&sidecar, &origin, "GET", "/slow", "", "").await;
+    let took = started.elapsed();
+    resp.assert_sidecar_error(504, "request_timeout", "request_timeout: 1500ms");
+    assert!(
+        took >= Duration::from_millis(1400) && took <= Duration::from_secs(4),
+        "504 after {took:?}"
+    );
+
+    // x-egress-timeout: 0s turns it off for this request.
+    let resp = send(&sidecar, &origin, "GET", "/slow", "x-egress-timeout: 0s\r\n", "").await;
+    assert_eq!(resp.status, 200, "x-egress-timeout: 0s: {}", resp.text());
+
+    // After the head: a 5 s stream is cut at 1.5 s, without its last chunk.
+    let mut client = RawClient::connect(sidecar.addr).await;
+    let host = origin.addr;
+    client
+        .send_raw(format!("GET http://{host}/ticks HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await;
+    let (status, _) = client.read_head().await;
+    assert_eq!(status, 200);
+    let (ticks, complete) = read_events(&mut client).await;
+    assert!(!complete, "the stream outlived request_timeout");
+    assert!(
+        (1..10).contains(&ticks.len()),
+        "{} ticks before the cut",
+        ticks.len()
+    );
+    assert_eq!(
+        metric_reaches(
+            &sidecar,
+            "egress_upstream_timeouts_total",
+            &[("kind", "request")],
+            2.0
+        )
+        .await,
+        2.0
+    );
+}
+
 /// Events of an SSE response read off `client` after its head, each with its arrival time,
 /// until the stream ends (true: with its last chunk) or is cut (false).
 async fn read_events(client: &mut RawClient) -> (Vec<(String, Instant)>, bool) {
