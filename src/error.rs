@@ -40,6 +40,9 @@ pub enum ErrorKind {
     ConnectTimeout,
     /// 504: no response head within `response_header_timeout`.
     ResponseTimeout,
+    /// 504: no response head within `request_timeout` (or `x-egress-timeout`), retries and
+    /// their waits included.
+    RequestTimeout,
     /// 503: more than `max_pending` requests waiting for a connection.
     PoolOverflow,
     /// 503: waited `pending_timeout` for a connection.
@@ -60,7 +63,7 @@ impl ErrorKind {
             ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused => {
                 StatusCode::BAD_GATEWAY
             }
-            ConnectTimeout | ResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ConnectTimeout | ResponseTimeout | RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
             PoolOverflow | PendingTimeout | Draining => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -81,6 +84,7 @@ impl ErrorKind {
             ParentRefused => "parent_refused",
             ConnectTimeout => "connect_timeout",
             ResponseTimeout => "response_timeout",
+            RequestTimeout => "request_timeout",
             PoolOverflow => "pool_overflow",
             PendingTimeout => "pending_timeout",
             Draining => "draining",
@@ -93,7 +97,7 @@ impl ErrorKind {
         match self {
             BadRequest | UnknownUpstream | Denied | Loop | HeaderTooLarge => ErrorSource::Downstream,
             ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused | ConnectTimeout
-            | ResponseTimeout => ErrorSource::Upstream,
+            | ResponseTimeout | RequestTimeout => ErrorSource::Upstream,
             PoolOverflow | PendingTimeout | Draining => ErrorSource::Internal,
         }
     }

@@ -64,6 +64,24 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// `upstream`, `reason` (a retry's: a status among them).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    /// Configured name, or host:port.
+    pub upstream: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// `upstream`, `kind`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// Configured name, or host:port.
+    pub upstream: String,
+    /// Which.
+    pub kind: &'static str,
+}
+
 /// `reason` a CONNECT answered by the sidecar was closed without serving anything, or (`h2_error`)
 /// its h2c connection ended with a protocol error.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -107,7 +125,9 @@ pub struct Families {
     wait: LatencyFamily,
     reused: Family<UpstreamLabel, Counter>,
     rejected: Family<ReasonLabels, Counter>,
-    retries: Family<UpstreamLabel, Counter>,
+    retries: Family<RetryLabels, Counter>,
+    retry_budget_exhausted: Family<UpstreamLabel, Counter>,
+    timeouts: Family<KindLabels, Counter>,
     ejections: Family<UpstreamLabel, Counter>,
     dns_refreshes: Family<UpstreamLabel, Counter>,
     dns_failures: Family<UpstreamLabel, Counter>,
@@ -249,6 +269,8 @@ impl Metrics {
             reused: Family::default(),
             rejected: Family::default(),
             retries: Family::default(),
+            retry_budget_exhausted: Family::default(),
+            timeouts: Family::default(),
             ejections: Family::default(),
             dns_refreshes: Family::default(),
             dns_failures: Family::default(),
@@ -307,8 +329,20 @@ impl Metrics {
         );
         registry.register(
             "upstream_retries",
-            "Requests sent again on another connection",
+            "Requests sent again, by reason: connect_failure, reset, a response status, or the \
+             connection-level stale_connection, refused_stream, unsent",
             f.retries.clone(),
+        );
+        registry.register(
+            "upstream_retry_budget_exhausted",
+            "Retries not made because the upstream's retry budget was spent",
+            f.retry_budget_exhausted.clone(),
+        );
+        registry.register(
+            "upstream_timeouts",
+            "Exchanges cut by a deadline, by kind: request (request_timeout), body_idle \
+             (body_idle_timeout), response_header (response_header_timeout)",
+            f.timeouts.clone(),
         );
         registry.register(
             "upstream_ejections",
@@ -431,7 +465,7 @@ impl Metrics {
         UpstreamMetrics {
             opened: f.opened.get_or_create_owned(&label),
             reused: f.reused.get_or_create_owned(&label),
-            retries: f.retries.get_or_create_owned(&label),
+            retry_budget_exhausted: f.retry_budget_exhausted.get_or_create_owned(&label),
             ejections: f.ejections.get_or_create_owned(&label),
             dns_refreshes: f.dns_refreshes.get_or_create_owned(&label),
             dns_failures: f.dns_failures.get_or_create_owned(&label),
@@ -452,8 +486,8 @@ pub struct UpstreamMetrics {
     pub opened: Counter,
     /// Requests on a reused connection or stream.
     pub reused: Counter,
-    /// Requests sent again.
-    pub retries: Counter,
+    /// Retries the budget refused.
+    pub retry_budget_exhausted: Counter,
     /// Endpoints ejected by outlier detection.
     pub ejections: Counter,
     /// Resolutions of the upstream's host name.
@@ -480,6 +514,29 @@ impl UpstreamMetrics {
             reason,
         };
         self.families.closed.get_or_create(&labels).inc();
+    }
+
+    /// Counts a request sent again for `reason`.
+    pub fn retried(&self, reason: &str) {
+        let labels = RetryLabels {
+            upstream: self.label.clone(),
+            reason: reason.to_owned(),
+        };
+        self.families.retries.get_or_create(&labels).inc();
+    }
+
+    /// Counts an exchange cut by a deadline of `kind`.
+    pub fn timed_out(&self, kind: &'static str) {
+        self.timeouts(kind).inc();
+    }
+
+    /// The counter of exchanges cut by a deadline of `kind`, to hold on to.
+    pub fn timeouts(&self, kind: &'static str) -> Counter {
+        let labels = KindLabels {
+            upstream: self.label.clone(),
+            kind,
+        };
+        self.families.timeouts.get_or_create_owned(&labels)
     }
 
     /// Counts a request refused by the pool for `reason`.

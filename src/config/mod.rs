@@ -36,7 +36,7 @@ pub use endpoints::{
 };
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
-pub use retry::{RetryConfig, RetryOn, DEFAULT_BODY_IDLE_TIMEOUT};
+pub use retry::{Backoff, RetryBudget, RetryConfig, RetryOn, DEFAULT_BODY_IDLE_TIMEOUT};
 pub use via::{ParentRoute, ParentUrl, Via, ViaConfig};
 
 use schema::FileConfig;

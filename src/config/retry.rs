@@ -153,7 +153,12 @@ pub(super) fn merge_retry(
             ),
         );
     }
-    let retry_after_max = duration_or(&raw.retry_after_max, base.retry_after_max, &key("retry_after_max"), problems);
+    let retry_after_max = duration_or(
+        &raw.retry_after_max,
+        base.retry_after_max,
+        &key("retry_after_max"),
+        problems,
+    );
     let FileRetryBudget {
         ratio,
         min_per_second,
@@ -273,7 +278,11 @@ mod tests {
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(
             keys,
-            ["defaults.retry.on[0]", "defaults.retry.backoff.base", "defaults.retry.budget.ratio"]
+            [
+                "defaults.retry.on[0]",
+                "defaults.retry.backoff.base",
+                "defaults.retry.budget.ratio"
+            ]
         );
     }
 }

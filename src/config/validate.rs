@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::schema::{
-    FileBudget, FileConfig, FileDownstream, FileHttp2, FileRetry, FileOutlier, FilePolicy, FilePool, FileSettings,
-    FileUpstream, FileVia, Scalar,
+    FileBudget, FileConfig, FileDownstream, FileHttp2, FileOutlier, FilePolicy, FilePool, FileRetry,
+    FileSettings, FileUpstream, FileVia, Scalar,
 };
 use super::via::ViaConfig;
 use super::{endpoints, retry, via};

@@ -53,6 +53,18 @@ impl PooledBody {
         body
     }
 
+    /// The endpoint the response came from, if known.
+    pub fn endpoint(&self) -> Option<std::sync::Arc<crate::endpoint::Endpoint>> {
+        self.lease.as_ref().and_then(Lease::endpoint)
+    }
+
+    /// Cuts the exchange for `reason` (a deadline): the connection is not pooled again.
+    pub fn abort(self, reason: &'static str) {
+        if let Some(lease) = self.lease {
+            lease.abort(reason);
+        }
+    }
+
     fn release_if_done(&mut self) {
         if self.is_end_stream() {
             if let Some(lease) = self.lease.take() {

@@ -93,15 +93,26 @@ impl H2Conn {
 
 impl Pool {
     /// A stream slot on the first HTTP/2 connection with room.
-    pub(super) fn take_stream(&self, st: &mut State) -> Option<H2Stream> {
+    pub(super) fn take_stream(&self, st: &mut State, avoid: Option<&Arc<Endpoint>>) -> Option<H2Stream> {
         st.h2.retain(|c| !c.sender.is_closed());
         let now = Instant::now();
         let (cfg, max_streams) = (st.config, st.max_streams);
-        let conn = st
+        let to_avoid = |c: &H2Conn| match (avoid, c.track.endpoint()) {
+            (Some(avoid), Some(e)) => Arc::ptr_eq(avoid, e),
+            _ => false,
+        };
+        // A retry prefers a connection to another endpoint, and takes the failing one's only
+        // when there is no other.
+        let index = st
             .h2
             .iter_mut()
-            .find_map(|c| c.takes_streams(&cfg, max_streams, now).then_some(c))?;
-        Some(conn.grant_stream(&cfg))
+            .position(|c| !to_avoid(c) && c.takes_streams(&cfg, max_streams, now))
+            .or_else(|| {
+                st.h2
+                    .iter_mut()
+                    .position(|c| c.takes_streams(&cfg, max_streams, now))
+            })?;
+        Some(st.h2[index].grant_stream(&cfg))
     }
 
     /// Gives free stream slots of `st.h2[index]` to the oldest waiters.

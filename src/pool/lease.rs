@@ -42,7 +42,7 @@ impl Tracker {
     const OPEN: u8 = 1;
     /// Index [`Self::OPEN`] doubles as the reason of a connection that ended with none recorded:
     /// the upstream closed it.
-    const REASONS: [&'static str; 14] = [
+    const REASONS: [&'static str; 16] = [
         "dialing",
         "upstream_close",
         "idle_timeout",
@@ -57,6 +57,8 @@ impl Tracker {
         "shutdown",
         "memory_budget",
         "endpoint_removed",
+        "request_timeout",
+        "body_idle_timeout",
     ];
 
     pub(super) fn set(&self, reason: &'static str) {
@@ -318,17 +320,22 @@ impl Lease {
         }
     }
 
-    fn endpoint(&self) -> Option<&Arc<Endpoint>> {
+    fn endpoint_ref(&self) -> Option<&Arc<Endpoint>> {
         match &self.kind {
             LeaseKind::H1(conn) => conn.as_ref().and_then(|c| c.track.endpoint()),
             LeaseKind::H2(stream) => stream.as_ref().and_then(|s| s.endpoint.as_ref()),
         }
     }
 
+    /// The endpoint the connection reaches, if known.
+    pub fn endpoint(&self) -> Option<Arc<Endpoint>> {
+        self.endpoint_ref().cloned()
+    }
+
     /// A response head came back after `took`: the endpoint's failure run ends, and p2c_ewma
     /// hears its latency.
     pub fn response_arrived(&self, took: Duration) {
-        if let Some(endpoint) = self.endpoint() {
+        if let Some(endpoint) = self.endpoint_ref() {
             endpoint.succeeded();
             if self.pool.endpoints.wants_latency() {
                 endpoint.observe_latency(took);
@@ -338,7 +345,7 @@ impl Lease {
 
     /// The connection was reset under a request: one failure of its endpoint.
     pub fn reset(&self) {
-        if let Some(endpoint) = self.endpoint() {
+        if let Some(endpoint) = self.endpoint_ref() {
             self.pool.endpoints.failed(endpoint);
         }
     }
@@ -377,6 +384,14 @@ impl Lease {
             if let Some(max) = max {
                 conn.remaining_hint = Some(max);
             }
+        }
+    }
+
+    /// Ends the exchange before its response body did, for `reason` (a deadline): an HTTP/1.1
+    /// connection closes, counted under `reason`; an HTTP/2 stream is reset when its body drops.
+    pub fn abort(self, reason: &'static str) {
+        if let LeaseKind::H1(Some(conn)) = &self.kind {
+            conn.track.set(reason);
         }
     }
 

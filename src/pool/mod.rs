@@ -88,7 +88,7 @@ pub use report::{ConnectionReport, PoolReport, PoolSnapshot};
 
 use crate::config::PoolConfig;
 use crate::connector::{Connect, Dialed};
-use crate::endpoint;
+use crate::endpoint::{self, Endpoint};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::UpstreamMetrics;
 use h2::H2Conn;
@@ -324,8 +324,19 @@ impl Pool {
     /// Waits for a ready connection (or HTTP/2 stream slot): an idle one, a freed one, or a new
     /// one.
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, ProxyError> {
+        self.checkout_avoiding(None).await
+    }
+
+    /// [`Pool::checkout`] for a retry away from `avoid` (the endpoint that just failed the
+    /// request): an idle connection or stream to another endpoint when there is one; else,
+    /// while the cap allows and the set has other endpoints, a new connection (which the
+    /// balance sends to the least loaded, and `avoid` counts the connection just used).
+    pub async fn checkout_avoiding(
+        self: &Arc<Self>,
+        avoid: Option<&Arc<Endpoint>>,
+    ) -> Result<Lease, ProxyError> {
         let started = Instant::now();
-        let lease = self.checkout_inner(started).await?;
+        let lease = self.checkout_inner(started, avoid).await?;
         self.metrics.wait.observe(started.elapsed().as_secs_f64());
         if lease.is_reused() {
             self.metrics.reused.inc();
@@ -333,9 +344,15 @@ impl Pool {
         Ok(lease)
     }
 
-    async fn checkout_inner(self: &Arc<Self>, started: Instant) -> Result<Lease, ProxyError> {
+    async fn checkout_inner(
+        self: &Arc<Self>,
+        started: Instant,
+        avoid: Option<&Arc<Endpoint>>,
+    ) -> Result<Lease, ProxyError> {
         let deadline = started + self.config().pending_timeout;
-        let grant = match self.take_or_enqueue()? {
+        // Only worth the set's lock when there is somewhere else to go.
+        let avoid = avoid.filter(|_| self.endpoints.counts().active > 1);
+        let grant = match self.take_or_enqueue(avoid)? {
             Ok(grant) => grant,
             Err(waiting) => waiting.wait(deadline).await?,
         };
@@ -352,17 +369,27 @@ impl Pool {
     /// The fast path (a free HTTP/2 stream or a usable idle connection, no one waiting) or a
     /// place in the queue.
     #[allow(clippy::type_complexity)]
-    fn take_or_enqueue(self: &Arc<Self>) -> Result<Result<Grant, Waiting>, ProxyError> {
+    fn take_or_enqueue(
+        self: &Arc<Self>,
+        avoid: Option<&Arc<Endpoint>>,
+    ) -> Result<Result<Grant, Waiting>, ProxyError> {
         let mut discard = Vec::new();
         let mut learned = None;
         let now = Instant::now();
         let mut st = self.lock();
         if st.waiters.is_empty() {
-            if let Some(stream) = self.take_stream(&mut st) {
+            if let Some(stream) = self.take_stream(&mut st, avoid) {
                 return Ok(Ok(Grant::H2(stream)));
             }
             let retire_after = st.learner.retire_after(now);
-            while let Some(mut idle) = st.idle.pop() {
+            if let Some(avoid) = avoid {
+                if let Some(conn) = self.take_idle_elsewhere(&mut st, avoid, retire_after, now) {
+                    return Ok(Ok(Grant::H1(conn)));
+                }
+            }
+            // Past the idle ones to `avoid`: a new connection goes elsewhere.
+            let dial_instead = avoid.is_some() && st.open < st.config.max_connections;
+            while let Some(mut idle) = (!dial_instead).then(|| st.idle.pop()).flatten() {
                 let closed = idle.conn.io.is_closed();
                 let removed = idle.conn.track.endpoint_removed();
                 if !closed
@@ -412,6 +439,24 @@ impl Pool {
             id,
             rx: Some(rx),
         }))
+    }
+
+    /// A usable idle connection to an endpoint other than `avoid`, if the pool has one.
+    fn take_idle_elsewhere(
+        &self,
+        st: &mut State,
+        avoid: &Arc<Endpoint>,
+        retire_after: Option<std::time::Duration>,
+        now: Instant,
+    ) -> Option<Conn> {
+        let index = st.idle.iter_mut().rposition(|idle| {
+            let elsewhere = idle.conn.track.endpoint().is_some_and(|e| !Arc::ptr_eq(e, avoid));
+            elsewhere
+                && !idle.conn.track.endpoint_removed()
+                && now < idle_deadline(&st.config, retire_after, &idle.conn, idle.since)
+                && !idle.conn.io.is_closed()
+        })?;
+        Some(st.idle.remove(index).conn)
     }
 
     /// Starts dials while more requests wait than the dials in flight will serve, within both

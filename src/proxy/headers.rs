@@ -12,6 +12,9 @@
 //! and goes with `Connection: upgrade`, and a `101` keeps the upstream's `Upgrade` and goes
 //! with `Connection: upgrade`; every other hop-by-hop field is still removed.
 //!
+//! The sidecar's own request headers, `x-egress-timeout` and `x-egress-retry`, are read and
+//! removed before anything is forwarded ([`take_asked`]).
+//!
 //! `Max-Forwards` on OPTIONS and TRACE is decremented, and at 0 the sidecar answers itself
 //! ([`take_hop`], [`last_hop_answer`]).
 //!
@@ -31,6 +34,7 @@ use http::header::{
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version};
 
+use crate::upstream::Asked;
 use crate::wire::is_credential;
 
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
@@ -45,6 +49,37 @@ static HOP_BY_HOP: [HeaderName; 6] = [
     UPGRADE,
     TE,
 ];
+
+/// Takes `x-egress-timeout` (a duration: `30s`, `1500ms`; `0s` turns the upstream's
+/// `request_timeout` off) and `x-egress-retry` (`off`, or `on` for the upstream's policy)
+/// out of the request. An invalid value is an error naming the header.
+pub fn take_asked(req: &mut Request<impl Sized>) -> Result<Asked, String> {
+    let headers = req.headers_mut();
+    let mut asked = Asked::default();
+    if let Some(value) = headers.remove(X_EGRESS_TIMEOUT) {
+        let text = value.to_str().unwrap_or("").trim();
+        let parsed = if text == "0" {
+            Ok(std::time::Duration::ZERO)
+        } else {
+            humantime::parse_duration(text)
+        };
+        asked.timeout = Some(
+            parsed
+                .map_err(|_| format!("x-egress-timeout: {value:?} is not a duration like 30s or 1500ms"))?,
+        );
+    }
+    if let Some(value) = headers.remove(X_EGRESS_RETRY) {
+        asked.no_retry = match value.to_str().unwrap_or("").trim() {
+            "off" => true,
+            "on" => false,
+            _ => return Err(format!("x-egress-retry: {value:?} is not off or on")),
+        };
+    }
+    Ok(asked)
+}
+
+const X_EGRESS_TIMEOUT: HeaderName = HeaderName::from_static("x-egress-timeout");
+const X_EGRESS_RETRY: HeaderName = HeaderName::from_static("x-egress-retry");
 
 /// `Max-Forwards` on OPTIONS and TRACE (RFC 9110 §7.6.2): `Ok(true)` when it is 0 and the
 /// sidecar must answer as the final recipient, else the value is decremented for the next hop.

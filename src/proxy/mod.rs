@@ -27,8 +27,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::error::{ErrorKind, ProxyError};
-use crate::pool::PooledBody;
 use crate::routing::{Arrival, Router};
+use crate::upstream::TimedBody;
 use crate::wire::codec::{self, ResponseFraming};
 use crate::wire::{BoxError, RequestBody};
 
@@ -82,6 +82,9 @@ impl Proxy {
         if headers::take_hop(&mut req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
             return Ok(headers::last_hop_answer(&req).map(|body| ResponseBody::Full(Some(body))));
         }
+        // Read (and removed) before anything goes upstream; an upgrade ignores them.
+        let asked =
+            headers::take_asked(&mut req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
         if upgrade {
             headers::to_upstream_upgrade(&mut req, target.upstream.host_header());
             // Boxed: plain requests should not carry the dial's state in their futures.
@@ -95,7 +98,7 @@ impl Proxy {
             return Ok(resp);
         }
         headers::to_upstream(&mut req, target.upstream.host_header());
-        let resp = target.upstream.send(req).await?;
+        let resp = target.upstream.send(req, asked).await?;
         let mut resp = resp.map(ResponseBody::Upstream);
         headers::to_downstream(&mut resp);
         Ok(resp)
@@ -135,8 +138,8 @@ pub(crate) fn error_bytes(err: &ProxyError) -> Vec<u8> {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum ResponseBody {
-    /// Streams from a pooled upstream connection.
-    Upstream(PooledBody),
+    /// Streams from a pooled upstream connection, under the exchange's deadlines.
+    Upstream(TimedBody),
     /// Streams from a dedicated (never pooled) connection: a non-101 answer to an upgrade.
     Direct(Incoming),
     /// A complete body (error responses).

@@ -1,12 +1,15 @@
 //! An upstream: its identity (label, scheme, authority), settings and pool, and sending one
-//! request on a pooled connection with the response-head deadline and the stale-connection
-//! retry.
+//! request on a pooled connection under its deadlines (`response_header_timeout`,
+//! `request_timeout`, `body_idle_timeout`) with its retries.
 //!
-//! The retry rule: a request that hyper hands back unsent (HTTP/2) is always sent again on another
-//! connection. A request that was written on a *reused* connection which then failed before any
-//! response arrived is sent once more only if it is idempotent (GET, HEAD, OPTIONS, TRACE, PUT,
-//! DELETE, or any request with `Idempotency-Key`) and its body can be replayed (it has none);
-//! everything else is answered `upstream_reset`.
+//! Two kinds of retry. Connection-level, always on: a request that hyper hands back unsent
+//! (HTTP/2) is sent again on another connection; a request written on a *reused* connection
+//! which then failed before any response is sent once more if it is idempotent (GET, HEAD,
+//! OPTIONS, TRACE, PUT, DELETE, or any request with `Idempotency-Key`) and has no body. By
+//! policy (`retry.attempts` > 0, not `x-egress-retry: off`): the failures and statuses of
+//! `retry.on`, after a wait (`retry`), within the budget, away from the endpoint that failed;
+//! a response head that reached the app is never retried, and a body is replayed only when it
+//! passed whole within `retry.buffer_body_up_to`. Everything else is answered as it came.
 //!
 //! Not handled here: header rewriting (`proxy::headers`), the pool itself (`pool`).
 
@@ -18,8 +21,12 @@ use http::{HeaderValue, Method, Request, Response};
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 mod grpc;
+mod retry;
+mod timed;
 
 use grpc::GrpcPool;
+use retry::{Reason, Retries};
+pub use timed::{CutCounters, Deadlines, TimedBody};
 
 use crate::config::ParentRoute;
 use crate::connector::parent::Parent;
@@ -73,7 +80,20 @@ pub struct Upstream {
     /// The HTTP/1.1-only TLS config for dedicated connections, built on first use.
     upgrade_tls: OnceLock<Result<tls::TlsConnector, String>>,
     metrics: UpstreamMetrics,
+    /// The retry budget and the backoff's jitter.
+    retries: Retries,
+    /// Where cut response bodies are counted.
+    cuts: Arc<CutCounters>,
     key: PoolKey,
+}
+
+/// What one request asks of its exchange beyond the upstream's settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Asked {
+    /// `x-egress-timeout`: this request's `request_timeout` (zero: none).
+    pub timeout: Option<Duration>,
+    /// `x-egress-retry: off`: no retries by policy.
+    pub no_retry: bool,
 }
 
 /// A byte stream to an upstream: TCP, or TLS over TCP.
@@ -238,6 +258,11 @@ impl Upstream {
                 pool
             }
         };
+        let retries = Retries::new(settings.retry.budget, seed(&label));
+        let cuts = Arc::new(CutCounters {
+            request: upstream_metrics.timeouts("request"),
+            body_idle: upstream_metrics.timeouts("body_idle"),
+        });
         Upstream {
             host_header: host_header(scheme, &authority),
             label,
@@ -252,6 +277,8 @@ impl Upstream {
             grpc,
             tls: (scheme == Scheme::Https).then_some(tls),
             upgrade_tls: OnceLock::new(),
+            retries,
+            cuts,
             metrics: upstream_metrics,
             key,
         }
@@ -425,28 +452,132 @@ impl Upstream {
     }
 
     /// Sends an origin-form request and returns the response head; the body streams from the
-    /// pooled connection and gives it back when it ends.
-    pub async fn send(&self, req: Request<RequestBody>) -> Result<Response<PooledBody>, ProxyError> {
-        let result = self.send_with_retries(req).await;
+    /// pooled connection, under the exchange's deadlines, and gives it back when it ends.
+    pub async fn send(
+        &self,
+        req: Request<RequestBody>,
+        asked: Asked,
+    ) -> Result<Response<TimedBody>, ProxyError> {
+        let limit = asked
+            .timeout
+            .or(self.settings.request_timeout)
+            .filter(|d| !d.is_zero());
+        let at = limit.map(|d| tokio::time::Instant::now() + d);
+        let sending = self.send_with_policy(req, !asked.no_retry);
+        let result = match (at, limit) {
+            (Some(at), Some(limit)) => match tokio::time::timeout_at(at, sending).await {
+                Ok(result) => result,
+                Err(_) => {
+                    self.cuts.request.inc();
+                    Err(self.error(
+                        ErrorKind::RequestTimeout,
+                        format!(
+                            "no response head within request_timeout ({})",
+                            humantime::format_duration(limit)
+                        ),
+                    ))
+                }
+            },
+            _ => sending.await,
+        };
         let code = match &result {
             Ok(resp) => resp.status().as_u16(),
             Err(err) => err.kind().status().as_u16(),
         };
         self.metrics.request(code);
-        result
+        let deadlines = Deadlines {
+            at,
+            idle: self.settings.body_idle_timeout,
+        };
+        result.map(|resp| resp.map(|body| TimedBody::new(body, deadlines, &self.cuts)))
     }
 
-    async fn send_with_retries(&self, req: Request<RequestBody>) -> Result<Response<PooledBody>, ProxyError> {
+    /// Sends `req` with the connection-level retries, and again by policy while `allowed`.
+    async fn send_with_policy(
+        &self,
+        mut req: Request<RequestBody>,
+        allowed: bool,
+    ) -> Result<Response<PooledBody>, ProxyError> {
+        let policy = &self.settings.retry;
+        if !allowed || policy.attempts == 0 {
+            return self.send_with_retries(req, None).await.map_err(|(err, _)| err);
+        }
+        self.retries.deposit();
+        let idempotent = is_idempotent(&req);
+        let kept = req.body_mut().keep(policy.buffer_body_up_to);
+        let (method, uri, headers) = (req.method().clone(), req.uri().clone(), req.headers().clone());
+        let mut avoid = None;
+        for retry in 0.. {
+            let result = self.send_with_retries(req, avoid.as_ref()).await;
+            let reason = match &result {
+                Ok(resp) => Reason::for_status(policy, resp.status().as_u16(), idempotent),
+                Err((err, _)) => Reason::for_error(policy, err, idempotent),
+            };
+            let Some(reason) = reason.filter(|_| retry < policy.attempts) else {
+                return result.map_err(|(err, _)| err);
+            };
+            // What goes again: the same head, and the body as it was kept (none, or whole).
+            let body = match &kept {
+                None => Some(RequestBody::Empty),
+                Some(copy) => copy.replay(),
+            };
+            let Some(body) = body else {
+                return result.map_err(|(err, _)| err);
+            };
+            let wait = match &result {
+                Ok(resp) => match retry::retry_after(resp.headers(), std::time::SystemTime::now()) {
+                    Some(asked) if asked > policy.retry_after_max => return result.map_err(|(err, _)| err),
+                    Some(asked) => asked,
+                    None => self.retries.backoff(policy.backoff, retry),
+                },
+                Err(_) => self.retries.backoff(policy.backoff, retry),
+            };
+            if !self.retries.withdraw() {
+                self.metrics.retry_budget_exhausted.inc();
+                return result.map_err(|(err, _)| err);
+            }
+            avoid = match result {
+                Ok(resp) => {
+                    let endpoint = resp.body().endpoint();
+                    // Read off what is left of a short answer, so its connection is kept.
+                    drain(resp.into_body()).await;
+                    endpoint
+                }
+                Err((err, endpoint)) => {
+                    tracing::debug!(upstream = %self.label, error = %err, "retrying by policy");
+                    endpoint.filter(|_| !reason.nothing_sent())
+                }
+            };
+            self.metrics.retried(&reason.label());
+            // The wait holds no connection: the response and its lease are gone.
+            tokio::time::sleep(wait).await;
+            req = Request::new(body);
+            *req.method_mut() = method.clone();
+            *req.uri_mut() = uri.clone();
+            *req.headers_mut() = headers.clone();
+        }
+        unreachable!("the loop returns once retries run out")
+    }
+
+    /// Sends `req` (on a connection away from `avoid`, when the pool has one) with the
+    /// connection-level retries. A failure names the endpoint it happened on, if known.
+    async fn send_with_retries(
+        &self,
+        req: Request<RequestBody>,
+        avoid: Option<&Arc<endpoint::Endpoint>>,
+    ) -> Result<Response<PooledBody>, (ProxyError, Option<Arc<endpoint::Endpoint>>)> {
         let mut req = req;
         let idempotent = is_idempotent(&req);
         let mut retried = false;
         let mut unsent_attempts = 0;
         loop {
-            let mut lease = self.pool_for(&req).checkout().await?;
+            let pool = self.pool_for(&req);
+            let mut lease = pool.checkout_avoiding(avoid).await.map_err(|e| (e, None))?;
             self.fit_request(&mut req, lease.is_http2());
             let reused = lease.is_reused();
             let http2 = lease.is_http2();
             let bodyless = req.body().is_empty();
+            let endpoint = lease.endpoint();
             // HTTP/1.1 gives back all of the request but its body, so a bodyless one can go
             // again as it is. HTTP/2 takes the request: a copy is kept for the one retry a
             // refused or reset stream may get (any method, since only HTTP/2 refuses streams).
@@ -455,6 +586,7 @@ impl Upstream {
             } else {
                 None
             };
+            let failed = |err| (err, endpoint.clone());
             match self.exchange(&mut lease, &mut req).await {
                 // Only the parent asks a client for proxy credentials: it refused ours. The
                 // connection closes with the lease (its body unread); a 407 is not retried.
@@ -463,7 +595,7 @@ impl Upstream {
                 {
                     let parent = self.parent.as_ref().expect("forward implies a parent");
                     let reason = resp.status().canonical_reason().unwrap_or("");
-                    return Err(parent.refused(&self.label, 407, reason, "a request"));
+                    return Err(failed(parent.refused(&self.label, 407, reason, "a request")));
                 }
                 Ok(resp) => {
                     lease.observe_response(resp.version(), resp.headers());
@@ -472,9 +604,9 @@ impl Upstream {
                 Err(Failure::Unsent(back, err)) => {
                     unsent_attempts += 1;
                     if unsent_attempts >= MAX_UNSENT_ATTEMPTS {
-                        return Err(err);
+                        return Err(failed(err));
                     }
-                    self.metrics.retries.inc();
+                    self.metrics.retried("unsent");
                     req = *back;
                 }
                 Err(Failure::Refused(err)) => {
@@ -484,10 +616,10 @@ impl Upstream {
                         Some(copy) => {
                             tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
                             retried = true;
-                            self.metrics.retries.inc();
+                            self.metrics.retried("refused_stream");
                             req = copy;
                         }
-                        None => return Err(err),
+                        None => return Err(failed(err)),
                     }
                 }
                 // A reused HTTP/1.1 connection may have been closed by the upstream as the
@@ -507,11 +639,11 @@ impl Upstream {
                     match (again, replay) {
                         (true, _) if !http2 => {}
                         (true, Some(copy)) => req = copy,
-                        _ => return Err(err),
+                        _ => return Err(failed(err)),
                     }
                     tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
                     retried = true;
-                    self.metrics.retries.inc();
+                    self.metrics.retried("stale_connection");
                 }
             }
         }
@@ -573,13 +705,14 @@ impl Upstream {
             Some(limit) => match tokio::time::timeout(limit, sending).await {
                 Ok(result) => result,
                 Err(_) => {
+                    self.metrics.timed_out("response_header");
                     return Err(Failure::Sent(self.error(
                         ErrorKind::ResponseTimeout,
                         format!(
                             "no response head within response_header_timeout ({})",
                             humantime::format_duration(limit)
                         ),
-                    )))
+                    )));
                 }
             },
             None => sending.await,
@@ -694,6 +827,33 @@ fn is_idempotent(req: &Request<RequestBody>) -> bool {
         *req.method(),
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     ) || req.headers().contains_key("idempotency-key")
+}
+
+/// Reads what is left of a response the retry loop drops, when it is short and already on its
+/// way: its connection then goes back to the pool instead of closing. Gives up (closing the
+/// connection) past [`DRAIN_LIMIT`] bytes or [`DRAIN_WAIT`].
+async fn drain(mut body: PooledBody) {
+    use http_body_util::BodyExt as _;
+    let read = async {
+        let mut left = DRAIN_LIMIT;
+        while let Some(Ok(frame)) = body.frame().await {
+            let len = frame.data_ref().map_or(0, |d| d.len());
+            left = left.checked_sub(len)?;
+        }
+        Some(())
+    };
+    let _ = tokio::time::timeout(DRAIN_WAIT, read).await;
+}
+
+/// The most of a retried response's body read to keep its connection.
+const DRAIN_LIMIT: usize = 64 * 1024;
+/// The longest wait for it.
+const DRAIN_WAIT: Duration = Duration::from_millis(100);
+
+/// A seed for the backoff's jitter, different per upstream and per process.
+fn seed(label: &str) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(label)
 }
 
 /// A copy to send again on HTTP/2, for requests without a body (a streamed body cannot be

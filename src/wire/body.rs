@@ -7,6 +7,7 @@
 //! body.
 
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -28,6 +29,53 @@ pub enum RequestBody {
     Streaming(StreamingBody),
     /// A body from an HTTP/2 (h2c) downstream stream, trailers included.
     Http2(hyper::body::Incoming),
+    /// A body streamed on while a copy of it is kept for a retry ([`RequestBody::keep`]).
+    Kept(Box<Kept>),
+    /// A kept body, sent again.
+    Replay(Replay),
+}
+
+/// A body passing through, copied (by reference count: [`Bytes`] are shared, not copied) up to
+/// a limit.
+#[derive(Debug)]
+pub struct Kept {
+    inner: RequestBody,
+    copy: Arc<Mutex<Copy>>,
+}
+
+/// The frames kept so far, and whether they are the whole body.
+#[derive(Debug, Default)]
+struct Copy {
+    frames: Vec<Bytes>,
+    len: usize,
+    limit: usize,
+    complete: bool,
+    /// Over the limit, trailers, or an error: cannot be sent again.
+    lost: bool,
+}
+
+/// The retry loop's handle on a kept body.
+#[derive(Debug, Clone)]
+pub struct KeptCopy(Arc<Mutex<Copy>>);
+
+impl KeptCopy {
+    /// The whole body again, if it passed completely and within the limit.
+    pub fn replay(&self) -> Option<RequestBody> {
+        let copy = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        (copy.complete && !copy.lost).then(|| {
+            RequestBody::Replay(Replay {
+                frames: copy.frames.iter().rev().cloned().collect(),
+                len: copy.len as u64,
+            })
+        })
+    }
+}
+
+/// A kept body's frames, last first (each poll pops one).
+#[derive(Debug)]
+pub struct Replay {
+    frames: Vec<Bytes>,
+    len: u64,
 }
 
 /// The receiving end of a streamed request body.
@@ -64,6 +112,48 @@ impl RequestBody {
     pub fn is_empty(&self) -> bool {
         matches!(self, RequestBody::Empty)
     }
+
+    /// This body, keeping a copy of what passes for a retry, up to `limit` bytes; `None` when
+    /// there is nothing to keep (no body: it replays as it is).
+    pub fn keep(&mut self, limit: usize) -> Option<KeptCopy> {
+        if self.is_empty() {
+            return None;
+        }
+        let copy = Arc::new(Mutex::new(Copy {
+            limit,
+            ..Copy::default()
+        }));
+        let inner = std::mem::take(self);
+        *self = RequestBody::Kept(Box::new(Kept {
+            inner,
+            copy: copy.clone(),
+        }));
+        Some(KeptCopy(copy))
+    }
+}
+
+impl Kept {
+    fn record(&self, polled: &Poll<Option<Result<Frame<Bytes>, BodyError>>>) {
+        let mut copy = self.copy.lock().unwrap_or_else(|p| p.into_inner());
+        if copy.lost {
+            return;
+        }
+        match polled {
+            Poll::Pending => {}
+            Poll::Ready(None) => copy.complete = true,
+            Poll::Ready(Some(Ok(frame))) => match frame.data_ref() {
+                Some(data) if copy.len + data.len() <= copy.limit => {
+                    copy.len += data.len();
+                    copy.frames.push(data.clone());
+                }
+                _ => {
+                    copy.lost = true;
+                    copy.frames = Vec::new();
+                }
+            },
+            Poll::Ready(Some(Err(_))) => copy.lost = true,
+        }
+    }
 }
 
 impl Body for RequestBody {
@@ -85,6 +175,19 @@ impl Body for RequestBody {
                 }
                 body.rx.poll_recv(cx)
             }
+            RequestBody::Kept(kept) => {
+                let polled = Pin::new(&mut kept.inner).poll_frame(cx);
+                kept.record(&polled);
+                if matches!(polled, Poll::Ready(Some(_))) && kept.inner.is_end_stream() {
+                    // The last frame: the body is whole without another poll.
+                    kept.record(&Poll::Ready(None));
+                }
+                polled
+            }
+            RequestBody::Replay(replay) => Poll::Ready(replay.frames.pop().map(|data| {
+                replay.len -= data.len() as u64;
+                Ok(Frame::data(data))
+            })),
         }
     }
 
@@ -93,6 +196,8 @@ impl Body for RequestBody {
             RequestBody::Empty => true,
             RequestBody::Http2(body) => body.is_end_stream(),
             RequestBody::Streaming(_) => false,
+            RequestBody::Kept(kept) => kept.inner.is_end_stream(),
+            RequestBody::Replay(replay) => replay.frames.is_empty(),
         }
     }
 
@@ -102,6 +207,8 @@ impl Body for RequestBody {
             RequestBody::Streaming(StreamingBody { length: Some(n), .. }) => SizeHint::with_exact(*n),
             RequestBody::Streaming(_) => SizeHint::default(),
             RequestBody::Http2(body) => body.size_hint(),
+            RequestBody::Kept(kept) => kept.inner.size_hint(),
+            RequestBody::Replay(replay) => SizeHint::with_exact(replay.len),
         }
     }
 }

@@ -1,0 +1,255 @@
+//! Retries by policy (`retry`): which failures and responses go again, how long to wait first
+//! (the response's `Retry-After`, else exponential backoff with full jitter), and the
+//! per-upstream budget that keeps retries from multiplying an overload.
+//!
+//! The budget is tower's `TpsBudget` (linkerd2-proxy's idea: a share of recent requests plus a
+//! floor per second), over a one-second window so that a burst of failures gets at most
+//! `ratio` of itself plus `min_per_second` retries. tower's `ExponentialBackoff` is not used:
+//! it adds its jitter on top of the exponential wait, so it never waits less than the base,
+//! where full jitter (the AWS architecture blog's) draws the whole wait from zero up to the
+//! bound and so spreads clients that failed together; and here a `Retry-After` replaces the
+//! backoff, which tower's `Policy` would need a wrapper for. The draw is three lines.
+//!
+//! Not handled here: sending (`super`), keeping the request body (`wire::body`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use tower::retry::budget::{Budget as _, TpsBudget};
+
+use crate::config::{Backoff, RetryBudget, RetryConfig};
+use crate::error::{ErrorKind, ProxyError};
+
+/// How long a deposit counts: the budget's memory.
+const BUDGET_WINDOW: Duration = Duration::from_secs(1);
+
+/// Why a request goes again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reason {
+    /// No connection could be made; nothing was sent.
+    ConnectFailure,
+    /// The connection failed after the request went out, before a response head.
+    Reset,
+    /// The response had this status.
+    Status(u16),
+}
+
+impl Reason {
+    /// The `reason` label of `egress_upstream_retries_total`.
+    pub(super) fn label(self) -> String {
+        match self {
+            Reason::ConnectFailure => "connect_failure".to_owned(),
+            Reason::Reset => "reset".to_owned(),
+            Reason::Status(code) => code.to_string(),
+        }
+    }
+
+    /// Whether the request can go again as it is: nothing of it was sent.
+    pub(super) fn nothing_sent(self) -> bool {
+        self == Reason::ConnectFailure
+    }
+
+    /// The failure `err` as a reason to retry, when `policy` names it and the request may go
+    /// again: a connect failure for any method, a reset for idempotent ones.
+    pub(super) fn for_error(policy: &RetryConfig, err: &ProxyError, idempotent: bool) -> Option<Self> {
+        match err.kind() {
+            ErrorKind::ConnectFailed | ErrorKind::ConnectTimeout if policy.on.connect_failure => {
+                Some(Reason::ConnectFailure)
+            }
+            ErrorKind::UpstreamReset if policy.on.reset && idempotent => Some(Reason::Reset),
+            _ => None,
+        }
+    }
+
+    /// A response with `status` as a reason to retry: a status `policy` names, for idempotent
+    /// requests, or any request on 429 (RFC 6585: the request was not processed).
+    pub(super) fn for_status(policy: &RetryConfig, status: u16, idempotent: bool) -> Option<Self> {
+        (policy.on.status(status) && (idempotent || status == 429)).then_some(Reason::Status(status))
+    }
+}
+
+/// An upstream's retry budget and jitter source.
+pub(super) struct Retries {
+    budget: TpsBudget,
+    rng: AtomicU64,
+}
+
+impl std::fmt::Debug for Retries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retries").finish_non_exhaustive()
+    }
+}
+
+impl Retries {
+    pub(super) fn new(budget: RetryBudget, seed: u64) -> Self {
+        Retries {
+            budget: TpsBudget::new(BUDGET_WINDOW, budget.min_per_second, budget.ratio),
+            // xorshift must not start at 0.
+            rng: AtomicU64::new(seed | 1),
+        }
+    }
+
+    /// A request arrived that may be retried.
+    pub(super) fn deposit(&self) {
+        self.budget.deposit();
+    }
+
+    /// Takes one retry from the budget; `false` when it is spent.
+    pub(super) fn withdraw(&self) -> bool {
+        self.budget.withdraw()
+    }
+
+    /// The wait before retry number `retry` (0 for the first): uniform in
+    /// `0..=min(max, base * 2^retry)`.
+    pub(super) fn backoff(&self, backoff: Backoff, retry: u32) -> Duration {
+        let bound = backoff
+            .base
+            .saturating_mul(1u32 << retry.min(20))
+            .min(backoff.max);
+        let nanos = bound.as_nanos() as u64;
+        if nanos == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.draw() % (nanos + 1))
+    }
+
+    /// xorshift64 on a shared word: concurrent draws may see the same state, which jitter
+    /// tolerates.
+    fn draw(&self) -> u64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        x
+    }
+}
+
+/// How long a response asks to wait before the next request: `retry-after-ms` (milliseconds,
+/// as OpenAI and Azure send it), else `Retry-After` in seconds or as an HTTP date (RFC 9110
+/// §10.2.3). `None` when there is none or it does not parse.
+pub(super) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = text("retry-after-ms").and_then(|t| t.parse::<f64>().ok()) {
+        if ms.is_finite() && ms >= 0.0 {
+            return Some(Duration::from_secs_f64(ms / 1000.0));
+        }
+    }
+    let value = text("retry-after")?;
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn retry_after_in_seconds_dates_and_milliseconds() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "3")]), now),
+            Some(Duration::from_secs(3))
+        );
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &later)]), now),
+            Some(Duration::from_secs(90))
+        );
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", &past)]), now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after-ms", "250"), ("retry-after", "9")]), now),
+            Some(Duration::from_millis(250)),
+            "the finer one wins"
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
+        assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn backoff_is_full_jitter_under_a_doubling_bound() {
+        let retries = Retries::new(
+            RetryBudget {
+                ratio: 0.2,
+                min_per_second: 10,
+            },
+            42,
+        );
+        let backoff = Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+        };
+        for (retry, bound) in [(0, 100), (1, 200), (3, 800), (5, 2000), (30, 2000)] {
+            let draws: Vec<Duration> = (0..200).map(|_| retries.backoff(backoff, retry)).collect();
+            let bound = Duration::from_millis(bound);
+            assert!(draws.iter().all(|d| *d <= bound), "retry {retry}: {draws:?}");
+            assert!(
+                draws.iter().any(|d| *d < bound / 4) && draws.iter().any(|d| *d > bound * 3 / 4),
+                "retry {retry}: spread from 0 to the bound"
+            );
+        }
+    }
+
+    #[test]
+    fn the_budget_allows_a_share_plus_a_floor() {
+        let retries = Retries::new(
+            RetryBudget {
+                ratio: 0.2,
+                min_per_second: 10,
+            },
+            1,
+        );
+        for _ in 0..100 {
+            retries.deposit();
+        }
+        let allowed = (0..200).filter(|_| retries.withdraw()).count();
+        assert_eq!(allowed, 30, "20% of 100 requests plus 10 per second");
+    }
+
+    #[test]
+    fn which_failures_and_statuses_go_again() {
+        let policy = RetryConfig::default();
+        let err = |kind| ProxyError::new(kind, "x");
+        assert_eq!(
+            Reason::for_error(&policy, &err(ErrorKind::ConnectFailed), false),
+            Some(Reason::ConnectFailure),
+            "nothing sent: any method"
+        );
+        assert_eq!(
+            Reason::for_error(&policy, &err(ErrorKind::UpstreamReset), false),
+            None
+        );
+        assert_eq!(
+            Reason::for_error(&policy, &err(ErrorKind::UpstreamReset), true),
+            Some(Reason::Reset)
+        );
+        assert_eq!(
+            Reason::for_error(&policy, &err(ErrorKind::ResponseTimeout), true),
+            None
+        );
+        assert_eq!(
+            Reason::for_status(&policy, 503, false),
+            None,
+            "a POST that may have run"
+        );
+        assert_eq!(Reason::for_status(&policy, 503, true), Some(Reason::Status(503)));
+        assert_eq!(Reason::for_status(&policy, 429, false), Some(Reason::Status(429)));
+        assert_eq!(Reason::for_status(&policy, 500, true), None, "not in `on`");
+    }
+}

@@ -1,0 +1,162 @@
+//! The response body under its exchange's deadlines: `request_timeout` (to the last byte) and
+//! `body_idle_timeout` (the longest silence). Either cuts the stream: the body ends with an
+//! error, which the downstream side turns into a cut response (HTTP/1.1: the connection closes
+//! before the body's end; HTTP/2: a reset stream), the upstream connection is closed rather than
+//! pooled, and the cut is counted in `egress_upstream_timeouts_total`.
+//!
+//! The timer is armed only when the body has to wait for bytes: a response whose body came with
+//! its head (most small ones) never touches the timer wheel. Silence is measured from the first
+//! wait after the last frame, and only while the body is polled: a client that reads slowly
+//! stops the polling, and is not taken for a silent upstream.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use prometheus_client::metrics::counter::Counter;
+use tokio::time::{Instant, Sleep};
+
+use crate::pool::PooledBody;
+use crate::wire::BoxError;
+
+/// The counters a cut body adds to (one handle per upstream, shared by its responses).
+#[derive(Debug)]
+pub struct CutCounters {
+    /// `egress_upstream_timeouts_total{kind="request"}`.
+    pub request: Counter,
+    /// `egress_upstream_timeouts_total{kind="body_idle"}`.
+    pub body_idle: Counter,
+}
+
+/// The deadlines of one response body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deadlines {
+    /// The exchange's end (`request_timeout`).
+    pub at: Option<Instant>,
+    /// The longest silence (`body_idle_timeout`).
+    pub idle: Option<Duration>,
+}
+
+/// A pooled response body with its deadlines.
+#[derive(Debug)]
+pub struct TimedBody {
+    /// `None` once cut.
+    inner: Option<PooledBody>,
+    deadlines: Deadlines,
+    /// Armed at the first wait; moved after every frame.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// A frame came since the timer was set.
+    moved: bool,
+    counters: Option<Arc<CutCounters>>,
+}
+
+impl TimedBody {
+    /// `inner` under `deadlines`, counting cuts in `counters`.
+    pub fn new(inner: PooledBody, deadlines: Deadlines, counters: &Arc<CutCounters>) -> Self {
+        let timed = deadlines.at.is_some() || deadlines.idle.is_some();
+        TimedBody {
+            inner: Some(inner),
+            deadlines,
+            sleep: None,
+            moved: false,
+            counters: timed.then(|| counters.clone()),
+        }
+    }
+
+    /// When the body must have moved again (or ended), from `now`.
+    fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        let idle = self.deadlines.idle.map(|d| now + d);
+        match (self.deadlines.at, idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Ends the body with the error of the deadline that passed.
+    fn cut(&mut self, now: Instant) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let request = self.deadlines.at.is_some_and(|at| now >= at);
+        let (reason, what) = if request {
+            (
+                "request_timeout",
+                "request_timeout passed before the response body ended",
+            )
+        } else {
+            (
+                "body_idle_timeout",
+                "no response body bytes for body_idle_timeout",
+            )
+        };
+        if let Some(counters) = &self.counters {
+            if request {
+                counters.request.inc();
+            } else {
+                counters.body_idle.inc();
+            }
+        }
+        if let Some(inner) = self.inner.take() {
+            inner.abort(reason);
+        }
+        tracing::info!(reason, "upstream response cut");
+        Poll::Ready(Some(Err(io::Error::new(io::ErrorKind::TimedOut, what).into())))
+    }
+}
+
+impl Body for TimedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(inner).poll_frame(cx);
+        if this.counters.is_none() {
+            return polled;
+        }
+        if let Poll::Ready(frame) = polled {
+            // A stream that never pauses still ends at request_timeout.
+            if let (Some(at), Some(Ok(_))) = (this.deadlines.at, &frame) {
+                let now = Instant::now();
+                if now >= at {
+                    return this.cut(now);
+                }
+            }
+            this.moved = true;
+            return Poll::Ready(frame);
+        }
+        let now = Instant::now();
+        let Some(until) = this.next_deadline(now) else {
+            return Poll::Pending;
+        };
+        match &mut this.sleep {
+            None => this.sleep = Some(Box::pin(tokio::time::sleep_until(until))),
+            Some(sleep) if this.moved => sleep.as_mut().reset(until),
+            Some(_) => {}
+        }
+        this.moved = false;
+        let sleep = this.sleep.as_mut().expect("armed above");
+        match sleep.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => this.cut(Instant::now()),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(PooledBody::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), PooledBody::size_hint)
+    }
+}
