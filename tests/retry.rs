@@ -421,6 +421,72 @@ async fn request_timeout_is_504_before_the_head_and_cuts_the_stream_after_it() {
     );
 }
 
+#[tokio::test]
+async fn a_connect_failure_is_retried_for_any_method_body_or_not() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: origin\n    url: http://127.0.0.1:{port}\n    retry: {{ attempts: 2, backoff: {{ base: 1ms, max: 5ms }} }}\n"
+    ))
+    .await;
+    let connect_retries = || {
+        metric(
+            &sidecar,
+            "egress_upstream_retries_total",
+            &[("reason", "connect_failure")],
+        )
+    };
+    for (method, body, want) in [("GET", "", 2.0), ("POST", "data", 4.0)] {
+        let mut client = RawClient::connect(sidecar.addr).await;
+        client
+            .send_raw(
+                format!(
+                    "{method} http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+        let resp = client.read_response(false).await.expect("a response");
+        assert_eq!(resp.status, 502, "{method}: {}", resp.text());
+        assert_eq!(
+            connect_retries().await,
+            want,
+            "{method} with a {}-byte body: nothing was sent, so it goes again",
+            body.len()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_request_body_silent_past_body_idle_timeout_is_cut() {
+    let origin = ScriptedOrigin::start().await;
+    let sidecar = sidecar(&origin, "", "    body_idle_timeout: 1s\n").await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    let host = origin.addr;
+    let head = format!("POST http://{host}/upload HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1000\r\n\r\n");
+    client
+        .send_raw(format!("{head}{}", "u".repeat(100)).as_bytes())
+        .await;
+    // The upload then goes silent: the exchange must end (an answer or a close) soon after 1 s.
+    let started = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(5), client.read_response(false)).await;
+    assert!(ended.is_ok(), "a silent upload held its exchange for 5 s");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "ended after {took:?}");
+    assert_eq!(
+        metric_reaches(
+            &sidecar,
+            "egress_upstream_timeouts_total",
+            &[("kind", "body_idle")],
+            1.0
+        )
+        .await,
+        1.0
+    );
+}
+
 /// Events of an SSE response read off `client` after its head, each with its arrival time,
 /// until the stream ends (true: with its last chunk) or is cut (false).
 async fn read_events(client: &mut RawClient) -> (Vec<(String, Instant)>, bool) {
