@@ -422,6 +422,28 @@ async fn request_timeout_is_504_before_the_head_and_cuts_the_stream_after_it() {
 }
 
 #[tokio::test]
+async fn a_reset_before_the_head_is_retried_for_idempotent_requests_only() {
+    let origin = ScriptedOrigin::start().await;
+    origin.script("/get", vec![Answer::reset(), Answer::ok("again")]);
+    origin.script("/post", vec![Answer::reset(), Answer::ok("again")]);
+    let sidecar = sidecar(&origin, "", "    retry: { attempts: 2 }\n").await;
+    let resp = send(&sidecar, &origin, "GET", "/get", "", "").await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(origin.requests("/get").len(), 2);
+    assert_eq!(
+        metric(&sidecar, "egress_upstream_retries_total", &[("reason", "reset")]).await,
+        1.0
+    );
+    let resp = send(&sidecar, &origin, "POST", "/post", "", "data").await;
+    resp.assert_sidecar_error(502, "upstream_reset", "a POST reset before the head");
+    assert_eq!(
+        origin.requests("/post").len(),
+        1,
+        "a POST that may have run went again"
+    );
+}
+
+#[tokio::test]
 async fn a_connect_failure_is_retried_for_any_method_body_or_not() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();

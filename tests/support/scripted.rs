@@ -1,7 +1,7 @@
 //! A scripted HTTP/1.1 origin: per path, a sequence of answers consumed one per request (the
 //! last repeats), each with its status, headers, body, a delay before the head and optionally
-//! a body streamed in chunks with gaps (for SSE and silence). Records every request and counts
-//! the connections it accepts.
+//! a body streamed in chunks with gaps (for SSE and silence), or no response at all (a close).
+//! Records every request and counts the connections it accepts.
 
 use super::upstream::{full, tokio_stream};
 use super::*;
@@ -24,6 +24,8 @@ pub struct Answer {
     /// After the last chunk, the body never ends: the origin stays silent until the other
     /// side closes the connection.
     pub hang: bool,
+    /// No response: the connection closes once the request has arrived.
+    pub reset: bool,
 }
 
 impl Answer {
@@ -36,6 +38,15 @@ impl Answer {
             head_delay: Duration::ZERO,
             chunks: None,
             hang: false,
+            reset: false,
+        }
+    }
+
+    /// No response at all: the connection closes once the request has arrived.
+    pub fn reset() -> Self {
+        Answer {
+            reset: true,
+            ..Self::status(200)
         }
     }
 
@@ -213,7 +224,7 @@ async fn answer(
     req: Request<Incoming>,
     conn: usize,
     shared: Arc<Shared>,
-) -> Result<Response<BoxBody>, Infallible> {
+) -> Result<Response<BoxBody>, std::io::Error> {
     let at = Instant::now();
     let (parts, body) = req.into_parts();
     let body_len = body.collect().await.map_or(0, |b| b.to_bytes().len());
@@ -236,6 +247,10 @@ async fn answer(
     });
     shared.count.send_modify(|c| *c += 1);
     let script = script.unwrap_or_else(|| Answer::ok("ok"));
+    if script.reset {
+        // hyper closes the connection on a service error, without a response.
+        return Err(std::io::Error::other("scripted reset"));
+    }
     if !script.head_delay.is_zero() {
         // The scripted origin's slowness is the scenario (not synchronisation).
         tokio::time::sleep(script.head_delay).await;
