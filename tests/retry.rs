@@ -314,6 +314,32 @@ async fn x_egress_timeout_answers_504_and_the_control_headers_never_reach_the_or
 }
 
 #[tokio::test]
+async fn response_header_timeout_is_counted_as_its_kind() {
+    let origin = ScriptedOrigin::start().await;
+    origin.script(
+        "/slow",
+        vec![Answer::ok("late").head_after(Duration::from_secs(2))],
+    );
+    let sidecar = sidecar(&origin, "", "    response_header_timeout: 200ms\n").await;
+    let resp = send(&sidecar, &origin, "GET", "/slow", "", "").await;
+    assert_eq!(resp.status, 504, "{}", resp.text());
+    assert_eq!(
+        metric_reaches(
+            &sidecar,
+            "egress_upstream_timeouts_total",
+            &[("kind", "response_header")],
+            1.0
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        metric(&sidecar, "egress_upstream_timeouts_total", &[("kind", "request")]).await,
+        0.0
+    );
+}
+
+#[tokio::test]
 async fn bad_control_headers_are_400_naming_the_header() {
     let origin = ScriptedOrigin::start().await;
     let sidecar = sidecar(&origin, "", "    retry: { attempts: 2 }\n").await;
