@@ -463,6 +463,10 @@ impl Upstream {
             .or(self.settings.request_timeout)
             .filter(|d| !d.is_zero());
         let at = limit.map(|d| tokio::time::Instant::now() + d);
+        let mut req = req;
+        if let Some(idle) = self.settings.body_idle_timeout {
+            req.body_mut().set_idle_timeout(idle);
+        }
         let sending = self.send_with_policy(req, !asked.no_retry);
         let result = match (at, limit) {
             (Some(at), Some(limit)) => match tokio::time::timeout_at(at, sending).await {
@@ -740,7 +744,12 @@ impl Upstream {
     fn classify_h1(&self, e: &h1::Error) -> ProxyError {
         match e {
             h1::Error::Invalid(_) => self.error(ErrorKind::ProtocolError, e.to_string()),
-            h1::Error::RequestBody(_) => self.error(ErrorKind::BadRequest, e.to_string()),
+            h1::Error::RequestBody(why) => {
+                if why.contains(crate::wire::REQUEST_BODY_IDLE) {
+                    self.cuts.body_idle.inc();
+                }
+                self.error(ErrorKind::BadRequest, e.to_string())
+            }
             h1::Error::Closed | h1::Error::Truncated(_) => {
                 self.error(ErrorKind::UpstreamReset, e.to_string())
             }
@@ -763,6 +772,9 @@ impl Upstream {
         if e.is_user() || e.is_body_write_aborted() {
             // Our request body failed: the application went away or sent a malformed body.
             let cause = std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string());
+            if cause.contains(crate::wire::REQUEST_BODY_IDLE) {
+                self.cuts.body_idle.inc();
+            }
             return (
                 self.error(ErrorKind::BadRequest, format!("request body: {cause}")),
                 false,

@@ -6,13 +6,16 @@
 //! moment to answer `Expect: 100-continue`: the upstream connection exists and the client wants the
 //! body.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Sleep;
 
 use super::codec::BodyError;
 
@@ -84,6 +87,39 @@ pub struct StreamingBody {
     rx: mpsc::Receiver<Result<Frame<Bytes>, BodyError>>,
     started: Option<oneshot::Sender<()>>,
     length: Option<u64>,
+    /// The longest wait for the client's next bytes, and its timer (armed at the first wait).
+    idle: Option<(Duration, Option<Pin<Box<Sleep>>>)>,
+    /// A frame came since the timer was set.
+    moved: bool,
+}
+
+/// The error a request body ends with when the client sent nothing for its idle limit.
+pub const REQUEST_BODY_IDLE: &str = "no request body bytes from the client for body_idle_timeout";
+
+impl StreamingBody {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let polled = self.rx.poll_recv(cx);
+        let Some((limit, sleep)) = self.idle.as_mut().filter(|_| polled.is_pending()) else {
+            self.moved = true;
+            return polled;
+        };
+        let until = tokio::time::Instant::now() + *limit;
+        match sleep {
+            None => *sleep = Some(Box::pin(tokio::time::sleep_until(until))),
+            Some(sleep) if self.moved => sleep.as_mut().reset(until),
+            Some(_) => {}
+        }
+        self.moved = false;
+        let timer = sleep.as_mut().expect("armed above");
+        match timer.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                self.idle = None;
+                self.rx.close();
+                Poll::Ready(Some(Err(BodyError(REQUEST_BODY_IDLE.into()))))
+            }
+        }
+    }
 }
 
 /// The connection task's end of a streamed request body.
@@ -104,6 +140,8 @@ impl RequestBody {
             rx,
             started: Some(started_tx),
             length,
+            idle: None,
+            moved: false,
         };
         (RequestBody::Streaming(body), BodySender { tx, started })
     }
@@ -111,6 +149,16 @@ impl RequestBody {
     /// Whether the body is known to be empty (and so can be replayed).
     pub fn is_empty(&self) -> bool {
         matches!(self, RequestBody::Empty)
+    }
+
+    /// Ends a body streamed from an HTTP/1.1 client with [`REQUEST_BODY_IDLE`] when the client
+    /// sends nothing for `limit` while the upstream waits for more.
+    pub fn set_idle_timeout(&mut self, limit: Duration) {
+        match self {
+            RequestBody::Streaming(body) => body.idle = Some((limit, None)),
+            RequestBody::Kept(kept) => kept.inner.set_idle_timeout(limit),
+            _ => {}
+        }
     }
 
     /// This body, keeping a copy of what passes for a retry, up to `limit` bytes; `None` when
@@ -173,7 +221,7 @@ impl Body for RequestBody {
                 if let Some(started) = body.started.take() {
                     let _ = started.send(());
                 }
-                body.rx.poll_recv(cx)
+                body.poll_next(cx)
             }
             RequestBody::Kept(kept) => {
                 let polled = Pin::new(&mut kept.inner).poll_frame(cx);
@@ -210,5 +258,80 @@ impl Body for RequestBody {
             RequestBody::Kept(kept) => kept.inner.size_hint(),
             RequestBody::Replay(replay) => SizeHint::with_exact(replay.len),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt as _;
+
+    use super::*;
+
+    async fn send(frames: &[&'static [u8]], length: Option<u64>) -> RequestBody {
+        let (body, sender) = RequestBody::channel(length);
+        for frame in frames {
+            sender
+                .tx
+                .send(Ok(Frame::data(Bytes::from_static(frame))))
+                .await
+                .unwrap();
+        }
+        drop(sender);
+        body
+    }
+
+    #[tokio::test]
+    async fn a_kept_body_replays_whole_and_within_its_limit() {
+        let (mut body, sender) = RequestBody::channel(Some(11));
+        let copy = body.keep(64).unwrap();
+        let feed = tokio::spawn(async move {
+            for frame in [&b"hello"[..], &b" world"[..]] {
+                sender
+                    .tx
+                    .send(Ok(Frame::data(Bytes::from_static(frame))))
+                    .await
+                    .unwrap();
+            }
+        });
+        assert!(copy.replay().is_none(), "nothing passed yet");
+        let first = body.collect().await.unwrap().to_bytes();
+        feed.await.unwrap();
+        assert_eq!(first, "hello world");
+        let replay = copy.replay().expect("whole and within the limit");
+        assert_eq!(replay.size_hint().exact(), Some(11));
+        assert_eq!(replay.collect().await.unwrap().to_bytes(), "hello world");
+        assert!(copy.replay().is_some(), "replayable again");
+
+        let mut big = send(&[b"0123456789", b"0123456789"], None).await;
+        let copy = big.keep(15).unwrap();
+        assert_eq!(
+            big.collect().await.unwrap().to_bytes().len(),
+            20,
+            "streamed whole"
+        );
+        assert!(copy.replay().is_none(), "over the limit: not kept");
+
+        assert!(
+            RequestBody::Empty.keep(64).is_none(),
+            "an empty body replays as it is"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_request_body_ends_with_the_idle_error() {
+        let (mut body, sender) = RequestBody::channel(None);
+        body.set_idle_timeout(Duration::from_secs(5));
+        sender
+            .tx
+            .send(Ok(Frame::data(Bytes::from_static(b"a"))))
+            .await
+            .unwrap();
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "a");
+        let started = tokio::time::Instant::now();
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(err.0, REQUEST_BODY_IDLE);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        drop(sender);
     }
 }

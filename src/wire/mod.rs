@@ -11,7 +11,7 @@ pub mod codec;
 use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use http::{HeaderMap, HeaderName};
 
-pub use body::{BodySender, KeptCopy, RequestBody, StreamingBody};
+pub use body::{BodySender, KeptCopy, RequestBody, StreamingBody, REQUEST_BODY_IDLE};
 
 /// Boxed error for response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
