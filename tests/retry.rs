@@ -255,6 +255,21 @@ async fn a_silent_body_is_cut_after_body_idle_timeout_and_its_connection_not_poo
         1.0
     );
 
+    assert_eq!(
+        metric_reaches(
+            &sidecar,
+            "egress_upstream_connections_closed_total",
+            &[("reason", "body_idle_timeout")],
+            1.0
+        )
+        .await,
+        1.0
+    );
+    assert!(
+        support::eventually(Duration::from_secs(5), || origin.open() == 0).await,
+        "the cut connection is still open at the origin"
+    );
+
     let resp = send(&sidecar, &origin, "GET", "/after", "", "").await;
     assert_eq!(resp.status, 200);
     let stalled = &origin.requests("/stall")[0];
@@ -445,6 +460,17 @@ async fn request_timeout_is_504_before_the_head_and_cuts_the_stream_after_it() {
         .await,
         2.0
     );
+    assert_eq!(
+        metric_reaches(
+            &sidecar,
+            "egress_upstream_connections_closed_total",
+            &[("reason", "request_timeout")],
+            1.0
+        )
+        .await,
+        1.0,
+        "the cut stream's connection"
+    );
 }
 
 #[tokio::test]
@@ -519,10 +545,20 @@ async fn a_request_body_silent_past_body_idle_timeout_is_cut() {
         .await;
     // The upload then goes silent: the exchange must end (an answer or a close) soon after 1 s.
     let started = Instant::now();
-    let ended = tokio::time::timeout(Duration::from_secs(5), client.read_response(false)).await;
-    assert!(ended.is_ok(), "a silent upload held its exchange for 5 s");
+    let ended = tokio::time::timeout(Duration::from_secs(5), client.read_response(false))
+        .await
+        .expect("a silent upload held its exchange for 5 s");
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(900), "ended after {took:?}");
+    ended.expect("a response, not a bare close").assert_sidecar_error(
+        400,
+        "bad_request",
+        "a silent request body",
+    );
+    assert!(
+        support::eventually(Duration::from_secs(5), || origin.open() == 0).await,
+        "the upstream connection of the cut upload is still open"
+    );
     assert_eq!(
         metric_reaches(
             &sidecar,
