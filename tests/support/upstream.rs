@@ -218,7 +218,7 @@ where
     }
 }
 
-fn full(body: impl Into<Bytes>) -> BoxBody {
+pub(super) fn full(body: impl Into<Bytes>) -> BoxBody {
     Full::new(body.into())
         .map_err(|never: Infallible| match never {})
         .boxed()
@@ -353,7 +353,7 @@ async fn handle(
 }
 
 /// An mpsc receiver as a `Stream` without pulling in tokio-stream.
-fn tokio_stream<T>(mut rx: mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> {
+pub(super) fn tokio_stream<T>(mut rx: mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> {
     futures_util_stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
