@@ -80,6 +80,7 @@ async fn a_429_with_retry_after_is_retried_after_the_wait_whatever_the_method() 
     let started = Instant::now();
     let resp = send(&sidecar, &origin, "POST", "/limited", "", "data").await;
     let took = started.elapsed();
+    println!("429 with Retry-After: 1, then 200: answered after {took:?}");
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(resp.text(), "done");
     assert!(
@@ -204,6 +205,7 @@ async fn retries_stay_within_the_budget() {
         assert_eq!(resp.text(), "down", "the origin's 503, not the sidecar's");
     }
     let seen = origin.recorded().len();
+    println!("100 concurrent GETs to an always-503 path, attempts 3: the origin saw {seen} requests");
     // ratio 0.2 of 100 requests, plus min_per_second 10: about 130 at most.
     assert!(seen <= 130, "the origin saw {seen} requests for 100");
     assert!(seen > 100, "no retry at all ({seen} requests)");
@@ -293,6 +295,7 @@ async fn x_egress_timeout_answers_504_and_the_control_headers_never_reach_the_or
     let started = Instant::now();
     let resp = send(&sidecar, &origin, "GET", "/slow", "x-egress-timeout: 1s\r\n", "").await;
     let took = started.elapsed();
+    println!("x-egress-timeout: 1s on a head that comes after 5 s: 504 after {took:?}");
     resp.assert_sidecar_error(504, "request_timeout", "x-egress-timeout: 1s");
     assert!(
         took >= Duration::from_millis(900) && took <= Duration::from_secs(3),
@@ -630,6 +633,9 @@ async fn an_sse_stream_passes_untouched_with_the_defaults() {
         "the first event came {first:?} after the head"
     );
     let spread = events[9].1 - events[0].1;
+    println!(
+        "SSE, defaults: 10 events, the first {first:?} after the head, spread over {spread:?}, complete"
+    );
     assert!(
         spread >= Duration::from_millis(8500) && spread <= Duration::from_secs(15),
         "events spread over {spread:?}"
@@ -670,6 +676,7 @@ async fn an_sse_stream_silent_past_body_idle_timeout_is_cut_after_its_events() {
         "the stream ended with its last chunk instead of being cut"
     );
     let silence = cut_at - events[2].1;
+    println!("SSE, body_idle_timeout 2s, a 3 s gap: cut {silence:?} after event 2");
     assert!(
         silence >= Duration::from_millis(1800),
         "cut {silence:?} after the last event"
