@@ -3,27 +3,10 @@
 
 mod support;
 
-use std::process::Command;
-
 use support::TempDir;
 
 fn check(yaml: &str) -> (i32, String, String) {
-    let dir = TempDir::new();
-    let path = dir.path.join("config.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .env_remove("EGRESS_LISTEN")
-        .env_remove("EGRESS_ADMIN")
-        .env_remove("EGRESS_TLS_HOSTS")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    support::check_config(yaml)
 }
 
 #[test]

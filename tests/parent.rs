@@ -924,8 +924,6 @@ async fn a_parent_that_never_answers_is_connect_timeout_naming_it() {
 
 #[test]
 fn check_names_the_bad_via_key() {
-    let dir = TempDir::new();
-    let path = dir.path.join("config.yaml");
     for (yaml, key) in [
         ("defaults:\n  via: { url: \"not a url\" }\n", "defaults.via.url"),
         (
@@ -937,16 +935,8 @@ fn check_names_the_bad_via_key() {
             "defaults.via.ca_file",
         ),
     ] {
-        std::fs::write(&path, yaml).unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
-            .args(["check", "--config"])
-            .arg(&path)
-            .env_remove("EGRESS_LISTEN")
-            .env_remove("EGRESS_ADMIN")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{yaml}: {stderr}");
+        let (code, _, stderr) = support::check_config(yaml);
+        assert_eq!(code, 2, "{yaml}: {stderr}");
         assert!(stderr.contains(key), "{key} named in: {stderr}");
     }
 }

@@ -6,10 +6,9 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{Answer, RawClient, RawResponse, ScriptedOrigin, Sidecar, TempDir};
+use support::{Answer, RawClient, RawResponse, ScriptedOrigin, Sidecar};
 
 /// The sidecar with one upstream `origin` for `origin`, with `settings` (lines indented four
 /// spaces) under it, and `top` (say `defaults:`) before.
@@ -695,19 +694,8 @@ async fn an_sse_stream_silent_past_body_idle_timeout_is_cut_after_its_events() {
 
 #[test]
 fn check_names_a_bad_retry_on() {
-    let dir = TempDir::new();
-    let path = dir.path.join("config.yaml");
-    std::fs::write(&path, "defaults:\n  retry: { on: [teapot] }\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .env_remove("EGRESS_LISTEN")
-        .env_remove("EGRESS_ADMIN")
-        .env_remove("EGRESS_TLS_HOSTS")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, _, stderr) = support::check_config("defaults:\n  retry: { on: [teapot] }\n");
+    assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr
             .lines()

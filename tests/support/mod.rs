@@ -238,3 +238,24 @@ pub async fn wait_parked(admin: SocketAddr, parked: usize, open: Option<usize>) 
     let m = scrape_until(admin, Duration::from_secs(5), |m| counts(m) == want).await;
     assert_eq!(counts(&m), want, "(parked, open) application connections");
 }
+
+/// Runs `egress-sidecar check` on `yaml` (no listen overrides from the environment): its exit
+/// code, stdout and stderr.
+pub fn check_config(yaml: &str) -> (i32, String, String) {
+    let dir = TempDir::new();
+    let path = dir.path.join("config.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_egress-sidecar"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .env_remove("EGRESS_LISTEN")
+        .env_remove("EGRESS_ADMIN")
+        .env_remove("EGRESS_TLS_HOSTS")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
