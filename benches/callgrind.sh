@@ -16,7 +16,8 @@
 # Usage (from the repo root):   benches/callgrind.sh [SIDECAR_BIN]
 #   env: LOW (2000), HIGH (12000), KEEP (a directory: keep the callgrind.out files there, for
 #        callgrind_annotate), UPSTREAM_EXTRA (YAML keys added to the upstream, one flow-style
-#        line such as 'retry: { attempts: 3 }': the same run with a feature configured)
+#        line such as 'retry: { attempts: 3 }': the same run with a feature configured),
+#        TOP_EXTRA (a top-level YAML line, such as 'access_log: { enabled: true, path: /tmp/a.log }')
 # Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
 
 set -euo pipefail
@@ -45,6 +46,7 @@ instructions_for() { # requests
     read -r fwd admin port < <(free_ports 3)
     sidecar_conf "$fwd" "$admin" "$port" "$UP_PORT" 64 5s 10000 >"$TMP/sidecar.yaml"
     [[ -z ${UPSTREAM_EXTRA:-} ]] || printf '    %s\n' "$UPSTREAM_EXTRA" >>"$TMP/sidecar.yaml"
+    [[ -z ${TOP_EXTRA:-} ]] || printf '%s\n' "$TOP_EXTRA" >>"$TMP/sidecar.yaml"
     TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind \
         --callgrind-out-file="$TMP/callgrind.$1.out" "$BIN" run --config "$TMP/sidecar.yaml" \
         2>"$TMP/valgrind.$1.log" &
@@ -63,5 +65,5 @@ low=$(instructions_for "$LOW")
 log "callgrind: $HIGH requests"
 high=$(instructions_for "$HIGH")
 [[ -n $low && -n $high ]] || die "no instruction count (logs in $TMP)"
-echo "sidecar $("$BIN" --version | awk '{print $2}') ($BIN${UPSTREAM_EXTRA:+, $UPSTREAM_EXTRA}): $(( (high - low) / (HIGH - LOW) )) instructions per request" \
+echo "sidecar $("$BIN" --version | awk '{print $2}') ($BIN${UPSTREAM_EXTRA:+, $UPSTREAM_EXTRA}${TOP_EXTRA:+, $TOP_EXTRA}): $(( (high - low) / (HIGH - LOW) )) instructions per request" \
     "(Ir $low at $LOW requests, $high at $HIGH)"

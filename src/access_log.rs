@@ -80,6 +80,40 @@ pub struct Record {
     pub user_agent: Option<String>,
 }
 
+impl Record {
+    /// A record of a request from `source` read at `time`, its outcome still blank.
+    pub fn begin(
+        time: SystemTime,
+        source: Option<Source>,
+        method: String,
+        authority: String,
+        path: String,
+    ) -> Self {
+        Record {
+            time,
+            source,
+            method,
+            scheme: "http",
+            authority,
+            path,
+            status: 0,
+            error: None,
+            upstream: None,
+            endpoint: None,
+            protocol: "HTTP/1.1",
+            upstream_protocol: None,
+            reused: false,
+            retries: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            ttfb_ms: 0.0,
+            duration_ms: 0.0,
+            trace_id: None,
+            user_agent: None,
+        }
+    }
+}
+
 /// The access log's sending end.
 #[derive(Debug)]
 pub struct AccessLog {

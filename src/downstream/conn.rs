@@ -346,6 +346,9 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
         HeadOutcome::Close => return Next::Close,
         HeadOutcome::Refuse(err) => {
             tracing::info!(client = %conn.peer, error = %err, "refused request");
+            if ctx.proxy.logs_access() {
+                ctx.proxy.log_refused(Some(conn.peer.log_source()), &err);
+            }
             let resp = err.to_response::<ResponseBody>();
             {
                 let (_, mut wr) = conn.stream.split();
@@ -376,6 +379,7 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
             framing,
             &ctx.proxy,
             ctx.config.get().idle_timeout,
+            ctx.proxy.logs_access().then(|| conn.peer.log_source()),
         ))
         .await;
         return match end {

@@ -24,6 +24,7 @@ use tracing::Instrument;
 
 use super::splice;
 use super::Proxy;
+use crate::access_log::{Record, Source};
 use crate::config::{Authority, Scheme};
 use crate::connector::dial::{self, DialTarget};
 use crate::connector::h1::Transport;
@@ -49,6 +50,7 @@ pub enum TunnelEnd {
 
 /// Serves a CONNECT whose head has been read from `client`; `buf` holds whatever the client
 /// sent after the head, which goes through the tunnel first.
+/// `source` is where the access log says the CONNECT came from (`None` when it is off).
 pub async fn serve(
     client: &mut (impl AsyncRead + AsyncWrite + Unpin),
     buf: &mut BytesMut,
@@ -56,9 +58,22 @@ pub async fn serve(
     framing: BodyFraming,
     proxy: &Proxy,
     idle_timeout: Duration,
+    source: Option<Source>,
 ) -> TunnelEnd {
     let span = tracing::debug_span!("tunnel", target = %target);
-    async move {
+    let started = std::time::Instant::now();
+    let mut line = proxy.access_log.as_ref().filter(|log| log.sampled()).map(|log| {
+        let authority = target.authority().map_or("-", |a| a.as_str()).to_owned();
+        let record = Record::begin(
+            std::time::SystemTime::now(),
+            source,
+            "CONNECT".to_owned(),
+            authority.clone(),
+            authority,
+        );
+        (log.clone(), record)
+    });
+    let end = async {
         let opened = match check(target, framing, proxy) {
             Ok(Tunnel::Opaque(authority)) => dial_opaque(&authority, proxy).await,
             Ok(Tunnel::Inspect(authority)) => {
@@ -75,10 +90,18 @@ pub async fn serve(
             Ok(upstream) => upstream,
             Err(err) => {
                 super::log_error(&err);
+                if let Some((_, record)) = line.as_mut() {
+                    record.status = err.kind().status().as_u16();
+                    record.error = Some(err.kind().as_str());
+                }
                 let _ = client.write_all(&super::error_bytes(&err)).await;
                 return TunnelEnd::Refused;
             }
         };
+        if let Some((_, record)) = line.as_mut() {
+            record.status = 200;
+            record.ttfb_ms = started.elapsed().as_secs_f64() * 1000.0;
+        }
         // Counted before the 200 goes out, so that whoever has read it sees the tunnel counted.
         let _active = ActiveGuard::new(proxy.router().metrics(), "connect");
         if let Err(e) = client.write_all(ESTABLISHED).await {
@@ -89,10 +112,23 @@ pub async fn serve(
         let early = buf.split();
         let spliced = splice::splice(client, &early, &mut upstream, idle_timeout).await;
         tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "tunnel closed");
+        if let Some((_, record)) = line.as_mut() {
+            record.bytes_in = spliced.up;
+            record.bytes_out = spliced.down;
+        }
         TunnelEnd::Closed
     }
     .instrument(span)
-    .await
+    .await;
+    if let Some((log, mut record)) = line {
+        if record.status == 0 {
+            // Answered here (inspect) or left before the answer: the 200 was written or not.
+            record.status = 200;
+        }
+        record.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        log.write(&record);
+    }
+    end
 }
 
 /// Checks the CONNECT request and its target against policy.

@@ -50,31 +50,19 @@ impl Pending {
             (true, Some(pq)) => pq.as_str().to_owned(),
             _ => req.uri().path().to_owned(),
         };
-        let record = Record {
-            time: SystemTime::now(),
+        let mut record = Record::begin(
+            SystemTime::now(),
             source,
-            method: req.method().to_string(),
-            scheme: "http",
+            req.method().to_string(),
             authority,
             path,
-            status: 0,
-            error: None,
-            upstream: None,
-            endpoint: None,
-            protocol: protocol(req.version()),
-            upstream_protocol: None,
-            reused: false,
-            retries: 0,
-            bytes_in: 0,
-            bytes_out: 0,
-            ttfb_ms: 0.0,
-            duration_ms: 0.0,
-            trace_id: headers
-                .get("traceparent")
-                .and_then(|v| v.to_str().ok())
-                .and_then(trace_id),
-            user_agent: text(http::header::USER_AGENT).map(str::to_owned),
-        };
+        );
+        record.protocol = protocol(req.version());
+        record.trace_id = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(trace_id);
+        record.user_agent = text(http::header::USER_AGENT).map(str::to_owned);
         Pending {
             record,
             started: Instant::now(),

@@ -29,7 +29,7 @@ use hyper::body::Incoming;
 
 use std::sync::Arc;
 
-use crate::access_log::AccessLog;
+use crate::access_log::{self, AccessLog};
 use crate::error::{ErrorKind, ProxyError};
 use crate::routing::{Arrival, Router};
 use crate::upstream::TimedBody;
@@ -40,7 +40,7 @@ use crate::wire::{BoxError, RequestBody};
 #[derive(Debug)]
 pub struct Proxy {
     router: Router,
-    access_log: Option<Arc<AccessLog>>,
+    pub(crate) access_log: Option<Arc<AccessLog>>,
 }
 
 impl Proxy {
@@ -61,6 +61,23 @@ impl Proxy {
     /// Whether requests may be logged: the downstream side then says where each came from.
     pub fn logs_access(&self) -> bool {
         self.access_log.is_some()
+    }
+
+    /// Logs a request refused before it could be forwarded (a malformed or oversized head).
+    pub fn log_refused(&self, source: Option<access_log::Source>, err: &ProxyError) {
+        let Some(log) = self.access_log.as_ref().filter(|log| log.sampled()) else {
+            return;
+        };
+        let mut record = access_log::Record::begin(
+            std::time::SystemTime::now(),
+            source,
+            "-".to_owned(),
+            "-".to_owned(),
+            "-".to_owned(),
+        );
+        record.status = err.kind().status().as_u16();
+        record.error = Some(err.kind().as_str());
+        log.write(&record);
     }
 
     /// The router.

@@ -166,7 +166,7 @@ impl Spec {
             aliases: Vec::new(),
             addresses: Vec::new(),
             tls: config.defaults.tls.clone(),
-            settings: config.defaults.clone(),
+            settings: dynamic_settings(config),
         }
     }
 
@@ -885,6 +885,15 @@ fn find_h2_error(e: &hyper::Error) -> Option<&h2::Error> {
         source = err.source();
     }
     None
+}
+
+/// `defaults` for an upstream met on the fly, less the headers `request_headers` sets: those
+/// carry credentials meant for the upstreams the operator named, never for any host an
+/// application may name.
+fn dynamic_settings(config: &Config) -> UpstreamSettings {
+    let mut settings = config.defaults.clone();
+    settings.request_headers.set.clear();
+    settings
 }
 
 /// `host[:port]`, leaving out the scheme's default port.
