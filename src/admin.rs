@@ -86,10 +86,15 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         return Ok(json(&serde_json::json!({ "pools": pools, "budget": budget })));
     }
     if req.uri().path() == "/metrics" {
-        let mut resp = Response::new(Full::new(Bytes::from(metrics.render())));
+        let (body, content_type) = if wants_openmetrics(req.headers()) {
+            (metrics.render(), OPENMETRICS)
+        } else {
+            (metrics.render_classic(), CLASSIC_TEXT)
+        };
+        let mut resp = Response::new(Full::new(Bytes::from(body)));
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            http::HeaderValue::from_static(content_type),
         );
         return Ok(resp);
     }
@@ -109,6 +114,33 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         http::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     Ok(resp)
+}
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const CLASSIC_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether `Accept` asks for OpenMetrics at least as much as for plain text (Prometheus sends
+/// `application/openmetrics-text;version=1.0.0,...,text/plain;version=0.0.4;q=0.5,*/*;q=0.1`).
+/// No Accept, `*/*` or `text/plain` alone get the classic format, which every agent reads.
+fn wants_openmetrics(headers: &http::HeaderMap) -> bool {
+    let mut openmetrics = 0.0f32;
+    let mut text = 0.0f32;
+    for value in headers.get_all(http::header::ACCEPT) {
+        for range in value.to_str().unwrap_or("").split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")))
+                .find_map(|q| q.parse::<f32>().ok())
+                .unwrap_or(1.0);
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+                "text/plain" | "text/*" | "*/*" => text = text.max(q),
+                _ => {}
+            }
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= text
 }
 
 fn json(value: &impl serde::Serialize) -> Response<Full<Bytes>> {
@@ -140,4 +172,33 @@ pub fn probe(addr: std::net::SocketAddr, timeout: std::time::Duration) -> Result
         .read(&mut head)
         .map_err(|e| format!("reading from {addr}: {e}"))?;
     Ok(head[..n].starts_with(b"HTTP/1.1 200"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(value: Option<&'static str>) -> bool {
+        let mut headers = http::HeaderMap::new();
+        if let Some(value) = value {
+            headers.insert(http::header::ACCEPT, http::HeaderValue::from_static(value));
+        }
+        wants_openmetrics(&headers)
+    }
+
+    #[test]
+    fn the_format_follows_accept() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                          version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert!(accept(Some(prometheus)));
+        assert!(accept(Some("application/openmetrics-text; version=1.0.0")));
+        assert!(!accept(None), "no Accept: classic");
+        assert!(!accept(Some("*/*")));
+        assert!(!accept(Some("text/plain;version=0.0.4")));
+        assert!(
+            !accept(Some("text/plain, application/openmetrics-text;q=0.5")),
+            "plain text preferred"
+        );
+        assert!(!accept(Some("application/openmetrics-text;q=0")));
+    }
 }

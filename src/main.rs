@@ -287,6 +287,14 @@ fn worker_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Colour codes only for a person at a terminal (<https://no-color.org>): `kubectl logs`, Cloud
+/// Logging and docker compose read a pipe, where the codes are noise around every field.
+fn wants_colour() -> bool {
+    use std::io::IsTerminal as _;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    std::io::stderr().is_terminal() && !no_color
+}
+
 fn init_logging() {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     // `Targets` rather than `EnvFilter`: the same `level,target=level` syntax, without span and
@@ -303,6 +311,7 @@ fn init_logging() {
     use tracing_subscriber::util::SubscriberInitExt;
     let builder = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
+        .with_ansi(wants_colour())
         .with_writer(std::io::stderr);
     match std::env::var("EGRESS_LOG_FORMAT").as_deref() {
         Ok("json") => builder.json().finish().with(filter).init(),
