@@ -15,6 +15,7 @@
 //! settings (`pool`).
 
 mod endpoints;
+mod header_rules;
 mod host;
 mod retry;
 mod schema;
@@ -34,6 +35,7 @@ pub use endpoints::{
     Balance, DnsConfig, OutlierConfig, DEFAULT_BASE_EJECTION, DEFAULT_DNS_MAX_TTL, DEFAULT_DNS_MIN_TTL,
     DEFAULT_MAX_EJECTION, DEFAULT_OUTLIER_FAILURES,
 };
+pub use header_rules::{header_file_value, HeaderRules, HeaderSource};
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
 pub use retry::{Backoff, RetryBudget, RetryConfig, RetryOn, DEFAULT_BODY_IDLE_TIMEOUT};
@@ -180,6 +182,10 @@ pub struct UpstreamSettings {
     pub outlier: OutlierConfig,
     /// A parent proxy to reach the upstream through.
     pub via: ViaConfig,
+    /// TLS settings (used when the upstream is https).
+    pub tls: TlsConfig,
+    /// Headers set or removed on the way upstream.
+    pub request_headers: HeaderRules,
 }
 
 /// The pool knobs of one upstream.
@@ -308,6 +314,13 @@ pub struct TlsConfig {
     pub server_name: Option<String>,
     /// Skip certificate verification (testing only).
     pub insecure_skip_verify: bool,
+    /// A client certificate chain (PEM) for upstreams that ask for one (mTLS); re-read when
+    /// it changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key_file: Option<PathBuf>,
 }
 
 /// One configured upstream.
@@ -331,8 +344,6 @@ pub struct UpstreamConfig {
     /// Static endpoints instead of DNS.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<SocketAddr>,
-    /// TLS settings (used when `scheme` is https).
-    pub tls: TlsConfig,
     /// Settings with this upstream's overrides applied.
     #[serde(flatten)]
     pub settings: UpstreamSettings,
@@ -485,6 +496,30 @@ pub fn load_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String>
         return Err(format!("{}: no PEM certificates in it", path.display()));
     }
     Ok(certs)
+}
+
+/// A client certificate chain and its private key from PEM: what `tls.client_cert_file` and
+/// `tls.client_key_file` hold. `check` validates them with this and TLS loads them with it.
+pub fn load_client_identity(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<
+    (
+        Vec<CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ),
+    String,
+> {
+    use rustls::pki_types::pem::PemObject as _;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("not a PEM certificate chain: {e}"))?;
+    if certs.is_empty() {
+        return Err("no PEM certificate in client_cert_file".into());
+    }
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| format!("client_key_file is not a PEM private key: {e}"))?;
+    Ok((certs, key))
 }
 
 // === serializers for `check` ===

@@ -44,6 +44,7 @@ pub(super) struct FileDownstream {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct FileSettings {
+    pub(super) tls: FileTls,
     pub(super) protocol: Option<String>,
     pub(super) connect_timeout: Option<Scalar>,
     pub(super) response_header_timeout: Option<Scalar>,
@@ -55,6 +56,7 @@ pub(super) struct FileSettings {
     pub(super) balance: Option<String>,
     pub(super) outlier: FileOutlier,
     pub(super) via: Option<FileVia>,
+    pub(super) request_headers: Option<FileHeaderRules>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -150,6 +152,7 @@ pub(super) struct FileUpstream {
     pub(super) balance: Option<String>,
     pub(super) outlier: FileOutlier,
     pub(super) via: Option<FileVia>,
+    pub(super) request_headers: Option<FileHeaderRules>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -158,6 +161,29 @@ pub(super) struct FileTls {
     pub(super) ca_file: Option<PathBuf>,
     pub(super) server_name: Option<String>,
     pub(super) insecure_skip_verify: Option<bool>,
+    pub(super) client_cert_file: Option<PathBuf>,
+    pub(super) client_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileHeaderRules {
+    pub(super) set: Option<std::collections::BTreeMap<String, FileHeaderValue>>,
+    pub(super) remove: Option<Vec<String>>,
+}
+
+/// A set header's value: a literal, or `{ file: PATH }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum FileHeaderValue {
+    Literal(Scalar),
+    File(FileRef),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileRef {
+    pub(super) file: PathBuf,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -9,15 +9,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::schema::{
-    FileBudget, FileConfig, FileDownstream, FileHttp2, FileOutlier, FilePolicy, FilePool, FileRetry,
-    FileSettings, FileUpstream, FileVia, Scalar,
+    FileBudget, FileConfig, FileDownstream, FileHeaderRules, FileHttp2, FileOutlier, FilePolicy, FilePool,
+    FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
 };
 use super::via::ViaConfig;
-use super::{endpoints, retry, via};
+use super::{endpoints, header_rules, retry, via};
 use super::{
-    load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HostPattern,
-    Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Problem, Protocol, RetryConfig, Scheme,
-    ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
+    load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HeaderRules,
+    HostPattern, Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Problem, Protocol,
+    RetryConfig, Scheme, ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
     DEFAULT_BUDGET_MEMORY_FRACTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DOWNSTREAM_IDLE_TIMEOUT,
     DEFAULT_DOWNSTREAM_MAX_CONNECTIONS, DEFAULT_DRAIN_TIMEOUT, DEFAULT_H2_KEEPALIVE_INTERVAL,
     DEFAULT_H2_KEEPALIVE_TIMEOUT, DEFAULT_H2_MAX_STREAMS, DEFAULT_HEADER_READ_TIMEOUT,
@@ -249,6 +249,8 @@ fn builtin_settings() -> UpstreamSettings {
         balance: Balance::LeastConnections,
         outlier: OutlierConfig::default(),
         via: ViaConfig::default(),
+        tls: TlsConfig::default(),
+        request_headers: HeaderRules::default(),
     }
 }
 
@@ -265,6 +267,8 @@ struct SettingsRef<'a> {
     balance: &'a Option<String>,
     outlier: &'a FileOutlier,
     via: &'a Option<FileVia>,
+    tls: &'a FileTls,
+    request_headers: &'a Option<FileHeaderRules>,
 }
 
 impl<'a> SettingsRef<'a> {
@@ -281,6 +285,8 @@ impl<'a> SettingsRef<'a> {
             balance: &raw.balance,
             outlier: &raw.outlier,
             via: &raw.via,
+            tls: &raw.tls,
+            request_headers: &raw.request_headers,
         }
     }
 
@@ -297,6 +303,8 @@ impl<'a> SettingsRef<'a> {
             balance: &raw.balance,
             outlier: &raw.outlier,
             via: &raw.via,
+            tls: &raw.tls,
+            request_headers: &raw.request_headers,
         }
     }
 }
@@ -355,6 +363,13 @@ fn merge_settings(
     let balance = endpoints::merge_balance(base.balance, raw.balance, &key("balance"), problems);
     let outlier = endpoints::merge_outlier(&base.outlier, raw.outlier, &key("outlier"), problems);
     let via = via::merge_via(&base.via, raw.via, &key("via"), problems);
+    let tls = merge_tls(&base.tls, raw.tls, &key("tls"), problems);
+    let request_headers = header_rules::merge_header_rules(
+        &base.request_headers,
+        raw.request_headers,
+        &key("request_headers"),
+        problems,
+    );
     UpstreamSettings {
         protocol,
         connect_timeout,
@@ -367,7 +382,63 @@ fn merge_settings(
         balance,
         outlier,
         via,
+        tls,
+        request_headers,
     }
+}
+
+/// `tls` under `prefix`, each key present replacing the base's; the files are checked as TLS
+/// will load them.
+fn merge_tls(base: &TlsConfig, raw: &FileTls, prefix: &str, problems: &mut Problems) -> TlsConfig {
+    let key = |k: &str| format!("{prefix}.{k}");
+    let tls = TlsConfig {
+        ca_file: raw.ca_file.clone().or_else(|| base.ca_file.clone()),
+        server_name: raw.server_name.clone().or_else(|| base.server_name.clone()),
+        insecure_skip_verify: raw.insecure_skip_verify.unwrap_or(base.insecure_skip_verify),
+        client_cert_file: raw
+            .client_cert_file
+            .clone()
+            .or_else(|| base.client_cert_file.clone()),
+        client_key_file: raw
+            .client_key_file
+            .clone()
+            .or_else(|| base.client_key_file.clone()),
+    };
+    if let (Some(ca), Some(_)) = (&tls.ca_file, &raw.ca_file) {
+        if let Err(why) = load_ca_file(ca) {
+            problems.add(key("ca_file"), why);
+        }
+    }
+    if let (Some(name), Some(_)) = (&tls.server_name, &raw.server_name) {
+        if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
+            problems.add(
+                key("server_name"),
+                format!("{name:?} is not a DNS name or IP address"),
+            );
+        }
+    }
+    let touched = raw.client_cert_file.is_some() || raw.client_key_file.is_some();
+    match (&tls.client_cert_file, &tls.client_key_file) {
+        _ if !touched => {}
+        (Some(cert), Some(private)) => {
+            let read = |path: &PathBuf, k: &str, problems: &mut Problems| {
+                std::fs::read(path)
+                    .map_err(|e| problems.add(key(k), format!("{}: {e}", path.display())))
+                    .ok()
+            };
+            let cert_pem = read(cert, "client_cert_file", problems);
+            let key_pem = read(private, "client_key_file", problems);
+            if let (Some(cert_pem), Some(key_pem)) = (cert_pem, key_pem) {
+                if let Err(why) = super::load_client_identity(&cert_pem, &key_pem) {
+                    problems.add(key("client_cert_file"), why);
+                }
+            }
+        }
+        (Some(_), None) => problems.add(key("client_key_file"), "is required with client_cert_file"),
+        (None, Some(_)) => problems.add(key("client_cert_file"), "is required with client_key_file"),
+        (None, None) => {}
+    }
+    tls
 }
 
 fn merge_pool(base: &PoolConfig, raw: &FilePool, prefix: &str, problems: &mut Problems) -> PoolConfig {
@@ -518,24 +589,6 @@ fn validate_upstream(
                 .ok()
         })
         .collect();
-    let tls = TlsConfig {
-        ca_file: raw.tls.ca_file.clone(),
-        server_name: raw.tls.server_name.clone(),
-        insecure_skip_verify: raw.tls.insecure_skip_verify.unwrap_or(false),
-    };
-    if let Some(ca) = &tls.ca_file {
-        if let Err(why) = load_ca_file(ca) {
-            problems.add(key("tls.ca_file"), why);
-        }
-    }
-    if let Some(name) = &tls.server_name {
-        if rustls::pki_types::ServerName::try_from(name.as_str()).is_err() {
-            problems.add(
-                key("tls.server_name"),
-                format!("{name:?} is not a DNS name or IP address"),
-            );
-        }
-    }
     let settings = merge_settings(defaults, SettingsRef::from_upstream(raw), &prefix, problems);
     Some(UpstreamConfig {
         name,
@@ -545,7 +598,6 @@ fn validate_upstream(
         aliases,
         listen,
         addresses,
-        tls,
         settings,
     })
 }

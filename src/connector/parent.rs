@@ -11,9 +11,7 @@
 //! `via.ca_file`; a TLS upstream behind it is then TLS inside TLS.
 
 use std::io;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use http::HeaderValue;
@@ -25,10 +23,7 @@ use super::h1::Transport;
 use super::tls::TlsConnector;
 use crate::config::{Authority, ParentRoute, ParentUrl, TlsConfig};
 use crate::error::{ErrorKind, ProxyError};
-
-/// How often the credentials file is looked at (a stat; read only when it changed): not per
-/// request. A mounted Secret changes by the kubelet's sync, a minute or so after its update.
-const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+use crate::watched::Watched;
 
 /// The longest CONNECT answer head read from a parent.
 const MAX_ANSWER_HEAD: usize = 16 * 1024;
@@ -40,21 +35,10 @@ pub struct Parent {
     shown: Arc<str>,
     /// From the URL's userinfo (the proxy environment), when there is no file.
     inline: Option<HeaderValue>,
-    file: Option<PathBuf>,
-    /// The file's last read.
-    read: Mutex<Option<FileRead>>,
+    /// The credentials file, kept current.
+    file: Option<Watched<HeaderValue>>,
     /// TLS to an `https://` parent (`Err`: it cannot be set up, and every dial says why).
     tls: Option<Result<TlsConnector, String>>,
-}
-
-/// A credentials file as last read: its modification time and length, and the value it gave.
-#[derive(Debug)]
-struct FileRead {
-    /// When the file was last looked at.
-    checked: tokio::time::Instant,
-    mtime: Option<SystemTime>,
-    len: u64,
-    value: Option<HeaderValue>,
 }
 
 impl Parent {
@@ -81,8 +65,7 @@ impl Parent {
             shown,
             url,
             inline,
-            file: credentials_file,
-            read: Mutex::new(None),
+            file: credentials_file.map(|path| Watched::new(vec![path], credentials)),
             tls,
         }
     }
@@ -129,42 +112,13 @@ impl Parent {
     }
 
     /// The `Proxy-Authorization` value for the next request or CONNECT: the credentials file
-    /// (looked at once per [`RECHECK`], re-read when its modification time or length changed),
+    /// (looked at once per [`RECHECK`](crate::watched::RECHECK), re-read when it changed),
     /// else the URL's.
     pub fn proxy_authorization(&self) -> Option<HeaderValue> {
-        let Some(path) = &self.file else {
-            return self.inline.clone();
-        };
-        let now = tokio::time::Instant::now();
-        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(last) = read.as_mut() {
-            if now.saturating_duration_since(last.checked) < RECHECK {
-                return last.value.clone();
-            }
-            last.checked = now;
+        match &self.file {
+            Some(file) => file.get(),
+            None => self.inline.clone(),
         }
-        let meta = std::fs::metadata(path).ok();
-        let stamp = meta.as_ref().map(|m| (m.modified().ok(), m.len()));
-        match (&*read, stamp) {
-            (Some(last), Some(now)) if (last.mtime, last.len) == now => return last.value.clone(),
-            (Some(last), None) => return last.value.clone(),
-            _ => {}
-        }
-        let value = match std::fs::read_to_string(path) {
-            Ok(text) => basic(text.trim()),
-            Err(e) => {
-                tracing::warn!(parent = %self.shown, file = %path.display(), "credentials file unreadable: {e}");
-                read.as_ref().and_then(|last| last.value.clone())
-            }
-        };
-        let (mtime, len) = stamp.unwrap_or((None, 0));
-        *read = Some(FileRead {
-            checked: now,
-            mtime,
-            len,
-            value: value.clone(),
-        });
-        value
     }
 
     /// The parent refused with `status` (and its reason phrase) what was asked of it.
@@ -261,6 +215,12 @@ impl Parent {
     }
 }
 
+/// A credentials file's one line `user:password`, as a `Proxy-Authorization` value.
+fn credentials(contents: &[Vec<u8>]) -> Result<HeaderValue, String> {
+    let text = String::from_utf8_lossy(&contents[0]);
+    basic(text.trim()).ok_or_else(|| "not one line user:password".to_owned())
+}
+
 /// `Basic base64(user:password)`, marked sensitive so that no log or dump shows it.
 fn basic(userinfo: &str) -> Option<HeaderValue> {
     if userinfo.is_empty() {
@@ -276,7 +236,7 @@ fn basic(userinfo: &str) -> Option<HeaderValue> {
 mod tests {
     use super::*;
 
-    fn route(url: &str, credentials_file: Option<PathBuf>) -> ParentRoute {
+    fn route(url: &str, credentials_file: Option<std::path::PathBuf>) -> ParentRoute {
         ParentRoute {
             url: ParentUrl::parse(url).unwrap(),
             credentials_file,
@@ -286,7 +246,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn credentials_follow_the_file() {
-        let recheck = || tokio::time::advance(RECHECK);
+        let recheck = || tokio::time::advance(crate::watched::RECHECK);
         let dir = std::env::temp_dir().join(format!("egress-parent-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("parent");

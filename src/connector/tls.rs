@@ -10,6 +10,12 @@
 //!
 //! ALPN offers what `protocol` allows (`auto`: h2 then http/1.1); the dialer reads the choice.
 //!
+//! A client certificate (`tls.client_cert_file`, `tls.client_key_file`: mTLS) is read through
+//! `watched`, so a pair cert-manager rotates is presented by new connections within a second
+//! of the change. Session resumption is off for such upstreams: a resumed TLS 1.3 session
+//! carries the identity of the certificate it began with, so after a rotation the server would
+//! go on seeing the old one.
+//!
 //! Not handled here: TCP (`dial`), which protocol a pool speaks.
 
 use std::fmt;
@@ -17,13 +23,16 @@ use std::io;
 use std::sync::{Arc, OnceLock};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::client::TlsStream;
 
-use crate::config::{load_ca_file, TlsConfig};
+use crate::config::{load_ca_file, load_client_identity, TlsConfig};
+use crate::watched::Watched;
 
 /// Starts TLS sessions to one upstream.
 pub struct TlsConnector {
@@ -46,11 +55,10 @@ impl TlsConnector {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("TLS versions: {e}"))?;
-        let mut config = if tls.insecure_skip_verify {
+        let builder = if tls.insecure_skip_verify {
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
-                .with_no_client_auth()
         } else {
             let mut roots = RootCertStore::empty();
             roots.roots.extend(system_roots().roots.iter().cloned());
@@ -66,7 +74,22 @@ impl TlsConnector {
                     "no trusted CA certificates: the system store is empty and no tls.ca_file is set".into(),
                 );
             }
-            builder.with_root_certificates(roots).with_no_client_auth()
+            builder.with_root_certificates(roots)
+        };
+        let mut config = match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(cert), Some(key)) => {
+                let files = Watched::new(vec![cert.clone(), key.clone()], client_identity);
+                if files.get().is_none() {
+                    return Err(format!(
+                        "tls.client_cert_file {}: no usable certificate and key",
+                        cert.display()
+                    ));
+                }
+                let mut config = builder.with_client_cert_resolver(Arc::new(ClientCert(files)));
+                config.resumption = rustls::client::Resumption::disabled();
+                config
+            }
+            _ => builder.with_no_client_auth(),
         };
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         let name = tls.server_name.as_deref().unwrap_or(host);
@@ -95,6 +118,30 @@ impl TlsConnector {
     pub fn server_name(&self) -> String {
         self.server_name.to_str().into_owned()
     }
+}
+
+/// The client certificate of an mTLS upstream, as its files hold it now.
+#[derive(Debug)]
+struct ClientCert(Watched<Arc<CertifiedKey>>);
+
+impl ResolvesClientCert for ClientCert {
+    fn resolve(&self, _root_hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.0.get()
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// A certificate chain and key, from the PEM contents of the cert and key files.
+fn client_identity(contents: &[Vec<u8>]) -> Result<Arc<CertifiedKey>, String> {
+    let (certs, key) = load_client_identity(&contents[0], &contents[1])?;
+    let signing = rustls::crypto::aws_lc_rs::default_provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| format!("client_key_file: {e}"))?;
+    Ok(Arc::new(CertifiedKey::new(certs, signing)))
 }
 
 /// The system's trust anchors, loaded once per process.

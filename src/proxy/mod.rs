@@ -87,6 +87,7 @@ impl Proxy {
             headers::take_asked(&mut req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
         if upgrade {
             headers::to_upstream_upgrade(&mut req, target.upstream.host_header());
+            target.upstream.rewrite_headers(req.headers_mut());
             // Boxed: plain requests should not carry the dial's state in their futures.
             let resp = Box::pin(upgrade::send(&target.upstream, &self.router, req)).await?;
             let mut resp = resp.map(ResponseBody::Direct);
@@ -98,6 +99,7 @@ impl Proxy {
             return Ok(resp);
         }
         headers::to_upstream(&mut req, target.upstream.host_header());
+        target.upstream.rewrite_headers(req.headers_mut());
         let resp = target.upstream.send(req, asked).await?;
         let mut resp = resp.map(ResponseBody::Upstream);
         headers::to_downstream(&mut resp);

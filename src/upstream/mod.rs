@@ -22,6 +22,7 @@ use http::{HeaderValue, Method, Request, Response};
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 mod grpc;
 mod retry;
+mod rules;
 mod timed;
 
 use grpc::GrpcPool;
@@ -84,6 +85,8 @@ pub struct Upstream {
     retries: Retries,
     /// Where cut response bodies are counted.
     cuts: Arc<CutCounters>,
+    /// `request_headers`, if any.
+    rules: Option<rules::Rules>,
     key: PoolKey,
 }
 
@@ -149,7 +152,7 @@ impl Spec {
             authority: cfg.authority.clone(),
             aliases: cfg.aliases.clone(),
             addresses: cfg.addresses.clone(),
-            tls: cfg.tls.clone(),
+            tls: cfg.settings.tls.clone(),
             settings: cfg.settings.clone(),
         }
     }
@@ -162,7 +165,7 @@ impl Spec {
             authority,
             aliases: Vec::new(),
             addresses: Vec::new(),
-            tls: TlsConfig::default(),
+            tls: config.defaults.tls.clone(),
             settings: config.defaults.clone(),
         }
     }
@@ -259,6 +262,7 @@ impl Upstream {
             }
         };
         let retries = Retries::new(settings.retry.budget, seed(&label));
+        let rules = rules::Rules::new(&settings.request_headers);
         let cuts = Arc::new(CutCounters {
             request: upstream_metrics.timeouts("request"),
             body_idle: upstream_metrics.timeouts("body_idle"),
@@ -279,6 +283,7 @@ impl Upstream {
             upgrade_tls: OnceLock::new(),
             retries,
             cuts,
+            rules,
             metrics: upstream_metrics,
             key,
         }
@@ -402,6 +407,13 @@ impl Upstream {
         Ok(Box::new(
             dial::handshake_tls(&target, connector, io, deadline).await?,
         ))
+    }
+
+    /// Applies `request_headers` to a request about to go to this upstream.
+    pub fn rewrite_headers(&self, headers: &mut http::HeaderMap) {
+        if let Some(rules) = &self.rules {
+            rules.apply(headers);
+        }
     }
 
     /// Maps an error of a request sent on this upstream to the contract's kinds.
