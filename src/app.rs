@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::access_log::AccessLog;
 use crate::config::Config;
 use crate::downstream::{self, Context};
 use crate::endpoint::dns::Resolver;
@@ -141,7 +142,10 @@ pub async fn run_with_reload(
         .map(|l| Arc::new(budget::Budget::new(l, &metrics)));
     let ctx = Arc::new(Context::new(
         config.downstream,
-        Proxy::new(router),
+        Proxy::new(router).with_access_log(AccessLog::start(
+            &config.access_log,
+            metrics.families().access_log_dropped.clone(),
+        )),
         drain_rx.clone(),
         metrics.clone(),
         clients.clone(),

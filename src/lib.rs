@@ -19,7 +19,7 @@
 //! | connector | `connector/` | one connection: an endpoint to dial, the happy-eyeballs race, TLS, the HTTP/1.1 client side; no pool types (its place under the cap is an opaque guard) |
 //! | endpoints | `endpoint/` | an upstream's endpoints: balance, outlier ejection, the DNS answer refreshed by TTL and draining; the resolver |
 //! | services | `budget`, `reload` | the memory budget and hot reload, acting through handles the wiring gives them |
-//! | leaves | `policy`, `metrics`, `clients/`, `wire/`, `config/`, `live`, `error`, `resident`, `spare`, `shutdown`, `watched` | egress rules, the metrics registry, per-source accounting, the HTTP/1.1 codec and bodies, configuration, reloadable values, errors, process memory, spare buffers, signals, files re-read when they change |
+//! | leaves | `access_log`, `policy`, `metrics`, `clients/`, `wire/`, `config/`, `live`, `error`, `resident`, `spare`, `shutdown`, `watched` | the access log's lines and writer, egress rules, the metrics registry, per-source accounting, the HTTP/1.1 codec and bodies, configuration, reloadable values, errors, process memory, spare buffers, signals, files re-read when they change |
 //!
 //! # The request path, top to bottom
 //! ```text
@@ -53,6 +53,7 @@
 //! is closed rather than pooled (`pool::Lease`), and a place under `max_connections` is
 //! returned when the connection's socket closes (`pool::Slot`, held through `connector::Place`).
 
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod budget;

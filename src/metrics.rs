@@ -153,6 +153,8 @@ pub struct Families {
     /// Memory usage as the budget measures it, at the last measurement.
     pub memory_usage: Gauge,
     memory_sheds: Family<ActionLabel, Counter>,
+    /// Access log lines dropped because the writer was behind.
+    pub access_log_dropped: Counter,
 }
 
 impl Families {
@@ -274,6 +276,7 @@ impl Metrics {
             ejections: Family::default(),
             dns_refreshes: Family::default(),
             dns_failures: Family::default(),
+            access_log_dropped: Counter::default(),
             downstream_opened: Counter::default(),
             downstream_open: Gauge::default(),
             downstream_parked: Gauge::default(),
@@ -332,6 +335,11 @@ impl Metrics {
             "Requests sent again, by reason: connect_failure, reset, a response status, or the \
              connection-level stale_connection, refused_stream, unsent",
             f.retries.clone(),
+        );
+        registry.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer was behind",
+            f.access_log_dropped.clone(),
         );
         registry.register(
             "upstream_retry_budget_exhausted",

@@ -14,6 +14,7 @@
 //! Not handled here: how a request picks an upstream (`routing`) or what the pool does with its
 //! settings (`pool`).
 
+mod access_log;
 mod endpoints;
 mod header_rules;
 mod host;
@@ -31,6 +32,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde::{Serialize, Serializer};
 
+pub use access_log::{AccessLogConfig, AccessLogFormat};
 pub use endpoints::{
     Balance, DnsConfig, OutlierConfig, DEFAULT_BASE_EJECTION, DEFAULT_DNS_MAX_TTL, DEFAULT_DNS_MIN_TTL,
     DEFAULT_MAX_EJECTION, DEFAULT_OUTLIER_FAILURES,
@@ -113,6 +115,8 @@ pub struct Config {
     pub budget: BudgetConfig,
     /// The resolver.
     pub dns: DnsConfig,
+    /// The access log.
+    pub access_log: AccessLogConfig,
     /// Hosts whose plain-HTTP requests are sent upstream over TLS (`EGRESS_TLS_HOSTS`); not a
     /// file key, so `check` prints it as a comment.
     #[serde(skip)]

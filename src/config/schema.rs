@@ -28,6 +28,17 @@ pub(super) struct FileConfig {
     pub(super) shutdown: FileShutdown,
     pub(super) budget: FileBudget,
     pub(super) dns: FileDns,
+    pub(super) access_log: FileAccessLog,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileAccessLog {
+    pub(super) enabled: Option<bool>,
+    pub(super) format: Option<String>,
+    pub(super) path: Option<PathBuf>,
+    pub(super) sample: Option<f64>,
+    pub(super) query: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -13,7 +13,7 @@ use super::schema::{
     FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
 };
 use super::via::ViaConfig;
-use super::{endpoints, header_rules, retry, via};
+use super::{access_log, endpoints, header_rules, retry, via};
 use super::{
     load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HeaderRules,
     HostPattern, Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Problem, Protocol,
@@ -105,6 +105,7 @@ pub(super) fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config
     let tls_hosts = parse_tls_hosts(overrides.tls_hosts.as_deref(), &mut problems);
     let budget = validate_budget(&file.budget, &mut problems);
     let dns = endpoints::validate_dns(&file.dns, &mut problems);
+    let access_log = access_log::validate_access_log(&file.access_log, &mut problems);
 
     if !problems.0.is_empty() {
         return Err(ConfigError::Invalid(problems.0));
@@ -120,6 +121,7 @@ pub(super) fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config
         shutdown: ShutdownConfig { drain_timeout },
         budget,
         dns,
+        access_log,
         tls_hosts,
     })
 }

@@ -126,7 +126,14 @@ pub(super) async fn serve<S: Stream>(
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
                 if super::h2::starts_with_preface(&conn.stream, deadline).await {
-                    let _ = Box::pin(super::h2::serve(conn.stream, arrival.clone(), ctx.clone())).await;
+                    let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
+                    let _ = Box::pin(super::h2::serve(
+                        conn.stream,
+                        arrival.clone(),
+                        source,
+                        ctx.clone(),
+                    ))
+                    .await;
                     return Ended::Closed(Served {
                         requests: 0,
                         idle_closed: false,
@@ -149,7 +156,8 @@ pub(super) async fn serve<S: Stream>(
                         let tunnel = Tunneled::new(authority, &ctx.metrics, "connect_h2");
                         let requests = conn.requests;
                         let arrival = Arrival::Tunnel(Arc::new(tunnel));
-                        if Box::pin(super::h2::serve(conn.stream, arrival, ctx.clone())).await {
+                        let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
+                        if Box::pin(super::h2::serve(conn.stream, arrival, source, ctx.clone())).await {
                             ctx.metrics.families().tunnel_refused("h2_error");
                         }
                         return Ended::Closed(Served {
@@ -403,6 +411,9 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
     *req.uri_mut() = uri;
     *req.version_mut() = version;
     *req.headers_mut() = headers;
+    if ctx.proxy.logs_access() {
+        req.extensions_mut().insert(conn.peer.log_source());
+    }
 
     let Session { stream, buf, .. } = conn;
     let mut pump = pump;

@@ -54,13 +54,21 @@ pub(super) async fn starts_with_preface<S: Stream>(stream: &S, deadline: Instant
 }
 
 /// Serves an h2c connection until it closes or the sidecar drains; returns whether it ended
-/// with a protocol error.
-pub(super) async fn serve<S: Stream>(stream: S, arrival: Arrival, ctx: Arc<Context>) -> bool {
+/// with a protocol error. `source` is where the access log says its requests came from.
+pub(super) async fn serve<S: Stream>(
+    stream: S,
+    arrival: Arrival,
+    source: Option<crate::access_log::Source>,
+    ctx: Arc<Context>,
+) -> bool {
     let service_ctx = ctx.clone();
     let service = service_fn(move |req: Request<Incoming>| {
-        let (ctx, arrival) = (service_ctx.clone(), arrival.clone());
+        let (ctx, arrival, source) = (service_ctx.clone(), arrival.clone(), source.clone());
         async move {
-            let req = to_proxy_request(req, &arrival);
+            let mut req = to_proxy_request(req, &arrival);
+            if let Some(source) = source {
+                req.extensions_mut().insert(source);
+            }
             Ok::<_, Infallible>(ctx.proxy.handle(req, &arrival).await)
         }
     });

@@ -134,6 +134,17 @@ pub(crate) enum Peer {
 }
 
 impl Peer {
+    /// Where the access log says a request came from.
+    pub(crate) fn log_source(&self) -> crate::access_log::Source {
+        match self {
+            Peer::Tcp(addr) => crate::access_log::Source::Addr(*addr),
+            Peer::Unix(process) => crate::access_log::Source::Process {
+                pid: process.pid,
+                exe: process.exe.clone(),
+            },
+        }
+    }
+
     /// What the leak detector counts this connection under.
     pub(crate) fn source(&self) -> Source {
         match self {

@@ -40,17 +40,38 @@ pub enum SendError {
 pub struct PooledBody {
     inner: UpstreamBody,
     lease: Option<Lease>,
+    info: Served,
+}
+
+/// How a response was served, as the access log shows it: read at the head, since the lease
+/// may go back to the pool before anyone asks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Served {
+    /// The endpoint's address.
+    pub endpoint: Option<std::net::SocketAddr>,
+    /// The connection had served before.
+    pub reused: bool,
+    /// HTTP/2 upstream.
+    pub http2: bool,
 }
 
 impl PooledBody {
     /// Ties `inner` to `lease`, which returns to the pool when the body ends.
-    pub fn new(inner: UpstreamBody, lease: Lease) -> Self {
+    /// `served` is the lease's as it was before the request went out (a connection counts the
+    /// request it carries, so reuse is read before).
+    pub fn new(inner: UpstreamBody, lease: Lease, info: Served) -> Self {
         let mut body = PooledBody {
             inner,
             lease: Some(lease),
+            info,
         };
         body.release_if_done();
         body
+    }
+
+    /// How the response was served.
+    pub fn served(&self) -> Served {
+        self.info
     }
 
     /// The endpoint the response came from, if known.

@@ -327,6 +327,15 @@ impl Lease {
         }
     }
 
+    /// How this lease serves its request: endpoint, reuse, protocol.
+    pub fn served(&self) -> super::Served {
+        super::Served {
+            endpoint: self.endpoint_ref().map(|e| e.addr()),
+            reused: self.is_reused(),
+            http2: self.is_http2(),
+        }
+    }
+
     /// The endpoint the connection reaches, if known.
     pub fn endpoint(&self) -> Option<Arc<Endpoint>> {
         self.endpoint_ref().cloned()

@@ -79,7 +79,7 @@ use std::task::Waker;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
-pub use body::{PooledBody, SendError, UpstreamBody};
+pub use body::{PooledBody, SendError, Served, UpstreamBody};
 pub use h2::H2Stream;
 pub use idle::Conn;
 pub use lease::{Lease, Slot, Tracker};

@@ -15,6 +15,7 @@
 
 pub mod connect;
 pub mod headers;
+mod logged;
 mod splice;
 pub mod upgrade;
 
@@ -26,6 +27,9 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use std::sync::Arc;
+
+use crate::access_log::AccessLog;
 use crate::error::{ErrorKind, ProxyError};
 use crate::routing::{Arrival, Router};
 use crate::upstream::TimedBody;
@@ -36,12 +40,27 @@ use crate::wire::{BoxError, RequestBody};
 #[derive(Debug)]
 pub struct Proxy {
     router: Router,
+    access_log: Option<Arc<AccessLog>>,
 }
 
 impl Proxy {
     /// A proxy routing with `router`.
     pub fn new(router: Router) -> Self {
-        Proxy { router }
+        Proxy {
+            router,
+            access_log: None,
+        }
+    }
+
+    /// This proxy, writing a line per request (sampled) to `log`.
+    pub fn with_access_log(mut self, log: Option<AccessLog>) -> Self {
+        self.access_log = log.map(Arc::new);
+        self
+    }
+
+    /// Whether requests may be logged: the downstream side then says where each came from.
+    pub fn logs_access(&self) -> bool {
+        self.access_log.is_some()
     }
 
     /// The router.
@@ -51,7 +70,11 @@ impl Proxy {
 
     /// Forwards `req`; failures become sidecar-made error responses.
     pub async fn handle(&self, req: Request<RequestBody>, arrival: &Arrival) -> Response<ResponseBody> {
-        match self.forward(req, arrival).await {
+        if let Some(log) = self.access_log.as_ref().filter(|log| log.sampled()) {
+            // Boxed: the unlogged path should not carry the line's state in its future.
+            return Box::pin(self.handle_logged(req, arrival, log)).await;
+        }
+        match self.forward(req, arrival, &mut logged::Routed::default()).await {
             Ok(resp) => resp,
             Err(err) => {
                 log_error(&err);
@@ -60,10 +83,29 @@ impl Proxy {
         }
     }
 
+    async fn handle_logged(
+        &self,
+        mut req: Request<RequestBody>,
+        arrival: &Arrival,
+        log: &Arc<AccessLog>,
+    ) -> Response<ResponseBody> {
+        let pending = logged::Pending::begin(&mut req, log);
+        let mut routed = logged::Routed::default();
+        let (resp, error) = match self.forward(req, arrival, &mut routed).await {
+            Ok(resp) => (resp, None),
+            Err(err) => {
+                log_error(&err);
+                (err.to_response(), Some(err.kind().as_str()))
+            }
+        };
+        pending.respond(resp, routed, error, log)
+    }
+
     async fn forward(
         &self,
         mut req: Request<RequestBody>,
         arrival: &Arrival,
+        routed: &mut logged::Routed,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         if req.method() == Method::CONNECT {
             // The downstream task hands CONNECT to `connect::serve`; a CONNECT here cannot
@@ -79,6 +121,10 @@ impl Proxy {
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok());
         let target = self.router.route(arrival, req.uri(), host)?;
+        if self.access_log.is_some() {
+            routed.upstream = Some(target.upstream.label().into());
+            routed.scheme = Some(target.upstream.scheme().as_str());
+        }
         if headers::take_hop(&mut req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
             return Ok(headers::last_hop_answer(&req).map(|body| ResponseBody::Full(Some(body))));
         }
@@ -146,6 +192,8 @@ pub enum ResponseBody {
     Direct(Incoming),
     /// A complete body (error responses).
     Full(Option<Bytes>),
+    /// Any of the above, under the access log.
+    Logged(Box<logged::Logged>),
 }
 
 impl From<Bytes> for ResponseBody {
@@ -166,6 +214,7 @@ impl Body for ResponseBody {
             ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             ResponseBody::Direct(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Logged(body) => Pin::new(&mut **body).poll_frame(cx),
         }
     }
 
@@ -174,6 +223,7 @@ impl Body for ResponseBody {
             ResponseBody::Upstream(body) => body.is_end_stream(),
             ResponseBody::Direct(body) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
+            ResponseBody::Logged(body) => body.is_end_stream(),
         }
     }
 
@@ -182,6 +232,7 @@ impl Body for ResponseBody {
             ResponseBody::Upstream(body) => body.size_hint(),
             ResponseBody::Direct(body) => body.size_hint(),
             ResponseBody::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            ResponseBody::Logged(body) => body.size_hint(),
         }
     }
 }

@@ -479,7 +479,8 @@ impl Upstream {
         if let Some(idle) = self.settings.body_idle_timeout {
             req.body_mut().set_idle_timeout(idle);
         }
-        let sending = self.send_with_policy(req, !asked.no_retry, at);
+        let mut retries = 0;
+        let sending = self.send_with_policy(req, !asked.no_retry, at, &mut retries);
         let result = match (at, limit) {
             (Some(at), Some(limit)) => match tokio::time::timeout_at(at, sending).await {
                 Ok(result) => result,
@@ -505,7 +506,7 @@ impl Upstream {
             at,
             idle: self.settings.body_idle_timeout,
         };
-        result.map(|resp| resp.map(|body| TimedBody::new(body, deadlines, &self.cuts)))
+        result.map(|resp| resp.map(|body| TimedBody::new(body, deadlines, &self.cuts, retries)))
     }
 
     /// Sends `req` with the connection-level retries, and again by policy while `allowed`.
@@ -516,11 +517,12 @@ impl Upstream {
         mut req: Request<RequestBody>,
         allowed: bool,
         at: Option<tokio::time::Instant>,
+        retries: &mut u32,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let policy = &self.settings.retry;
         if policy.attempts == 0 {
             return self
-                .send_with_retries(&mut req, None, false)
+                .send_with_retries(&mut req, None, false, retries)
                 .await
                 .map_err(|(err, _)| err);
         }
@@ -528,7 +530,7 @@ impl Upstream {
         self.retries.deposit();
         if !allowed {
             return self
-                .send_with_retries(&mut req, None, false)
+                .send_with_retries(&mut req, None, false, retries)
                 .await
                 .map_err(|(err, _)| err);
         }
@@ -536,7 +538,9 @@ impl Upstream {
         let kept = req.body_mut().keep(policy.buffer_body_up_to);
         let mut avoid = None;
         for retry in 0.. {
-            let result = self.send_with_retries(&mut req, avoid.as_ref(), true).await;
+            let result = self
+                .send_with_retries(&mut req, avoid.as_ref(), true, retries)
+                .await;
             let reason = match &result {
                 Ok(resp) => Reason::for_status(policy, resp.status().as_u16(), idempotent),
                 Err((err, _)) => Reason::for_error(policy, err, idempotent),
@@ -582,6 +586,7 @@ impl Upstream {
                 }
             };
             self.metrics.retried(&reason.label());
+            *retries += 1;
             // The wait holds no connection: the response and its lease are gone.
             tokio::time::sleep(wait).await;
             if let Some(body) = body {
@@ -600,6 +605,7 @@ impl Upstream {
         req: &mut Request<RequestBody>,
         avoid: Option<&Arc<endpoint::Endpoint>>,
         keep_head: bool,
+        retries: &mut u32,
     ) -> Result<Response<PooledBody>, (ProxyError, Option<Arc<endpoint::Endpoint>>)> {
         let idempotent = is_idempotent(req);
         let mut retried = false;
@@ -608,10 +614,9 @@ impl Upstream {
             let pool = self.pool_for(req);
             let mut lease = pool.checkout_avoiding(avoid).await.map_err(|e| (e, None))?;
             self.fit_request(req, lease.is_http2());
-            let reused = lease.is_reused();
-            let http2 = lease.is_http2();
+            let served = lease.served();
+            let (reused, http2) = (served.reused, served.http2);
             let bodyless = req.body().is_empty();
-            let endpoint = lease.endpoint();
             // HTTP/1.1 gives back all of the request but its body, so a bodyless one can go
             // again as it is. HTTP/2 takes the request: a copy is kept for the one retry a
             // refused or reset stream may get (any method, since only HTTP/2 refuses streams).
@@ -621,7 +626,6 @@ impl Upstream {
                 None
             };
             let head = (http2 && keep_head).then(|| head_copy(req));
-            let failed = |err| (err, endpoint.clone());
             let outcome = self.exchange(&mut lease, req).await;
             if let Some(head) = head {
                 if !matches!(outcome, Err(Failure::Unsent(..))) {
@@ -636,19 +640,23 @@ impl Upstream {
                 {
                     let parent = self.parent.as_ref().expect("forward implies a parent");
                     let reason = resp.status().canonical_reason().unwrap_or("");
-                    return Err(failed(parent.refused(&self.label, 407, reason, "a request")));
+                    return Err((
+                        parent.refused(&self.label, 407, reason, "a request"),
+                        lease.endpoint(),
+                    ));
                 }
                 Ok(resp) => {
                     lease.observe_response(resp.version(), resp.headers());
-                    return Ok(resp.map(|body| PooledBody::new(body, lease)));
+                    return Ok(resp.map(|body| PooledBody::new(body, lease, served)));
                 }
                 Err(Failure::Unsent(back, err)) => {
                     unsent_attempts += 1;
                     *req = *back;
                     if unsent_attempts >= MAX_UNSENT_ATTEMPTS {
-                        return Err(failed(err));
+                        return Err((err, lease.endpoint()));
                     }
                     self.metrics.retried("unsent");
+                    *retries += 1;
                 }
                 Err(Failure::Refused(err)) => {
                     // The upstream did not process the stream, so any method may go again.
@@ -658,9 +666,10 @@ impl Upstream {
                             tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
                             retried = true;
                             self.metrics.retried("refused_stream");
+                            *retries += 1;
                             *req = copy;
                         }
-                        None => return Err(failed(err)),
+                        None => return Err((err, lease.endpoint())),
                     }
                 }
                 // A reused HTTP/1.1 connection may have been closed by the upstream as the
@@ -680,11 +689,12 @@ impl Upstream {
                     match (again, replay) {
                         (true, _) if !http2 => {}
                         (true, Some(copy)) => *req = copy,
-                        _ => return Err(failed(err)),
+                        _ => return Err((err, lease.endpoint())),
                     }
                     tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
                     retried = true;
                     self.metrics.retried("stale_connection");
+                    *retries += 1;
                 }
             }
         }

@@ -21,7 +21,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Instant, Sleep};
 
-use crate::pool::PooledBody;
+use crate::pool::{PooledBody, Served};
 use crate::wire::BoxError;
 
 /// The counters a cut body adds to (one handle per upstream, shared by its responses).
@@ -53,19 +53,34 @@ pub struct TimedBody {
     /// A frame came since the timer was set.
     moved: bool,
     counters: Option<Arc<CutCounters>>,
+    served: Served,
+    retries: u32,
 }
 
 impl TimedBody {
-    /// `inner` under `deadlines`, counting cuts in `counters`.
-    pub fn new(inner: PooledBody, deadlines: Deadlines, counters: &Arc<CutCounters>) -> Self {
+    /// `inner` under `deadlines`, counting cuts in `counters`; the request was sent again
+    /// `retries` times.
+    pub fn new(inner: PooledBody, deadlines: Deadlines, counters: &Arc<CutCounters>, retries: u32) -> Self {
         let timed = deadlines.at.is_some() || deadlines.idle.is_some();
         TimedBody {
+            served: inner.served(),
+            retries,
             inner: Some(inner),
             deadlines,
             sleep: None,
             moved: false,
             counters: timed.then(|| counters.clone()),
         }
+    }
+
+    /// How the response was served (endpoint, reuse, protocol).
+    pub fn served(&self) -> Served {
+        self.served
+    }
+
+    /// Times the request was sent again before this response.
+    pub fn retries(&self) -> u32 {
+        self.retries
     }
 
     /// When the body must have moved again (or ended), from `now`.

@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -36,6 +37,15 @@ pub enum RequestBody {
     Kept(Box<Kept>),
     /// A kept body, sent again.
     Replay(Replay),
+    /// A body whose bytes are counted as they pass (for the access log).
+    Counted(Box<Counted>),
+}
+
+/// A body and the count of its data bytes so far.
+#[derive(Debug)]
+pub struct Counted {
+    inner: RequestBody,
+    bytes: Arc<AtomicU64>,
 }
 
 /// A body passing through, copied (by reference count: [`Bytes`] are shared, not copied) up to
@@ -157,8 +167,23 @@ impl RequestBody {
         match self {
             RequestBody::Streaming(body) => body.idle = Some((limit, None)),
             RequestBody::Kept(kept) => kept.inner.set_idle_timeout(limit),
+            RequestBody::Counted(counted) => counted.inner.set_idle_timeout(limit),
             _ => {}
         }
+    }
+
+    /// Counts this body's data bytes as they pass; `None` for no body.
+    pub fn count(&mut self) -> Option<Arc<AtomicU64>> {
+        if self.is_empty() {
+            return None;
+        }
+        let bytes = Arc::new(AtomicU64::new(0));
+        let inner = std::mem::take(self);
+        *self = RequestBody::Counted(Box::new(Counted {
+            inner,
+            bytes: bytes.clone(),
+        }));
+        Some(bytes)
     }
 
     /// This body, keeping a copy of what passes for a retry, up to `limit` bytes; `None` when
@@ -232,6 +257,14 @@ impl Body for RequestBody {
                 }
                 polled
             }
+            RequestBody::Counted(counted) => {
+                let polled = Pin::new(&mut counted.inner).poll_frame(cx);
+                if let Poll::Ready(Some(Ok(frame))) = &polled {
+                    let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+                    counted.bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                polled
+            }
             RequestBody::Replay(replay) => Poll::Ready(replay.frames.pop().map(|data| {
                 replay.len -= data.len() as u64;
                 Ok(Frame::data(data))
@@ -246,6 +279,7 @@ impl Body for RequestBody {
             RequestBody::Streaming(_) => false,
             RequestBody::Kept(kept) => kept.inner.is_end_stream(),
             RequestBody::Replay(replay) => replay.frames.is_empty(),
+            RequestBody::Counted(counted) => counted.inner.is_end_stream(),
         }
     }
 
@@ -257,6 +291,7 @@ impl Body for RequestBody {
             RequestBody::Http2(body) => body.size_hint(),
             RequestBody::Kept(kept) => kept.inner.size_hint(),
             RequestBody::Replay(replay) => SizeHint::with_exact(replay.len),
+            RequestBody::Counted(counted) => counted.inner.size_hint(),
         }
     }
 }

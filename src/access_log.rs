@@ -1,0 +1,339 @@
+//! The access log: one line per request (JSON, or nginx's combined format with `key=value`
+//! fields), to stdout or a file, written by a thread of its own through a bounded queue, so a
+//! slow disk or a full pipe never holds a request: a line that finds the queue full is dropped
+//! and counted (`egress_access_log_dropped_total`).
+//!
+//! What a line holds is fixed here ([`Record`]); credentials never reach it: no header value is
+//! logged but the `traceparent` trace id and, in text lines, the `User-Agent`, and the query
+//! string only with `access_log.query: true`.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::time::SystemTime;
+
+use prometheus_client::metrics::counter::Counter;
+
+use crate::config::{AccessLogConfig, AccessLogFormat};
+
+/// Lines queued for the writer before new ones are dropped.
+const QUEUE_LINES: usize = 4096;
+
+/// Where a request came from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A TCP client.
+    Addr(SocketAddr),
+    /// A process on the Unix socket.
+    Process {
+        /// Its pid, when visible.
+        pid: Option<u32>,
+        /// Its executable.
+        exe: Option<Box<str>>,
+    },
+}
+
+/// One request, as its line shows it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// When the request head was read.
+    pub time: SystemTime,
+    /// The client.
+    pub source: Option<Source>,
+    /// Method.
+    pub method: String,
+    /// The upstream's scheme.
+    pub scheme: &'static str,
+    /// The host:port the request named.
+    pub authority: String,
+    /// Path, with the query when configured.
+    pub path: String,
+    /// What the application got.
+    pub status: u16,
+    /// The `x-egress-error` kind, for sidecar-made answers.
+    pub error: Option<&'static str>,
+    /// The upstream's label.
+    pub upstream: Option<String>,
+    /// The endpoint the request went to.
+    pub endpoint: Option<SocketAddr>,
+    /// Downstream protocol.
+    pub protocol: &'static str,
+    /// Upstream protocol.
+    pub upstream_protocol: Option<&'static str>,
+    /// Whether the upstream connection had served before.
+    pub reused: bool,
+    /// Times the request was sent again.
+    pub retries: u32,
+    /// Request body bytes from the application.
+    pub bytes_in: u64,
+    /// Response body bytes to the application.
+    pub bytes_out: u64,
+    /// Request head to response head, in milliseconds.
+    pub ttfb_ms: f64,
+    /// Request head to the body's end, in milliseconds.
+    pub duration_ms: f64,
+    /// From a valid `traceparent`.
+    pub trace_id: Option<String>,
+    /// `User-Agent`, for text lines.
+    pub user_agent: Option<String>,
+}
+
+/// The access log's sending end.
+#[derive(Debug)]
+pub struct AccessLog {
+    config: AccessLogConfig,
+    tx: SyncSender<String>,
+    dropped: Counter,
+    rng: AtomicU64,
+}
+
+impl AccessLog {
+    /// Starts the writer for `config`; `None` when the log is off or its file cannot be
+    /// opened (said once, at error level: `check` reports that before a start).
+    pub fn start(config: &AccessLogConfig, dropped: Counter) -> Option<Self> {
+        if !config.enabled || config.sample <= 0.0 {
+            return None;
+        }
+        let mut out: Box<dyn std::io::Write + Send> = match &config.path {
+            None => Box::new(std::io::stdout()),
+            Some(path) => match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                Ok(file) => Box::new(file),
+                Err(e) => {
+                    tracing::error!(path = %path.display(), "access log off: {e}");
+                    return None;
+                }
+            },
+        };
+        let (tx, rx) = sync_channel::<String>(QUEUE_LINES);
+        let spawned = std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || {
+                let mut batch = Vec::with_capacity(64 * 1024);
+                while let Ok(line) = rx.recv() {
+                    batch.extend_from_slice(line.as_bytes());
+                    // What else is queued goes in the same write.
+                    while let Ok(line) = rx.try_recv() {
+                        batch.extend_from_slice(line.as_bytes());
+                        if batch.len() >= 64 * 1024 {
+                            break;
+                        }
+                    }
+                    if out.write_all(&batch).and_then(|()| out.flush()).is_err() {
+                        // Nowhere to write; the queue drains into nothing.
+                    }
+                    batch.clear();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("access log off: no writer thread: {e}");
+            return None;
+        }
+        Some(AccessLog {
+            config: config.clone(),
+            tx,
+            dropped,
+            rng: AtomicU64::new(seed()),
+        })
+    }
+
+    /// Whether this request is logged (`sample`).
+    pub fn sampled(&self) -> bool {
+        if self.config.sample >= 1.0 {
+            return true;
+        }
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        ((x >> 11) as f64 / (1u64 << 53) as f64) < self.config.sample
+    }
+
+    /// Whether paths keep their query string.
+    pub fn with_query(&self) -> bool {
+        self.config.query
+    }
+
+    /// Queues `record`'s line; drops it (counted) when the writer is behind.
+    pub fn write(&self, record: &Record) {
+        let line = match self.config.format {
+            AccessLogFormat::Json => json_line(record),
+            AccessLogFormat::Text => text_line(record),
+        };
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(line) {
+            self.dropped.inc();
+        }
+    }
+}
+
+fn seed() -> u64 {
+    use std::hash::BuildHasher as _;
+    std::collections::hash_map::RandomState::new().hash_one(std::process::id()) | 1
+}
+
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), if valid.
+pub fn trace_id(traceparent: &str) -> Option<String> {
+    let mut parts = traceparent.trim().split('-');
+    let (version, trace, parent, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let valid = hex(version, 2)
+        && version != "ff"
+        && hex(trace, 32)
+        && trace.bytes().any(|b| b != b'0')
+        && hex(parent, 16)
+        && hex(flags, 2);
+    valid.then(|| trace.to_owned())
+}
+
+fn json_line(r: &Record) -> String {
+    let (source, pid, exe) = match &r.source {
+        Some(Source::Addr(addr)) => (Some(addr.to_string()), None, None),
+        Some(Source::Process { pid, exe }) => (Some("unix".to_owned()), *pid, exe.as_deref()),
+        None => (None, None, None),
+    };
+    let value = serde_json::json!({
+        "time": humantime::format_rfc3339_millis(r.time).to_string(),
+        "source": source,
+        "source_pid": pid,
+        "source_exe": exe,
+        "method": r.method,
+        "scheme": r.scheme,
+        "authority": r.authority,
+        "path": r.path,
+        "status": r.status,
+        "error": r.error,
+        "upstream": r.upstream,
+        "endpoint": r.endpoint.map(|e| e.to_string()),
+        "protocol": r.protocol,
+        "upstream_protocol": r.upstream_protocol,
+        "reused": r.reused,
+        "retries": r.retries,
+        "bytes_in": r.bytes_in,
+        "bytes_out": r.bytes_out,
+        "ttfb_ms": round3(r.ttfb_ms),
+        "duration_ms": round3(r.duration_ms),
+        "trace_id": r.trace_id,
+    });
+    let mut line = value.to_string();
+    line.push('\n');
+    line
+}
+
+fn round3(ms: f64) -> f64 {
+    (ms * 1000.0).round() / 1000.0
+}
+
+/// `127.0.0.1 - - [24/Nov/2026:08:53:14 +0000] "GET /path HTTP/1.1" 200 2 "-" "curl/8.0"`
+/// then `key=value` fields, as nginx's combined format with upstream timings appended.
+fn text_line(r: &Record) -> String {
+    let client = match &r.source {
+        Some(Source::Addr(addr)) => addr.ip().to_string(),
+        Some(Source::Process { pid: Some(pid), .. }) => format!("unix:{pid}"),
+        Some(Source::Process { pid: None, .. }) => "unix".to_owned(),
+        None => "-".to_owned(),
+    };
+    let mut line = format!(
+        "{client} - - [{}] \"{} {} {}\" {} {} \"-\" \"{}\"",
+        clf_time(r.time),
+        r.method,
+        r.path,
+        r.protocol,
+        r.status,
+        r.bytes_out,
+        r.user_agent.as_deref().unwrap_or("-").replace('"', "'"),
+    );
+    let _ = writeln!(
+        line,
+        " upstream={} endpoint={} ttfb_ms={:.3} duration_ms={:.3} error={} retries={}",
+        r.upstream.as_deref().unwrap_or("-"),
+        r.endpoint.map_or_else(|| "-".to_owned(), |e| e.to_string()),
+        r.ttfb_ms,
+        r.duration_ms,
+        r.error.unwrap_or("-"),
+        r.retries,
+    );
+    line
+}
+
+/// `24/Nov/2026:08:53:14 +0000`, from the RFC 3339 form.
+fn clf_time(time: SystemTime) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let text = humantime::format_rfc3339_seconds(time).to_string(); // 2026-11-24T08:53:14Z
+    let month = text[5..7].parse::<usize>().unwrap_or(1).clamp(1, 12);
+    format!(
+        "{}/{}/{}:{} +0000",
+        &text[8..10],
+        MONTHS[month - 1],
+        &text[0..4],
+        &text[11..19]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            time: SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_795_510_394_123),
+            source: Some(Source::Addr("127.0.0.1:40000".parse().unwrap())),
+            method: "GET".into(),
+            scheme: "http",
+            authority: "api.example.com:80".into(),
+            path: "/v1/x".into(),
+            status: 200,
+            error: None,
+            upstream: Some("api".into()),
+            endpoint: Some("10.0.0.1:80".parse().unwrap()),
+            protocol: "HTTP/1.1",
+            upstream_protocol: Some("HTTP/1.1"),
+            reused: true,
+            retries: 1,
+            bytes_in: 0,
+            bytes_out: 2,
+            ttfb_ms: 1.25,
+            duration_ms: 1.5,
+            trace_id: None,
+            user_agent: Some("curl/8.0".into()),
+        }
+    }
+
+    #[test]
+    fn json_and_text_lines() {
+        let json: serde_json::Value = serde_json::from_str(&json_line(&record())).unwrap();
+        assert_eq!(json["time"], "2026-11-24T08:53:14.123Z");
+        assert_eq!(json["source"], "127.0.0.1:40000");
+        assert_eq!(json["source_pid"], serde_json::Value::Null);
+        assert_eq!(json["endpoint"], "10.0.0.1:80");
+        assert_eq!(json["retries"], 1);
+        assert_eq!(json.as_object().unwrap().len(), 21);
+        assert_eq!(
+            text_line(&record()),
+            "127.0.0.1 - - [24/Nov/2026:08:53:14 +0000] \"GET /v1/x HTTP/1.1\" 200 2 \"-\" \"curl/8.0\" \
+             upstream=api endpoint=10.0.0.1:80 ttfb_ms=1.250 duration_ms=1.500 error=- retries=1\n"
+        );
+    }
+
+    #[test]
+    fn trace_ids_only_from_valid_traceparents() {
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        assert_eq!(
+            trace_id(&format!("00-{id}-00f067aa0ba902b7-01")).as_deref(),
+            Some(id)
+        );
+        assert_eq!(
+            trace_id("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+            None
+        );
+        assert_eq!(trace_id(&format!("00-{id}-00f067aa0ba902b7")), None);
+        assert_eq!(trace_id("garbage"), None);
+    }
+}

@@ -1,0 +1,173 @@
+//! A request under the access log: what its line needs is read off the request before it is
+//! forwarded, off the response head when it comes, and off the response body as it streams;
+//! the line is queued when the body ends or is dropped (a client that left mid-body still gets
+//! its line, with the bytes that went out).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{Request, Response, Version};
+use http_body::{Body, Frame, SizeHint};
+
+use super::ResponseBody;
+use crate::access_log::{trace_id, AccessLog, Record, Source};
+use crate::wire::{BoxError, RequestBody};
+
+/// What [`super::Proxy::forward`] learned of the upstream, for the line.
+#[derive(Debug, Default)]
+pub(super) struct Routed {
+    /// The upstream's label.
+    pub(super) upstream: Option<Arc<str>>,
+    /// Its scheme.
+    pub(super) scheme: Option<&'static str>,
+}
+
+/// A request's line as far as it is known before forwarding.
+#[derive(Debug)]
+pub(super) struct Pending {
+    record: Record,
+    started: Instant,
+    bytes_in: Option<Arc<AtomicU64>>,
+}
+
+impl Pending {
+    /// Reads the line's request fields off `req` (and counts its body from now on).
+    pub(super) fn begin(req: &mut Request<RequestBody>, log: &AccessLog) -> Self {
+        let source = req.extensions_mut().remove::<Source>();
+        let headers = req.headers();
+        let text = |name: http::header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| text(http::header::HOST).map(str::to_owned))
+            .unwrap_or_default();
+        let path = match (log.with_query(), req.uri().path_and_query()) {
+            (true, Some(pq)) => pq.as_str().to_owned(),
+            _ => req.uri().path().to_owned(),
+        };
+        let record = Record {
+            time: SystemTime::now(),
+            source,
+            method: req.method().to_string(),
+            scheme: "http",
+            authority,
+            path,
+            status: 0,
+            error: None,
+            upstream: None,
+            endpoint: None,
+            protocol: protocol(req.version()),
+            upstream_protocol: None,
+            reused: false,
+            retries: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            ttfb_ms: 0.0,
+            duration_ms: 0.0,
+            trace_id: headers
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .and_then(trace_id),
+            user_agent: text(http::header::USER_AGENT).map(str::to_owned),
+        };
+        Pending {
+            record,
+            started: Instant::now(),
+            bytes_in: req.body_mut().count(),
+        }
+    }
+
+    /// The response head is in: its body carries the line on.
+    pub(super) fn respond(
+        mut self,
+        resp: Response<ResponseBody>,
+        routed: Routed,
+        error: Option<&'static str>,
+        log: &Arc<AccessLog>,
+    ) -> Response<ResponseBody> {
+        let r = &mut self.record;
+        r.status = resp.status().as_u16();
+        r.error = error;
+        r.upstream = routed.upstream.map(|u| u.to_string());
+        if let Some(scheme) = routed.scheme {
+            r.scheme = scheme;
+        }
+        if let ResponseBody::Upstream(body) = resp.body() {
+            let served = body.served();
+            r.endpoint = served.endpoint;
+            r.reused = served.reused;
+            r.upstream_protocol = Some(if served.http2 { "HTTP/2" } else { "HTTP/1.1" });
+            r.retries = body.retries();
+        }
+        r.ttfb_ms = ms(self.started);
+        let log = log.clone();
+        resp.map(|inner| {
+            ResponseBody::Logged(Box::new(Logged {
+                inner,
+                pending: self,
+                log,
+            }))
+        })
+    }
+}
+
+/// A response body whose request's line is written when it ends.
+#[derive(Debug)]
+pub struct Logged {
+    inner: ResponseBody,
+    pending: Pending,
+    log: Arc<AccessLog>,
+}
+
+impl Body for Logged {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+            self.pending.record.bytes_out += len;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let pending = &mut self.pending;
+        pending.record.duration_ms = ms(pending.started);
+        if let Some(bytes) = &pending.bytes_in {
+            pending.record.bytes_in = bytes.load(Ordering::Relaxed);
+        }
+        self.log.write(&pending.record);
+    }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+fn protocol(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_2 => "HTTP/2",
+        Version::HTTP_10 => "HTTP/1.0",
+        _ => "HTTP/1.1",
+    }
+}
