@@ -480,22 +480,15 @@ impl Upstream {
             req.body_mut().set_idle_timeout(idle);
         }
         let mut retries = 0;
-        let sending = self.send_with_policy(req, !asked.no_retry, at, &mut retries);
-        let result = match (at, limit) {
-            (Some(at), Some(limit)) => match tokio::time::timeout_at(at, sending).await {
-                Ok(result) => result,
-                Err(_) => {
-                    self.cuts.request.inc();
-                    Err(self.error(
-                        ErrorKind::RequestTimeout,
-                        format!(
-                            "no response head within request_timeout ({})",
-                            humantime::format_duration(limit)
-                        ),
-                    ))
-                }
-            },
-            _ => sending.await,
+        // The plain case (no deadline, no retries by policy) awaits the connection-level
+        // sender directly; the rest is boxed. A request's future is moved a few times on its
+        // way down, whole: machinery most requests never use would be copied with it.
+        let result = if at.is_none() && self.settings.retry.attempts == 0 {
+            self.send_with_retries(&mut req, None, false, &mut retries)
+                .await
+                .map_err(|(err, _)| err)
+        } else {
+            Box::pin(self.send_by_policy(req, !asked.no_retry, at.zip(limit), &mut retries)).await
         };
         let code = match &result {
             Ok(resp) => resp.status().as_u16(),
@@ -507,6 +500,33 @@ impl Upstream {
             idle: self.settings.body_idle_timeout,
         };
         result.map(|resp| resp.map(|body| TimedBody::new(body, deadlines, &self.cuts, retries)))
+    }
+
+    /// [`Upstream::send_with_policy`] under the request's deadline `at` (`limit` after its
+    /// start), past which it is `504 request_timeout`.
+    async fn send_by_policy(
+        &self,
+        req: Request<RequestBody>,
+        allowed: bool,
+        deadline: Option<(tokio::time::Instant, Duration)>,
+        retries: &mut u32,
+    ) -> Result<Response<PooledBody>, ProxyError> {
+        let Some((at, limit)) = deadline else {
+            return self.send_with_policy(req, allowed, None, retries).await;
+        };
+        match tokio::time::timeout_at(at, self.send_with_policy(req, allowed, Some(at), retries)).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.cuts.request.inc();
+                Err(self.error(
+                    ErrorKind::RequestTimeout,
+                    format!(
+                        "no response head within request_timeout ({})",
+                        humantime::format_duration(limit)
+                    ),
+                ))
+            }
+        }
     }
 
     /// Sends `req` with the connection-level retries, and again by policy while `allowed`.

@@ -53,7 +53,6 @@ pub struct TimedBody {
     /// A frame came since the timer was set.
     moved: bool,
     counters: Option<Arc<CutCounters>>,
-    served: Served,
     retries: u32,
 }
 
@@ -63,7 +62,6 @@ impl TimedBody {
     pub fn new(inner: PooledBody, deadlines: Deadlines, counters: &Arc<CutCounters>, retries: u32) -> Self {
         let timed = deadlines.at.is_some() || deadlines.idle.is_some();
         TimedBody {
-            served: inner.served(),
             retries,
             inner: Some(inner),
             deadlines,
@@ -75,7 +73,7 @@ impl TimedBody {
 
     /// How the response was served (endpoint, reuse, protocol).
     pub fn served(&self) -> Served {
-        self.served
+        self.inner.as_ref().map(PooledBody::served).unwrap_or_default()
     }
 
     /// Times the request was sent again before this response.
