@@ -136,6 +136,18 @@ impl TestCa {
         files
     }
 
+    /// A client certificate (clientAuth EKU) whose subject is `CN={cn}`, and its key, as PEM
+    /// text: for mutual TLS, written where the sidecar reads them.
+    pub fn client_pem(&self, cn: &str) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
     /// A server config with a certificate for `names` (expired when asked) offering `alpn`.
     pub fn server(&self, names: &[&str], expired: bool, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
         let (cert, key) = self.issue(names, expired);
