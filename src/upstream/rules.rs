@@ -112,4 +112,27 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         assert!(Rules::new(&HeaderRules::default()).is_none());
     }
+
+    #[test]
+    fn defaults_set_values_never_go_to_hosts_met_on_the_fly() {
+        let config = crate::config::parse(
+            "defaults:\n  request_headers: { set: { Authorization: \"Bearer d\" }, remove: [X-Debug] }\n",
+            &crate::config::Overrides::default(),
+        )
+        .unwrap();
+        let settings = super::super::dynamic_settings(&config);
+        assert!(
+            settings.request_headers.set.is_empty(),
+            "no credential for any host"
+        );
+        assert_eq!(
+            settings.request_headers.remove,
+            [HeaderName::from_static("x-debug")]
+        );
+        assert_eq!(
+            config.defaults.request_headers.set.len(),
+            1,
+            "configured upstreams keep it"
+        );
+    }
 }
