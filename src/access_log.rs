@@ -55,7 +55,7 @@ pub struct Record {
     /// The `x-egress-error` kind, for sidecar-made answers.
     pub error: Option<&'static str>,
     /// The upstream's label.
-    pub upstream: Option<String>,
+    pub upstream: Option<std::sync::Arc<str>>,
     /// The endpoint the request went to.
     pub endpoint: Option<SocketAddr>,
     /// Downstream protocol.
@@ -185,6 +185,11 @@ impl AccessLog {
         ((x >> 11) as f64 / (1u64 << 53) as f64) < self.config.sample
     }
 
+    /// Whether lines show the `User-Agent` (text lines do).
+    pub fn wants_user_agent(&self) -> bool {
+        self.config.format == AccessLogFormat::Text
+    }
+
     /// Whether paths keep their query string.
     pub fn with_query(&self) -> bool {
         self.config.query
@@ -225,38 +230,91 @@ pub fn trace_id(traceparent: &str) -> Option<String> {
     valid.then(|| trace.to_owned())
 }
 
+/// One JSON object, written field by field: no `serde_json::Value` tree per request.
 fn json_line(r: &Record) -> String {
-    let (source, pid, exe) = match &r.source {
-        Some(Source::Addr(addr)) => (Some(addr.to_string()), None, None),
-        Some(Source::Process { pid, exe }) => (Some("unix".to_owned()), *pid, exe.as_deref()),
-        None => (None, None, None),
-    };
-    let value = serde_json::json!({
-        "time": humantime::format_rfc3339_millis(r.time).to_string(),
-        "source": source,
-        "source_pid": pid,
-        "source_exe": exe,
-        "method": r.method,
-        "scheme": r.scheme,
-        "authority": r.authority,
-        "path": r.path,
-        "status": r.status,
-        "error": r.error,
-        "upstream": r.upstream,
-        "endpoint": r.endpoint.map(|e| e.to_string()),
-        "protocol": r.protocol,
-        "upstream_protocol": r.upstream_protocol,
-        "reused": r.reused,
-        "retries": r.retries,
-        "bytes_in": r.bytes_in,
-        "bytes_out": r.bytes_out,
-        "ttfb_ms": round3(r.ttfb_ms),
-        "duration_ms": round3(r.duration_ms),
-        "trace_id": r.trace_id,
-    });
-    let mut line = value.to_string();
-    line.push('\n');
+    let mut line = String::with_capacity(512);
+    let _ = write!(
+        line,
+        "{{\"time\":\"{}\"",
+        humantime::format_rfc3339_millis(r.time)
+    );
+    match &r.source {
+        Some(Source::Addr(addr)) => {
+            let _ = write!(
+                line,
+                ",\"source\":\"{addr}\",\"source_pid\":null,\"source_exe\":null"
+            );
+        }
+        Some(Source::Process { pid, exe }) => {
+            line.push_str(",\"source\":\"unix\",\"source_pid\":");
+            match pid {
+                Some(pid) => {
+                    let _ = write!(line, "{pid}");
+                }
+                None => line.push_str("null"),
+            }
+            line.push_str(",\"source_exe\":");
+            json_opt_str(&mut line, exe.as_deref());
+        }
+        None => line.push_str(",\"source\":null,\"source_pid\":null,\"source_exe\":null"),
+    }
+    for (key, value) in [
+        ("method", r.method.as_str()),
+        ("scheme", r.scheme),
+        ("authority", &r.authority),
+        ("path", &r.path),
+    ] {
+        let _ = write!(line, ",\"{key}\":");
+        json_str(&mut line, value);
+    }
+    let _ = write!(line, ",\"status\":{},\"error\":", r.status);
+    json_opt_str(&mut line, r.error);
+    line.push_str(",\"upstream\":");
+    json_opt_str(&mut line, r.upstream.as_deref());
+    match r.endpoint {
+        Some(endpoint) => {
+            let _ = write!(line, ",\"endpoint\":\"{endpoint}\"");
+        }
+        None => line.push_str(",\"endpoint\":null"),
+    }
+    let _ = write!(line, ",\"protocol\":\"{}\",\"upstream_protocol\":", r.protocol);
+    json_opt_str(&mut line, r.upstream_protocol);
+    let _ = write!(
+        line,
+        ",\"reused\":{},\"retries\":{},\"bytes_in\":{},\"bytes_out\":{},\"ttfb_ms\":{},\"duration_ms\":{},\"trace_id\":",
+        r.reused,
+        r.retries,
+        r.bytes_in,
+        r.bytes_out,
+        round3(r.ttfb_ms),
+        round3(r.duration_ms),
+    );
+    json_opt_str(&mut line, r.trace_id.as_deref());
+    line.push_str("}\n");
     line
+}
+
+fn json_opt_str(line: &mut String, value: Option<&str>) {
+    match value {
+        Some(value) => json_str(line, value),
+        None => line.push_str("null"),
+    }
+}
+
+/// A JSON string: quotes, backslashes and control characters escaped.
+fn json_str(line: &mut String, value: &str) {
+    line.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => line.push_str("\\\""),
+            '\\' => line.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(line, "\\u{:04x}", c as u32);
+            }
+            c => line.push(c),
+        }
+    }
+    line.push('"');
 }
 
 fn round3(ms: f64) -> f64 {
@@ -338,6 +396,14 @@ mod tests {
             trace_id: None,
             user_agent: Some("curl/8.0".into()),
         }
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        let mut r = record();
+        r.path = "/a\"b\\c\u{1}".into();
+        let json: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
+        assert_eq!(json["path"], "/a\"b\\c\u{1}");
     }
 
     #[test]

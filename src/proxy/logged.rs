@@ -62,7 +62,9 @@ impl Pending {
             .get("traceparent")
             .and_then(|v| v.to_str().ok())
             .and_then(trace_id);
-        record.user_agent = text(http::header::USER_AGENT).map(str::to_owned);
+        if log.wants_user_agent() {
+            record.user_agent = text(http::header::USER_AGENT).map(str::to_owned);
+        }
         Pending {
             record,
             started: Instant::now(),
@@ -81,7 +83,7 @@ impl Pending {
         let r = &mut self.record;
         r.status = resp.status().as_u16();
         r.error = error;
-        r.upstream = routed.upstream.map(|u| u.to_string());
+        r.upstream = routed.upstream;
         if let Some(scheme) = routed.scheme {
             r.scheme = scheme;
         }

@@ -480,15 +480,20 @@ impl Upstream {
             req.body_mut().set_idle_timeout(idle);
         }
         let mut retries = 0;
-        // The plain case (no deadline, no retries by policy) awaits the connection-level
-        // sender directly; the rest is boxed. A request's future is moved a few times on its
-        // way down, whole: machinery most requests never use would be copied with it.
-        let result = if at.is_none() && self.settings.retry.attempts == 0 {
-            self.send_with_retries(&mut req, None, false, &mut retries)
+        // A request's future is moved, whole, a few times on its way down: the deadline's
+        // machinery, which most requests never use, is boxed rather than carried by all.
+        let result = match at.zip(limit) {
+            None if self.settings.retry.attempts == 0 => self
+                .send_with_retries(&mut req, None, false, &mut retries)
                 .await
-                .map_err(|(err, _)| err)
-        } else {
-            Box::pin(self.send_by_policy(req, !asked.no_retry, at.zip(limit), &mut retries)).await
+                .map_err(|(err, _)| err),
+            None => {
+                self.send_with_policy(req, !asked.no_retry, None, &mut retries)
+                    .await
+            }
+            Some(deadline) => {
+                Box::pin(self.send_by_policy(req, !asked.no_retry, deadline, &mut retries)).await
+            }
         };
         let code = match &result {
             Ok(resp) => resp.status().as_u16(),
@@ -508,12 +513,9 @@ impl Upstream {
         &self,
         req: Request<RequestBody>,
         allowed: bool,
-        deadline: Option<(tokio::time::Instant, Duration)>,
+        (at, limit): (tokio::time::Instant, Duration),
         retries: &mut u32,
     ) -> Result<Response<PooledBody>, ProxyError> {
-        let Some((at, limit)) = deadline else {
-            return self.send_with_policy(req, allowed, None, retries).await;
-        };
         match tokio::time::timeout_at(at, self.send_with_policy(req, allowed, Some(at), retries)).await {
             Ok(result) => result,
             Err(_) => {
@@ -597,7 +599,7 @@ impl Upstream {
                 Ok(resp) => {
                     let endpoint = resp.body().endpoint();
                     // Read off what is left of a short answer, so its connection is kept.
-                    drain(resp.into_body()).await;
+                    Box::pin(drain(resp.into_body())).await;
                     endpoint
                 }
                 Err((err, endpoint)) => {
@@ -608,7 +610,7 @@ impl Upstream {
             self.metrics.retried(&reason.label());
             *retries += 1;
             // The wait holds no connection: the response and its lease are gone.
-            tokio::time::sleep(wait).await;
+            Box::pin(tokio::time::sleep(wait)).await;
             if let Some(body) = body {
                 *req.body_mut() = body;
             }
