@@ -193,16 +193,10 @@ fn positive(raw: &Option<Scalar>, base: Duration, key: &str, problems: &mut Prob
 
 #[cfg(test)]
 mod tests {
-    use super::super::{parse, ConfigError, Overrides};
+    use super::super::{parse, Overrides};
     use super::*;
 
-    fn problems(yaml: &str) -> Vec<(String, String)> {
-        match parse(yaml, &Overrides::default()) {
-            Ok(_) => vec![],
-            Err(ConfigError::Invalid(p)) => p.into_iter().map(|p| (p.key, p.reason)).collect(),
-            Err(e) => panic!("unexpected {e}"),
-        }
-    }
+    use super::super::problems;
 
     #[test]
     fn defaults_and_overrides() {

@@ -526,6 +526,16 @@ pub fn load_client_identity(
     Ok((certs, key))
 }
 
+/// The problems `yaml` has, as (key, reason); for the config modules' tests.
+#[cfg(test)]
+fn problems(yaml: &str) -> Vec<(String, String)> {
+    match parse(yaml, &Overrides::default()) {
+        Ok(_) => vec![],
+        Err(ConfigError::Invalid(p)) => p.into_iter().map(|p| (p.key, p.reason)).collect(),
+        Err(e) => panic!("unexpected {e}"),
+    }
+}
+
 // === serializers for `check` ===
 
 fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
