@@ -10,13 +10,13 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::time::SystemTime;
 
 use prometheus_client::metrics::counter::Counter;
 
 use crate::config::{AccessLogConfig, AccessLogFormat};
+use crate::rng::Xorshift;
 
 /// Lines queued for the writer before new ones are dropped.
 const QUEUE_LINES: usize = 4096;
@@ -120,7 +120,7 @@ pub struct AccessLog {
     config: AccessLogConfig,
     tx: SyncSender<String>,
     dropped: Counter,
-    rng: AtomicU64,
+    rng: Xorshift,
 }
 
 impl AccessLog {
@@ -168,7 +168,7 @@ impl AccessLog {
             config: config.clone(),
             tx,
             dropped,
-            rng: AtomicU64::new(seed()),
+            rng: Xorshift::seeded(std::process::id()),
         })
     }
 
@@ -177,12 +177,7 @@ impl AccessLog {
         if self.config.sample >= 1.0 {
             return true;
         }
-        let mut x = self.rng.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng.store(x, Ordering::Relaxed);
-        ((x >> 11) as f64 / (1u64 << 53) as f64) < self.config.sample
+        self.rng.unit() < self.config.sample
     }
 
     /// Whether lines show the `User-Agent` (text lines do).
@@ -205,11 +200,6 @@ impl AccessLog {
             self.dropped.inc();
         }
     }
-}
-
-fn seed() -> u64 {
-    use std::hash::BuildHasher as _;
-    std::collections::hash_map::RandomState::new().hash_one(std::process::id()) | 1
 }
 
 /// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), if valid.

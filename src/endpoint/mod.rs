@@ -40,6 +40,7 @@ use crate::config::{Authority, Balance, OutlierConfig};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::UpstreamMetrics;
 use crate::policy::Guard;
+use crate::rng::Xorshift;
 use outlier::Health;
 
 /// How fast the latency average forgets (linkerd2-proxy's default decay).
@@ -251,8 +252,8 @@ struct Inner {
     balance: Balance,
     outlier: OutlierConfig,
     dns: DnsState,
-    /// xorshift state for p2c_ewma's draws.
-    rng: u64,
+    /// p2c_ewma's draws.
+    rng: Xorshift,
 }
 
 #[derive(Debug, Default)]
@@ -279,9 +280,7 @@ impl Set {
             Some(ip) => vec![SocketAddr::new(ip, spec.authority.port)],
             None => Vec::new(),
         };
-        let seed = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0x9e37_79b9, |d| d.as_nanos() as u64);
+        let rng = Xorshift::seeded(&*spec.label);
         Arc::new(Set {
             resolves: fixed.is_empty(),
             checks_ip: spec.addresses.is_empty() && ip.is_some() && spec.parent.is_none(),
@@ -298,7 +297,7 @@ impl Set {
                 balance: spec.balance,
                 outlier: spec.outlier,
                 dns: DnsState::default(),
-                rng: seed | 1,
+                rng,
             }),
             resolving: tokio::sync::Mutex::new(()),
             drain_hooks: Mutex::new(Vec::new()),
@@ -692,14 +691,9 @@ impl Inner {
         }
     }
 
-    /// A uniform-enough draw in `0..n` (xorshift64; balancing needs no better).
+    /// A uniform-enough draw in `0..n`.
     fn draw(&mut self, n: usize) -> usize {
-        let mut x = self.rng;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng = x;
-        (x % n as u64) as usize
+        self.rng.below(n as u64) as usize
     }
 }
 

@@ -40,7 +40,7 @@ use crate::wire::{BoxError, RequestBody};
 #[derive(Debug)]
 pub struct Proxy {
     router: Router,
-    pub(crate) access_log: Option<Arc<AccessLog>>,
+    access_log: Option<Arc<AccessLog>>,
 }
 
 impl Proxy {

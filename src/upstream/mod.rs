@@ -261,7 +261,7 @@ impl Upstream {
                 pool
             }
         };
-        let retries = Retries::new(settings.retry.budget, seed(&label));
+        let retries = Retries::new(settings.retry.budget, &label);
         let rules = rules::Rules::new(&settings.request_headers);
         let cuts = Arc::new(CutCounters {
             request: upstream_metrics.timeouts("request"),
@@ -939,12 +939,6 @@ async fn drain(mut body: PooledBody) {
 const DRAIN_LIMIT: usize = 64 * 1024;
 /// The longest wait for it.
 const DRAIN_WAIT: Duration = Duration::from_millis(100);
-
-/// A seed for the backoff's jitter, different per upstream and per process.
-fn seed(label: &str) -> u64 {
-    use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one(label)
-}
 
 /// A copy to send again on HTTP/2, for requests without a body (a streamed body cannot be
 /// replayed).

@@ -12,7 +12,6 @@
 //!
 //! Not handled here: sending (`super`), keeping the request body (`wire::body`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
@@ -20,6 +19,7 @@ use tower::retry::budget::{Budget as _, TpsBudget};
 
 use crate::config::{Backoff, RetryBudget, RetryConfig};
 use crate::error::{ErrorKind, ProxyError};
+use crate::rng::Xorshift;
 
 /// How long a deposit counts: the budget's memory.
 const BUDGET_WINDOW: Duration = Duration::from_secs(1);
@@ -72,7 +72,7 @@ impl Reason {
 /// An upstream's retry budget and jitter source.
 pub(super) struct Retries {
     budget: TpsBudget,
-    rng: AtomicU64,
+    rng: Xorshift,
 }
 
 impl std::fmt::Debug for Retries {
@@ -82,11 +82,11 @@ impl std::fmt::Debug for Retries {
 }
 
 impl Retries {
-    pub(super) fn new(budget: RetryBudget, seed: u64) -> Self {
+    /// The budget of the upstream `label`.
+    pub(super) fn new(budget: RetryBudget, label: &str) -> Self {
         Retries {
             budget: TpsBudget::new(BUDGET_WINDOW, budget.min_per_second, budget.ratio),
-            // xorshift must not start at 0.
-            rng: AtomicU64::new(seed | 1),
+            rng: Xorshift::seeded(label),
         }
     }
 
@@ -111,18 +111,7 @@ impl Retries {
         if nanos == 0 {
             return Duration::ZERO;
         }
-        Duration::from_nanos(self.draw() % (nanos + 1))
-    }
-
-    /// xorshift64 on a shared word: concurrent draws may see the same state, which jitter
-    /// tolerates.
-    fn draw(&self) -> u64 {
-        let mut x = self.rng.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng.store(x, Ordering::Relaxed);
-        x
+        Duration::from_nanos(self.rng.below(nanos + 1))
     }
 }
 
@@ -189,7 +178,7 @@ mod tests {
                 ratio: 0.2,
                 min_per_second: 10,
             },
-            42,
+            "a",
         );
         let backoff = Backoff {
             base: Duration::from_millis(100),
@@ -213,7 +202,7 @@ mod tests {
                 ratio: 0.2,
                 min_per_second: 10,
             },
-            1,
+            "b",
         );
         for _ in 0..100 {
             retries.deposit();
