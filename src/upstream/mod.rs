@@ -542,15 +542,11 @@ impl Upstream {
         retries: &mut u32,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let policy = &self.settings.retry;
-        if policy.attempts == 0 {
-            return self
-                .send_with_retries(&mut req, None, false, retries)
-                .await
-                .map_err(|(err, _)| err);
+        if policy.attempts > 0 {
+            // Every request counts towards the budget, retried or not.
+            self.retries.deposit();
         }
-        // Every request counts towards the budget, retried or not.
-        self.retries.deposit();
-        if !allowed {
+        if policy.attempts == 0 || !allowed {
             return self
                 .send_with_retries(&mut req, None, false, retries)
                 .await
