@@ -37,7 +37,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
 use crate::policy::Guard;
 use crate::pool::{self, Lease, Pool, PooledBody, SendError, UpstreamBody};
-use crate::wire::RequestBody;
+use crate::wire::{KeptCopy, RequestBody};
 
 /// What every upstream is built with: the policy its connector checks, the metrics it counts
 /// in, and the registry its pool joins.
@@ -112,6 +112,24 @@ enum Failure {
     /// The request (or part of it) was written.
     Sent(ProxyError),
 }
+
+/// What the retry policy keeps of a request it may send again.
+struct Retrying {
+    idempotent: bool,
+    /// The body as it was sent, for sending again; `None` when there was none.
+    kept: Option<KeptCopy>,
+}
+
+/// A request the policy sends again, after its first attempt.
+struct Again {
+    req: Request<RequestBody>,
+    retrying: Retrying,
+    /// The request's deadline.
+    at: Option<tokio::time::Instant>,
+}
+
+/// A failed attempt: why, and on which endpoint when one was reached.
+type Attempted = (ProxyError, Option<Arc<endpoint::Endpoint>>);
 
 /// What decides where and how an upstream's connections are made. A reloaded upstream with
 /// the same key keeps its pool and connections (new limits apply in place); any other change
@@ -483,13 +501,23 @@ impl Upstream {
         // A request's future is moved, whole, a few times on its way down: the deadline's
         // machinery, which most requests never use, is boxed rather than carried by all.
         let result = match at.zip(limit) {
-            None if self.settings.retry.attempts == 0 => self
-                .send_with_retries(&mut req, None, false, &mut retries)
-                .await
-                .map_err(|(err, _)| err),
+            // send_with_policy, written out: its answer is not moved once more on the way.
             None => {
-                self.send_with_policy(req, !asked.no_retry, None, &mut retries)
-                    .await
+                let retrying = self.retrying(&mut req, !asked.no_retry);
+                let first = self
+                    .send_with_retries(&mut req, None, retrying.is_some(), &mut retries)
+                    .await;
+                match self.goes_again(retrying, &first) {
+                    None => first.map_err(|(err, _)| err),
+                    Some(retrying) => {
+                        let again = Again {
+                            req,
+                            retrying,
+                            at: None,
+                        };
+                        Box::pin(self.send_again(again, first, &mut retries)).await
+                    }
+                }
             }
             Some(deadline) => {
                 Box::pin(self.send_by_policy(req, !asked.no_retry, deadline, &mut retries)).await
@@ -532,8 +560,6 @@ impl Upstream {
     }
 
     /// Sends `req` with the connection-level retries, and again by policy while `allowed`.
-    /// A wait that would end past `at` (the request's deadline) is not waited: the answer in
-    /// hand goes to the app instead of a later `request_timeout`.
     async fn send_with_policy(
         &self,
         mut req: Request<RequestBody>,
@@ -541,30 +567,58 @@ impl Upstream {
         at: Option<tokio::time::Instant>,
         retries: &mut u32,
     ) -> Result<Response<PooledBody>, ProxyError> {
+        let retrying = self.retrying(&mut req, allowed);
+        let first = self
+            .send_with_retries(&mut req, None, retrying.is_some(), retries)
+            .await;
+        match self.goes_again(retrying, &first) {
+            None => first.map_err(|(err, _)| err),
+            Some(retrying) => Box::pin(self.send_again(Again { req, retrying, at }, first, retries)).await,
+        }
+    }
+
+    /// What the retry policy keeps of `req` before its first attempt; `None` when it is not
+    /// retried by policy (none configured, or not `allowed`). Every request counts towards
+    /// the budget, retried or not.
+    fn retrying(&self, req: &mut Request<RequestBody>, allowed: bool) -> Option<Retrying> {
         let policy = &self.settings.retry;
-        if policy.attempts > 0 {
-            // Every request counts towards the budget, retried or not.
-            self.retries.deposit();
+        if policy.attempts == 0 {
+            return None;
         }
-        if policy.attempts == 0 || !allowed {
-            return self
-                .send_with_retries(&mut req, None, false, retries)
-                .await
-                .map_err(|(err, _)| err);
-        }
-        let idempotent = is_idempotent(&req);
-        let kept = req.body_mut().keep(policy.buffer_body_up_to);
-        let mut avoid = None;
-        for retry in 0.. {
-            let result = self
-                .send_with_retries(&mut req, avoid.as_ref(), true, retries)
-                .await;
-            let reason = match &result {
-                Ok(resp) => Reason::for_status(policy, resp.status().as_u16(), idempotent),
-                Err((err, _)) => Reason::for_error(policy, err, idempotent),
-            };
-            let Some(reason) = reason.filter(|_| retry < policy.attempts) else {
-                return result.map_err(|(err, _)| err);
+        self.retries.deposit();
+        allowed.then(|| Retrying {
+            idempotent: is_idempotent(req),
+            kept: req.body_mut().keep(policy.buffer_body_up_to),
+        })
+    }
+
+    /// `retrying` when the policy sends the request again after `first`, its first answer.
+    fn goes_again<T>(
+        &self,
+        retrying: Option<Retrying>,
+        first: &Result<Response<T>, Attempted>,
+    ) -> Option<Retrying> {
+        retrying.filter(|r| Reason::of(&self.settings.retry, first, r.idempotent).is_some())
+    }
+
+    /// Sends the request of `again` by policy after `result`, until an answer is not to be
+    /// retried or the attempts run out. A wait that would end past the request's deadline is
+    /// not waited: the answer in hand goes to the app instead of a later `request_timeout`.
+    async fn send_again(
+        &self,
+        again: Again,
+        mut result: Result<Response<PooledBody>, Attempted>,
+        retries: &mut u32,
+    ) -> Result<Response<PooledBody>, ProxyError> {
+        let policy = &self.settings.retry;
+        let Again {
+            mut req,
+            retrying: Retrying { idempotent, kept },
+            at,
+        } = again;
+        for retry in 0..policy.attempts {
+            let Some(reason) = Reason::of(policy, &result, idempotent) else {
+                break;
             };
             // What goes again: the same head, with the body untouched when nothing was sent,
             // else as it was kept (whole, or not at all).
@@ -573,29 +627,29 @@ impl Upstream {
                 None => Some(RequestBody::Empty),
                 Some(copy) => match copy.replay() {
                     Some(body) => Some(body),
-                    None => return result.map_err(|(err, _)| err),
+                    None => break,
                 },
             };
             let wait = match &result {
                 Ok(resp) => match retry::retry_after(resp.headers(), std::time::SystemTime::now()) {
-                    Some(asked) if asked > policy.retry_after_max => return result.map_err(|(err, _)| err),
+                    Some(asked) if asked > policy.retry_after_max => break,
                     Some(asked) => asked,
                     None => self.retries.backoff(policy.backoff, retry),
                 },
                 Err(_) => self.retries.backoff(policy.backoff, retry),
             };
             if at.is_some_and(|at| tokio::time::Instant::now() + wait >= at) {
-                return result.map_err(|(err, _)| err);
+                break;
             }
             if !self.retries.withdraw() {
                 self.metrics.retry_budget_exhausted.inc();
-                return result.map_err(|(err, _)| err);
+                break;
             }
-            avoid = match result {
+            let avoid = match result {
                 Ok(resp) => {
                     let endpoint = resp.body().endpoint();
                     // Read off what is left of a short answer, so its connection is kept.
-                    Box::pin(drain(resp.into_body())).await;
+                    drain(resp.into_body()).await;
                     endpoint
                 }
                 Err((err, endpoint)) => {
@@ -606,12 +660,15 @@ impl Upstream {
             self.metrics.retried(&reason.label());
             *retries += 1;
             // The wait holds no connection: the response and its lease are gone.
-            Box::pin(tokio::time::sleep(wait)).await;
+            tokio::time::sleep(wait).await;
             if let Some(body) = body {
                 *req.body_mut() = body;
             }
+            result = self
+                .send_with_retries(&mut req, avoid.as_ref(), true, retries)
+                .await;
         }
-        unreachable!("the loop returns once retries run out")
+        result.map_err(|(err, _)| err)
     }
 
     /// Sends `req` (on a connection away from `avoid`, when the pool has one) with the
@@ -624,7 +681,7 @@ impl Upstream {
         avoid: Option<&Arc<endpoint::Endpoint>>,
         keep_head: bool,
         retries: &mut u32,
-    ) -> Result<Response<PooledBody>, (ProxyError, Option<Arc<endpoint::Endpoint>>)> {
+    ) -> Result<Response<PooledBody>, Attempted> {
         let idempotent = is_idempotent(req);
         let mut retried = false;
         let mut unsent_attempts = 0;

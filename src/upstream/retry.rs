@@ -50,6 +50,18 @@ impl Reason {
         self == Reason::ConnectFailure
     }
 
+    /// What `result` (of one attempt) gives as a reason to send the request again.
+    pub(super) fn of<T, E>(
+        policy: &RetryConfig,
+        result: &Result<http::Response<T>, (ProxyError, E)>,
+        idempotent: bool,
+    ) -> Option<Self> {
+        match result {
+            Ok(resp) => Reason::for_status(policy, resp.status().as_u16(), idempotent),
+            Err((err, _)) => Reason::for_error(policy, err, idempotent),
+        }
+    }
+
     /// The failure `err` as a reason to retry, when `policy` names it and the request may go
     /// again: a connect failure for any method, a reset for idempotent ones.
     pub(super) fn for_error(policy: &RetryConfig, err: &ProxyError, idempotent: bool) -> Option<Self> {
