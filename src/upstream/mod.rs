@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use http::{HeaderValue, Method, Request, Response};
+use http::{HeaderValue, Request, Response};
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 mod grpc;
@@ -26,7 +26,7 @@ mod rules;
 mod timed;
 
 use grpc::GrpcPool;
-use retry::{Reason, Retries};
+use retry::{is_idempotent, Reason, Retries};
 pub use timed::{CutCounters, Deadlines, TimedBody};
 
 use crate::config::ParentRoute;
@@ -649,7 +649,7 @@ impl Upstream {
                 Ok(resp) => {
                     let endpoint = resp.body().endpoint();
                     // Read off what is left of a short answer, so its connection is kept.
-                    drain(resp.into_body()).await;
+                    retry::drain(resp.into_body()).await;
                     endpoint
                 }
                 Err((err, endpoint)) => {
@@ -963,35 +963,6 @@ fn host_header(scheme: Scheme, authority: &Authority) -> HeaderValue {
     };
     HeaderValue::from_str(&text).expect("validated authority is a valid header value")
 }
-
-/// GET, HEAD, OPTIONS, TRACE, PUT, DELETE, or anything carrying `Idempotency-Key`.
-fn is_idempotent(req: &Request<RequestBody>) -> bool {
-    matches!(
-        *req.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    ) || req.headers().contains_key("idempotency-key")
-}
-
-/// Reads what is left of a response the retry loop drops, when it is short and already on its
-/// way: its connection then goes back to the pool instead of closing. Gives up (closing the
-/// connection) past [`DRAIN_LIMIT`] bytes or [`DRAIN_WAIT`].
-async fn drain(mut body: PooledBody) {
-    use http_body_util::BodyExt as _;
-    let read = async {
-        let mut left = DRAIN_LIMIT;
-        while let Some(Ok(frame)) = body.frame().await {
-            let len = frame.data_ref().map_or(0, |d| d.len());
-            left = left.checked_sub(len)?;
-        }
-        Some(())
-    };
-    let _ = tokio::time::timeout(DRAIN_WAIT, read).await;
-}
-
-/// The most of a retried response's body read to keep its connection.
-const DRAIN_LIMIT: usize = 64 * 1024;
-/// The longest wait for it.
-const DRAIN_WAIT: Duration = Duration::from_millis(100);
 
 /// A copy to send again on HTTP/2, for requests without a body (a streamed body cannot be
 /// replayed).

@@ -10,7 +10,9 @@
 //! bound and so spreads clients that failed together; and here a `Retry-After` replaces the
 //! backoff, which tower's `Policy` would need a wrapper for. The draw is three lines.
 //!
-//! Not handled here: sending (`super`), keeping the request body (`wire::body`).
+//! Also here: which methods are idempotent, and reading off a response that goes again so its
+//! connection is kept. Not handled here: sending (`super`), keeping the request body
+//! (`wire::body`).
 
 use std::time::{Duration, SystemTime};
 
@@ -19,6 +21,7 @@ use tower::retry::budget::{Budget as _, TpsBudget};
 
 use crate::config::{Backoff, RetryBudget, RetryConfig};
 use crate::error::{ErrorKind, ProxyError};
+use crate::pool::PooledBody;
 use crate::rng::Xorshift;
 
 /// How long a deposit counts: the budget's memory.
@@ -125,6 +128,36 @@ impl Retries {
         }
         Duration::from_nanos(self.rng.below(nanos + 1))
     }
+}
+
+/// Reads what is left of a response the retry loop drops, when it is short and already on its
+/// way: its connection then goes back to the pool instead of closing. Gives up (closing the
+/// connection) past [`DRAIN_LIMIT`] bytes or [`DRAIN_WAIT`].
+pub(super) async fn drain(mut body: PooledBody) {
+    use http_body_util::BodyExt as _;
+    let read = async {
+        let mut left = DRAIN_LIMIT;
+        while let Some(Ok(frame)) = body.frame().await {
+            let len = frame.data_ref().map_or(0, |d| d.len());
+            left = left.checked_sub(len)?;
+        }
+        Some(())
+    };
+    let _ = tokio::time::timeout(DRAIN_WAIT, read).await;
+}
+
+/// The most of a retried response's body read to keep its connection.
+const DRAIN_LIMIT: usize = 64 * 1024;
+/// The longest wait for it.
+const DRAIN_WAIT: Duration = Duration::from_millis(100);
+
+/// GET, HEAD, OPTIONS, TRACE, PUT, DELETE, or anything carrying `Idempotency-Key`.
+pub(super) fn is_idempotent<B>(req: &http::Request<B>) -> bool {
+    use http::Method;
+    matches!(
+        *req.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    ) || req.headers().contains_key("idempotency-key")
 }
 
 /// How long a response asks to wait before the next request: `retry-after-ms` (milliseconds,
