@@ -47,6 +47,9 @@ DOWNSTREAM_IN_FLIGHT = 4
 # since each takes 1 s), so each finds the previous dial done: the pool dials at most
 # max_connecting (8) at a time, and a simultaneous burst of 1000 gets fewer connections.
 SPACING = 0.0005
+# What a tunnel carries: sent, echoed, then idle.
+HELLO = b"hello"
+SWITCHED = b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\n" + OK_BODY
 
 
@@ -63,10 +66,24 @@ def raise_nofile():
 
 
 async def serve_upstream(port, sleep_s):
+    async def echo(reader, writer):
+        while data := await reader.read(4096):
+            writer.write(data)
+            await writer.drain()
+
     async def handle(reader, writer):
         try:
+            # A CONNECT tunnel's payload: echoed from then on.
+            start = await reader.readexactly(len(HELLO))
+            if start == HELLO:
+                writer.write(HELLO)
+                return await echo(reader, writer)
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
+                head = start + await reader.readuntil(b"\r\n\r\n")
+                start = b""
+                if b"\r\nupgrade:" in head.lower():
+                    writer.write(SWITCHED)
+                    return await echo(reader, writer)
                 target = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
                 if target.startswith(b"/sleep"):
                     await asyncio.sleep(sleep_s)
@@ -255,6 +272,7 @@ def start_sidecar(args, up_port):
 admin: 127.0.0.1:{admin}
 shutdown: {{ drain_timeout: 1s }}
 downstream: {{ idle_timeout: 5m, max_connections: {args.downstream + 1000}, max_idle_connections: {args.downstream + 1000}, leaky_idle_timeout: 5m }}
+policy: {{ connect_ports: [{up_port}] }}
 upstreams:
   - name: bench
     url: http://127.0.0.1:{up_port}
@@ -270,6 +288,7 @@ upstreams:
     env = dict(os.environ, EGRESS_LOG="warn")
     proc = Proc([args.sidecar, "run", "--config", conf], os.path.join(args.tmp, "sidecar.log"), env)
     wait_port(route, proc.p, "sidecar")
+    proc.forward = fwd
     return proc, route
 
 
@@ -364,6 +383,63 @@ async def probe_idle(args):
           f"failed={r['failed']}", flush=True)
 
 
+async def open_tunnels(proc, route, up_port, n, kind):
+    """Opens n tunnels through the sidecar that each carry HELLO both ways, then sit idle:
+    `connect` (CONNECT to the upstream's port, an opaque tunnel) or `websocket` (an Upgrade
+    answered 101 through the route listener). Returns (open connections, failure messages)."""
+    sem = asyncio.Semaphore(16)
+    if kind == "connect":
+        port, head = proc.forward, f"CONNECT 127.0.0.1:{up_port} HTTP/1.1\r\nHost: 127.0.0.1:{up_port}\r\n\r\n"
+        expect = 200
+    else:
+        port, head = route, ("GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+                             "Upgrade: websocket\r\n\r\n")
+        expect = 101
+
+    async def one():
+        async with sem:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head.encode())
+            answer = await reader.readuntil(b"\r\n\r\n")
+            status = int(answer.split()[1])
+            if status != expect:
+                writer.close()
+                raise RuntimeError(f"{kind}: status {status}")
+            writer.write(HELLO)
+            echoed = await reader.readexactly(len(HELLO))
+            if echoed != HELLO:
+                writer.close()
+                raise RuntimeError(f"{kind}: echoed {echoed!r}")
+        return writer
+
+    results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n)), return_exceptions=True), 120)
+    return ([r for r in results if not isinstance(r, BaseException)],
+            [repr(r) for r in results if isinstance(r, BaseException)])
+
+
+async def measure_tunnels(args, up_port, kind):
+    """RSS per idle tunnel of `kind` (see open_tunnels), on a fresh sidecar warmed with 64."""
+    proc, route = start_sidecar(args, up_port)
+    try:
+        warm, failed = await open_tunnels(proc, route, up_port, 64, kind)
+        await close_all(warm)
+        await settle()
+        base, base_up = rss_bytes(proc.pid), established(dport=up_port)
+        tunnels, failed = await open_tunnels(proc, route, up_port, args.tunnels, kind)
+        await asyncio.sleep(3.0)
+        after, held = rss_bytes(proc.pid), established(dport=up_port) - base_up
+        per = (after - base) / max(held, 1)
+        print(f"sidecar  {kind + ' tunnels:':19} RSS {kib(base)} -> {kib(after)} with {held} idle tunnels that "
+              f"each carried {len(HELLO)} bytes each way ({len(failed)} failed): {per:,.0f} B per idle tunnel",
+              flush=True)
+        if failed:
+            print(f"         first failure: {failed[0]}", flush=True)
+        await close_all(tunnels)
+        return {"base": base, "after": after, "held": held, "per": per, "failed": len(failed)}
+    finally:
+        proc.stop()
+
+
 async def measure_upstream(name, start, args, up_port, per_downstream):
     proc, port = start(args, up_port)
     try:
@@ -418,12 +494,13 @@ async def run(args):
             d = await measure_downstream(name, start, args, up_port)
             u = await measure_upstream(name, start, args, up_port, d["per"])
             results[name] = (d, u)
-        report(args, results)
+        tunnels = {kind: await measure_tunnels(args, up_port, kind) for kind in ("connect", "websocket")}
+        report(args, results, tunnels)
     finally:
         upstream.stop()
 
 
-def report(args, results):
+def report(args, results, tunnels):
     print()
     print(f"## Idle connection memory (user-space RSS), N={args.downstream} downstream, "
           f"M={args.upstream} pooled upstream")
@@ -444,6 +521,14 @@ def report(args, results):
     print("per idle downstream conn = (RSS with N idle clients - RSS before) / clients held (ss count)")
     print("per idle pooled upstream conn = (RSS after M slow requests - RSS before - new client conns x "
           "per-downstream cost) / new pooled upstream conns (ss count); clients still open")
+    print()
+    print(f"| sidecar, {args.tunnels} idle tunnels | RSS before | per idle tunnel | failed |")
+    print("|---|---:|---:|---:|")
+    for kind, t in tunnels.items():
+        print(f"| {kind} | {kib(t['base'])} | {t['per']:,.0f} B ({t['held']} tunnels) | {t['failed']} |")
+    print()
+    print("per idle tunnel = (RSS 3 s after opening the tunnels - RSS before) / upstream connections held "
+          "(ss count); each tunnel carried 5 bytes each way first")
     print("Kernel memory for the sockets is not in RSS and not counted.")
 
 
@@ -458,6 +543,7 @@ def main():
     m.add_argument("--tmp", required=True, help="scratch directory for configs and logs")
     m.add_argument("--downstream", type=int, default=5000)
     m.add_argument("--upstream", type=int, default=1000)
+    m.add_argument("--tunnels", type=int, default=1000)
     ic = sub.add_parser("idle-clients", help="RSS base and growth per idle client on a running proxy")
     ic.add_argument("--pid", type=int, required=True, help="the proxy's root pid (children counted)")
     ic.add_argument("--port", type=int, required=True, help="the proxy's listening port")

@@ -16,7 +16,7 @@
 #   User-space memory only: kernel socket memory is not in RSS.
 #
 # Usage (from the repo root):   benches/idle_memory.sh
-#   env: DOWNSTREAM (default 5000), UPSTREAM (default 1000),
+#   env: DOWNSTREAM (default 5000), UPSTREAM (default 1000), TUNNELS (default 1000),
 #        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary).
 # Installs nginx with apt-get if missing. Configs and logs go to one mktemp directory, removed
 # on exit with every process started. Numbers are reported, not asserted.
@@ -25,6 +25,7 @@ set -euo pipefail
 
 DOWNSTREAM=${DOWNSTREAM:-5000}
 UPSTREAM=${UPSTREAM:-1000}
+TUNNELS=${TUNNELS:-1000}
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -60,9 +61,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # RLIMIT_NOFILE: the Python driver raises its soft limit to the hard one and the proxies inherit it.
-log "measuring: $DOWNSTREAM idle downstream, $UPSTREAM pooled upstream connections (sidecar, then nginx)"
+log "measuring: $DOWNSTREAM idle downstream, $UPSTREAM pooled upstream connections (sidecar, then nginx), $TUNNELS idle CONNECT and WebSocket tunnels (sidecar)"
 python3 "$REPO/benches/idle_memory.py" measure --sidecar "$BIN" --tmp "$TMP" \
-    --downstream "$DOWNSTREAM" --upstream "$UPSTREAM" &
+    --downstream "$DOWNSTREAM" --upstream "$UPSTREAM" --tunnels "$TUNNELS" &
 PY_PID=$!
 wait "$PY_PID"
 PY_PID=
