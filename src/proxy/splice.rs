@@ -3,14 +3,17 @@
 //!
 //! - Bytes the application sent before the splice began (read along with the request head) go
 //!   first.
-//! - Each direction has an 8 KiB buffer: a tunnel is usually a chatty stream, not a bulk copy,
-//!   and thousands of idle WebSockets must stay cheap.
+//! - No buffer is held while a tunnel is idle: each read goes into an 8 KiB buffer on the
+//!   stack of the poll that made it and is written on at once; only what the other side does
+//!   not take then is copied to the heap, and kept until it is written. tokio's
+//!   `copy_bidirectional` holds two heap buffers for the tunnel's whole life (16 KiB of the
+//!   28 KB an idle CONNECT tunnel cost), where thousands of idle tunnels (a leaky client behind
+//!   `HTTPS_PROXY`, idle WebSockets) must stay cheap: the lesson of parked HTTP connections.
 //! - Half-close is passed on: when one side finishes sending, the other side's write half is
 //!   shut down, and the splice ends once both directions are done (tokio's
 //!   `copy_bidirectional` semantics).
 //! - An idle deadline closes both sockets after `idle_timeout` without a byte in either
-//!   direction; tokio's copy has none, so each socket is wrapped to record when it last moved
-//!   data.
+//!   direction; each socket is wrapped to record when it last moved data.
 //!
 //! Not handled here: how either socket was obtained, counting tunnels (callers hold an
 //! [`ActiveGuard`]).
@@ -25,7 +28,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
-/// Buffer per direction.
+/// The most one read moves, on the stack of the poll that reads.
 const SPLICE_BUF: usize = 8 * 1024;
 
 /// Why a splice ended.
@@ -82,9 +85,17 @@ where
                 Err(_) => break 'end SpliceEnd::Idle,
             }
         }
-        let copy =
-            tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, SPLICE_BUF, SPLICE_BUF);
-        tokio::pin!(copy);
+        let mut up = Direction::default();
+        let mut down = Direction::default();
+        let mut copy = std::future::poll_fn(|cx| {
+            let up = up.poll_copy(cx, &mut client, &mut upstream)?;
+            let down = down.poll_copy(cx, &mut upstream, &mut client)?;
+            if up.is_ready() && down.is_ready() {
+                Poll::Ready(Ok::<(), io::Error>(()))
+            } else {
+                Poll::Pending
+            }
+        });
         // Re-armed only when it fires, so busy tunnels do not touch the timer wheel per read.
         let mut deadline = Instant::now() + idle_timeout;
         loop {
@@ -107,6 +118,96 @@ where
         up: upstream.written,
         down: client.written,
         end,
+    }
+}
+
+/// One direction of a splice: bytes read from one side, written to the other.
+#[derive(Default)]
+struct Direction {
+    /// Bytes read but not yet taken by the writer; `None` while they all were.
+    pending: Option<Pending>,
+    /// Written since the last flush.
+    unflushed: bool,
+    /// The reader has finished.
+    read_done: bool,
+    /// The writer was shut down after it: this direction is over.
+    done: bool,
+}
+
+/// What a writer left of a read.
+struct Pending {
+    bytes: Box<[u8]>,
+    at: usize,
+}
+
+impl Direction {
+    /// Moves bytes from `from` to `to` until either side would block, then until `from` ends
+    /// (`Ready`), passing the end on as a shutdown of `to`.
+    fn poll_copy<R, W>(&mut self, cx: &mut Context<'_>, from: &mut R, to: &mut W) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + Unpin + ?Sized,
+        W: AsyncWrite + Unpin + ?Sized,
+    {
+        if self.done {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if let Some(pending) = &mut self.pending {
+                while pending.at < pending.bytes.len() {
+                    match Pin::new(&mut *to).poll_write(cx, &pending.bytes[pending.at..]) {
+                        Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                        Poll::Ready(Ok(n)) => pending.at += n,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                self.pending = None;
+                self.unflushed = true;
+            }
+            if self.read_done {
+                std::task::ready!(Pin::new(&mut *to).poll_shutdown(cx))?;
+                self.done = true;
+                return Poll::Ready(Ok(()));
+            }
+            let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); SPLICE_BUF];
+            let mut buf = ReadBuf::uninit(&mut stack);
+            match Pin::new(&mut *from).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => self.read_done = true,
+                Poll::Ready(Ok(())) => self.write_through(cx, buf.filled(), to)?,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    if self.unflushed {
+                        std::task::ready!(Pin::new(&mut *to).poll_flush(cx))?;
+                        self.unflushed = false;
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    /// Writes `read` to `to` as far as it takes it; keeps the rest in `pending`.
+    fn write_through<W>(&mut self, cx: &mut Context<'_>, read: &[u8], to: &mut W) -> io::Result<()>
+    where
+        W: AsyncWrite + Unpin + ?Sized,
+    {
+        let mut at = 0;
+        while at < read.len() {
+            match Pin::new(&mut *to).poll_write(cx, &read[at..]) {
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(n)) => at += n,
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => {
+                    self.pending = Some(Pending {
+                        bytes: read[at..].into(),
+                        at: 0,
+                    });
+                    return Ok(());
+                }
+            }
+        }
+        self.unflushed = true;
+        Ok(())
     }
 }
 
@@ -218,6 +319,61 @@ mod tests {
         let spliced = task.await.unwrap();
         assert!(matches!(spliced.end, SpliceEnd::Closed), "{}", spliced.end);
         assert_eq!((spliced.up, spliced.down), (10, 5));
+    }
+
+    #[tokio::test]
+    async fn a_large_transfer_through_slow_sides_arrives_whole_both_ways() {
+        let (mut client, mut client_end) = tokio::io::duplex(1000);
+        let (mut upstream, mut upstream_end) = tokio::io::duplex(700);
+        let task = tokio::spawn(async move {
+            splice(&mut client_end, b"", &mut upstream_end, Duration::from_secs(5)).await
+        });
+        let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let (up, down) = (sent.clone(), sent.clone());
+        let (mut client_rd, mut client_wr) = tokio::io::split(client);
+        let (mut upstream_rd, mut upstream_wr) = tokio::io::split(upstream);
+        let writers = tokio::spawn(async move {
+            client_wr.write_all(&up).await.unwrap();
+            client_wr.shutdown().await.unwrap();
+            upstream_wr.write_all(&down).await.unwrap();
+            upstream_wr.shutdown().await.unwrap();
+        });
+        let (mut at_upstream, mut at_client) = (Vec::new(), Vec::new());
+        let (a, b) = tokio::join!(
+            upstream_rd.read_to_end(&mut at_upstream),
+            client_rd.read_to_end(&mut at_client)
+        );
+        a.unwrap();
+        b.unwrap();
+        writers.await.unwrap();
+        assert!(
+            at_upstream == sent && at_client == sent,
+            "bytes arrive whole and in order"
+        );
+        let spliced = task.await.unwrap();
+        assert!(matches!(spliced.end, SpliceEnd::Closed), "{}", spliced.end);
+        assert_eq!((spliced.up, spliced.down), (300_000, 300_000));
+    }
+
+    #[tokio::test]
+    async fn only_what_the_writer_did_not_take_is_kept_on_the_heap() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let (mut app, mut from) = tokio::io::duplex(64);
+        let (mut to, mut peer) = tokio::io::duplex(4);
+        let mut direction = Direction::default();
+        app.write_all(b"abc").await.unwrap();
+        assert!(direction.poll_copy(&mut cx, &mut from, &mut to).is_pending());
+        assert!(direction.pending.is_none(), "all taken: nothing held while idle");
+        app.write_all(b"defgh").await.unwrap();
+        assert!(direction.poll_copy(&mut cx, &mut from, &mut to).is_pending());
+        let kept = direction.pending.as_ref().map(|p| p.bytes.len() - p.at);
+        assert_eq!(kept, Some(4), "one byte fitted; the other four are kept");
+        let mut got = [0u8; 8];
+        peer.read_exact(&mut got[..4]).await.unwrap();
+        assert!(direction.poll_copy(&mut cx, &mut from, &mut to).is_pending());
+        assert!(direction.pending.is_none(), "written on: the copy is freed");
+        peer.read_exact(&mut got[4..]).await.unwrap();
+        assert_eq!(&got, b"abcdefgh");
     }
 
     #[tokio::test(start_paused = true)]
