@@ -142,9 +142,14 @@ pub(super) async fn serve<S: Stream>(
             }
         }
         // Boxed so that its (large) state exists only while a request is in flight.
-        match Box::pin(exchange(&mut conn, arrival, ctx)).await {
+        let mut next = Box::pin(exchange(&mut conn, arrival, ctx)).await;
+        if matches!(next, Next::Connect(_) | Next::Switch(_)) {
+            // Boxed: a tunnel's state should not weigh on every connection's future.
+            next = Box::pin(beyond_http(&mut conn, next, ctx)).await;
+        }
+        match next {
             Next::Again => {}
-            Next::Close => return served(&conn, false),
+            Next::Close | Next::Connect(_) | Next::Switch(_) => return served(&conn, false),
             Next::Inspect(authority) => {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
                 match super::tunnel::sniff(&conn, deadline).await {
@@ -180,6 +185,38 @@ pub(super) async fn serve<S: Stream>(
             // Waiting for the next request holds no buffer (see `spare`).
             crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
         }
+    }
+}
+
+/// What follows an exchange that ends HTTP on the connection: a CONNECT checked and served
+/// (a tunnel, or an error answer; a tunnel answered here goes on as HTTP inside it), or a
+/// splice to an upstream that switched protocols.
+async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, ctx: &Context) -> Next {
+    let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
+    let idle_timeout = ctx.config.get().idle_timeout;
+    let Session { stream, buf, .. } = conn;
+    match next {
+        Next::Connect(connecting) => {
+            let (target, framing) = *connecting;
+            let end =
+                crate::proxy::connect::serve(stream, buf, &target, framing, &ctx.proxy, idle_timeout, source);
+            match end.await {
+                TunnelEnd::Refused => {
+                    linger(stream).await;
+                    Next::Close
+                }
+                TunnelEnd::Closed => Next::Close,
+                TunnelEnd::Inspect(authority) => Next::Inspect(authority),
+            }
+        }
+        Next::Switch(switching) => {
+            let Switching { resp, pending, span } = *switching;
+            upgrade::switch(stream, buf, resp, pending, &ctx.proxy, idle_timeout)
+                .instrument(span)
+                .await;
+            Next::Close
+        }
+        next => next,
     }
 }
 
@@ -337,6 +374,18 @@ enum Next {
     Close,
     /// A CONNECT answered here: read what the client sends inside (`tunnel`).
     Inspect(Authority),
+    /// A CONNECT to this target, with this framing: to be checked and served. Boxed, as the
+    /// switch below, so that what the connection's future holds between requests stays small.
+    Connect(Box<(http::Uri, codec::BodyFraming)>),
+    /// The upstream switched protocols: to be spliced.
+    Switch(Box<Switching>),
+}
+
+/// A response switching protocols (101), and what the splice after it needs.
+struct Switching {
+    resp: Response<ResponseBody>,
+    pending: upgrade::Switch,
+    span: tracing::Span,
 }
 
 /// One request and its response; returns what the connection does next.
@@ -369,27 +418,9 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
         expect_continue,
     } = *head;
     if method == Method::CONNECT {
-        // A tunnel ends HTTP on this connection whatever happens.
-        let Session { stream, buf, .. } = conn;
-        // Boxed: a tunnel's state should not weigh on every request's future.
-        let end = Box::pin(crate::proxy::connect::serve(
-            stream,
-            buf,
-            &uri,
-            framing,
-            &ctx.proxy,
-            ctx.config.get().idle_timeout,
-            ctx.proxy.logs_access().then(|| conn.peer.log_source()),
-        ))
-        .await;
-        return match end {
-            TunnelEnd::Refused => {
-                linger(stream).await;
-                Next::Close
-            }
-            TunnelEnd::Closed => Next::Close,
-            TunnelEnd::Inspect(authority) => Next::Inspect(authority),
-        };
+        // A tunnel ends HTTP on this connection whatever happens; it is served once this
+        // exchange's (large) future is gone.
+        return Next::Connect(Box::new((uri, framing)));
     }
     let span = tracing::debug_span!("request", %method, %uri);
 
@@ -432,17 +463,8 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
         return Next::Close;
     };
     if let Some(pending) = resp.extensions_mut().remove::<upgrade::Switch>() {
-        Box::pin(upgrade::switch(
-            stream,
-            buf,
-            resp,
-            pending,
-            &ctx.proxy,
-            ctx.config.get().idle_timeout,
-        ))
-        .instrument(span)
-        .await;
-        return Next::Close;
+        // Spliced once this exchange's (large) future is gone.
+        return Next::Switch(Box::new(Switching { resp, pending, span }));
     }
     let abandoned = pump.abandon_unstarted();
     let keep_alive = keep_alive && !abandoned && !ctx.draining();

@@ -109,8 +109,9 @@ pub async fn serve(
             return TunnelEnd::Closed;
         }
         tracing::debug!(peer = ?upstream.tcp().and_then(|t| t.peer_addr().ok()), "tunnel established");
-        let early = buf.split();
-        let spliced = splice::splice(client, &early, &mut upstream, idle_timeout).await;
+        // The read buffer (and the client's early bytes in it) goes with the splice.
+        let early = std::mem::take(buf);
+        let spliced = splice::splice(client, early, &mut upstream, idle_timeout).await;
         tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "tunnel closed");
         if let Some((_, record)) = line.as_mut() {
             record.bytes_in = spliced.up;

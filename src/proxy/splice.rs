@@ -63,28 +63,31 @@ pub(crate) struct Spliced {
 }
 
 /// Copies both ways between `client` and `upstream` until both are done, an error, or
-/// `idle_timeout` without traffic. `early` goes to the upstream first.
-pub(crate) async fn splice<A, B>(
+/// `idle_timeout` without traffic. `early` goes to the upstream first, and is dropped once
+/// written: it is usually the connection's read buffer, not to be held by an idle tunnel.
+pub(crate) async fn splice<A, B, E>(
     client: &mut A,
-    early: &[u8],
+    early: E,
     upstream: &mut B,
     idle_timeout: Duration,
 ) -> Spliced
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    E: AsRef<[u8]>,
 {
     let activity = Activity::new();
     let mut client = Watched::new(client, &activity);
     let mut upstream = Watched::new(upstream, &activity);
     let end = 'end: {
-        if !early.is_empty() {
-            match tokio::time::timeout(idle_timeout, upstream.write_all(early)).await {
+        if !early.as_ref().is_empty() {
+            match tokio::time::timeout(idle_timeout, upstream.write_all(early.as_ref())).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => break 'end SpliceEnd::Error(e),
                 Err(_) => break 'end SpliceEnd::Idle,
             }
         }
+        drop(early);
         let mut up = Direction::default();
         let mut down = Direction::default();
         let mut copy = std::future::poll_fn(|cx| {
@@ -300,7 +303,7 @@ mod tests {
         let task = tokio::spawn(async move {
             splice(
                 &mut client_end,
-                b"early ",
+                *b"early ",
                 &mut upstream_end,
                 Duration::from_secs(5),
             )
@@ -323,10 +326,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_large_transfer_through_slow_sides_arrives_whole_both_ways() {
-        let (mut client, mut client_end) = tokio::io::duplex(1000);
-        let (mut upstream, mut upstream_end) = tokio::io::duplex(700);
+        let (client, mut client_end) = tokio::io::duplex(1000);
+        let (upstream, mut upstream_end) = tokio::io::duplex(700);
         let task = tokio::spawn(async move {
-            splice(&mut client_end, b"", &mut upstream_end, Duration::from_secs(5)).await
+            splice(&mut client_end, [], &mut upstream_end, Duration::from_secs(5)).await
         });
         let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let (up, down) = (sent.clone(), sent.clone());
@@ -382,13 +385,7 @@ mod tests {
         let (mut upstream, mut upstream_end) = tokio::io::duplex(64);
         let started = Instant::now();
         let task = tokio::spawn(async move {
-            splice(
-                &mut client_end,
-                b"",
-                &mut upstream_end,
-                Duration::from_millis(300),
-            )
-            .await
+            splice(&mut client_end, [], &mut upstream_end, Duration::from_millis(300)).await
         });
         let mut byte = [0u8; 1];
         for _ in 0..5 {

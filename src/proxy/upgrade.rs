@@ -185,8 +185,9 @@ pub async fn switch(
         .to_owned();
     tracing::debug!(%protocol, "connection switched");
     let mut upstream = TokioIo::new(upgraded);
-    let early = buf.split();
-    let spliced = splice::splice(client, &early, &mut upstream, idle_timeout).await;
+    // The read buffer (and the client's early bytes in it) goes with the splice.
+    let early = std::mem::take(buf);
+    let spliced = splice::splice(client, early, &mut upstream, idle_timeout).await;
     tracing::debug!(
         %protocol,
         up = spliced.up,
