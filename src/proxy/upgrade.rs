@@ -183,6 +183,8 @@ pub async fn switch(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
+    // Nothing of the exchange is held while the splice idles.
+    drop((head, resp));
     tracing::debug!(%protocol, "connection switched");
     let mut upstream = TokioIo::new(upgraded);
     // The read buffer (and the client's early bytes in it) goes with the splice.
