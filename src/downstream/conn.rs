@@ -37,7 +37,7 @@ use super::tunnel::Inside;
 use super::{Context, Served};
 use crate::config::Authority;
 use crate::error::{ErrorKind, ProxyError};
-use crate::proxy::connect::TunnelEnd;
+use crate::proxy::connect::{Established, TunnelEnd};
 use crate::proxy::{upgrade, ResponseBody};
 use crate::routing::{Arrival, Tunneled};
 use crate::wire::codec::{self, BodyError, Decoder, HeadError, RequestHead, ResponseFraming};
@@ -101,6 +101,8 @@ pub(super) enum Ended<S> {
     Closed(Served),
     /// Idle for `park::PARK_AFTER` between requests: to be parked.
     Idle(Session<S>),
+    /// A CONNECT tunnel established: to be spliced in a task of its own.
+    Tunnel(S, Box<Established>, Served),
 }
 
 /// Serves one connection until it closes, idles out, idles long enough to be parked, or the
@@ -150,6 +152,13 @@ pub(super) async fn serve<S: Stream>(
         match next {
             Next::Again => {}
             Next::Close | Next::Connect(_) | Next::Switch(_) => return served(&conn, false),
+            Next::Tunnel(tunnel) => {
+                let served = Served {
+                    requests: conn.requests,
+                    idle_closed: false,
+                };
+                return Ended::Tunnel(conn.stream, tunnel, served);
+            }
             Next::Inspect(authority) => {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
                 match super::tunnel::sniff(&conn, deadline).await {
@@ -198,15 +207,14 @@ async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, ctx: &Context
     match next {
         Next::Connect(connecting) => {
             let (target, framing) = *connecting;
-            let end =
-                crate::proxy::connect::serve(stream, buf, &target, framing, &ctx.proxy, idle_timeout, source);
-            match end.await {
+            match crate::proxy::connect::serve(stream, buf, &target, framing, &ctx.proxy, source).await {
                 TunnelEnd::Refused => {
                     linger(stream).await;
                     Next::Close
                 }
                 TunnelEnd::Closed => Next::Close,
                 TunnelEnd::Inspect(authority) => Next::Inspect(authority),
+                TunnelEnd::Established(tunnel) => Next::Tunnel(tunnel),
             }
         }
         Next::Switch(switching) => {
@@ -379,6 +387,8 @@ enum Next {
     Connect(Box<(http::Uri, codec::BodyFraming)>),
     /// The upstream switched protocols: to be spliced.
     Switch(Box<Switching>),
+    /// A CONNECT tunnel established: to be spliced.
+    Tunnel(Box<Established>),
 }
 
 /// A response switching protocols (101), and what the splice after it needs.

@@ -49,6 +49,7 @@ use crate::clients::{loopback::Scan, Clients, Leak};
 use crate::config::DownstreamConfig;
 use crate::live::Live;
 use crate::metrics::Metrics;
+use crate::proxy::connect::Established;
 use crate::proxy::Proxy;
 use crate::routing::Arrival;
 
@@ -236,10 +237,34 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
             match conn::serve(conn, &mut arrival, &ctx).await {
                 Ended::Closed(served) => finish(&ctx, &peer, served, held),
                 Ended::Idle(conn) => ctx.parking.park(conn, held, arrival, &ctx),
+                Ended::Tunnel(stream, tunnel, served) => {
+                    splice_apart(stream, *tunnel, served, held, peer, ctx)
+                }
             }
         }
         .instrument(span),
     );
+}
+
+/// Splices an established CONNECT tunnel in a task of its own, so that the connection's task
+/// ends and an idle tunnel holds only the splice's state, not the connection's task and the
+/// futures it held.
+fn splice_apart<S: Stream>(
+    mut stream: S,
+    mut tunnel: Established,
+    served: Served,
+    held: Held,
+    peer: Peer,
+    ctx: Arc<Context>,
+) {
+    // Not instrumented: the tunnel's own span (a child of the connection's) is entered for
+    // what it logs, and a second one would wait in every idle tunnel's task.
+    tokio::spawn(async move {
+        let idle_timeout = ctx.config.get().idle_timeout;
+        tunnel.splice(&mut stream, idle_timeout).await;
+        drop((stream, tunnel));
+        finish(&ctx, &peer, served, held);
+    });
 }
 
 /// The accounting when a connection closes, however it ended.
