@@ -101,7 +101,8 @@ pub(super) enum Ended<S> {
     Closed(Served),
     /// Idle for `park::PARK_AFTER` between requests: to be parked.
     Idle(Session<S>),
-    /// A CONNECT tunnel established: to be spliced in a task of its own.
+    /// A tunnel established (a CONNECT, or a switch of protocols): to be spliced in a task
+    /// of its own.
     Tunnel(S, Box<Established>, Served),
 }
 
@@ -202,7 +203,6 @@ pub(super) async fn serve<S: Stream>(
 /// splice to an upstream that switched protocols.
 async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, ctx: &Context) -> Next {
     let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
-    let idle_timeout = ctx.config.get().idle_timeout;
     let Session { stream, buf, .. } = conn;
     match next {
         Next::Connect(connecting) => {
@@ -219,10 +219,11 @@ async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, ctx: &Context
         }
         Next::Switch(switching) => {
             let Switching { resp, pending, span } = *switching;
-            upgrade::switch(stream, buf, resp, pending, &ctx.proxy, idle_timeout)
-                .instrument(span)
-                .await;
-            Next::Close
+            let switched = upgrade::switch(stream, buf, resp, pending, &ctx.proxy);
+            match switched.instrument(span).await {
+                Some(tunnel) => Next::Tunnel(Box::new(tunnel)),
+                None => Next::Close,
+            }
         }
         next => next,
     }
@@ -387,7 +388,7 @@ enum Next {
     Connect(Box<(http::Uri, codec::BodyFraming)>),
     /// The upstream switched protocols: to be spliced.
     Switch(Box<Switching>),
-    /// A CONNECT tunnel established: to be spliced.
+    /// A tunnel established (a CONNECT, or a switch of protocols): to be spliced.
     Tunnel(Box<Established>),
 }
 

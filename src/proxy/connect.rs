@@ -1,6 +1,7 @@
 //! CONNECT tunnels, what `HTTPS_PROXY` clients ask for: check the target against policy, dial
 //! it, answer `200 Connection Established`, then splice bytes both ways until both sides close
-//! or nothing moves for `downstream.idle_timeout`.
+//! or nothing moves for `downstream.idle_timeout`. The splice is the caller's to run
+//! ([`Established::splice`]), in a task of its own: an idle tunnel then holds nothing else.
 //!
 //! The sidecar sees nothing inside a tunnel (usually TLS end to end), so nothing in it can be
 //! pooled; the refusal texts say so, pointing applications at plain `http://` requests. After a
@@ -32,6 +33,7 @@ use crate::connector::parent::Parent;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::ActiveGuard;
 use crate::routing::Tunnel;
+use crate::upstream::Io;
 use crate::wire::codec::BodyFraming;
 
 const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
@@ -50,12 +52,14 @@ pub enum TunnelEnd {
     Established(Box<Established>),
 }
 
-/// An opaque tunnel answered `200`, waiting for its splice. Handed to the caller rather than
-/// spliced here so that an idle tunnel holds no more than its splice's state: the caller runs
-/// it in a task of its own, after the connection's task (and every future it held) is gone.
+/// A tunnel answered (`200` to a CONNECT, or a `101` passed on), waiting for its splice.
+/// Handed to the caller rather than spliced here so that an idle tunnel holds no more than its
+/// splice's state: the caller runs it in a task of its own, after the connection's task (and
+/// every future it held) is gone.
 pub struct Established {
-    upstream: Transport,
-    /// What the client sent behind its CONNECT head: the tunnel's first bytes.
+    /// The dialed target, or the upstream connection that switched protocols.
+    upstream: Box<dyn Io>,
+    /// What the client sent behind its request head: the tunnel's first bytes.
     early: BytesMut,
     /// Counts the tunnel open until the splice ends.
     _active: ActiveGuard,
@@ -73,6 +77,19 @@ impl std::fmt::Debug for Established {
 }
 
 impl Established {
+    /// A tunnel to `upstream`, counted open in `active`, whose first bytes (from the client)
+    /// are what `buf` holds; the buffer goes with the tunnel.
+    pub(super) fn new(upstream: Box<dyn Io>, buf: &mut BytesMut, active: ActiveGuard) -> Self {
+        Established {
+            upstream,
+            early: std::mem::take(buf),
+            _active: active,
+            line: None,
+            started: std::time::Instant::now(),
+            span: tracing::Span::current(),
+        }
+    }
+
     /// Moves bytes between `client` and the upstream until both close or nothing moves for
     /// `idle_timeout`, then writes the access-log line. Borrows the tunnel rather than taking
     /// it, so that the task it runs in holds it once.
@@ -84,7 +101,7 @@ impl Established {
         let early = std::mem::take(&mut self.early);
         let spliced = splice::splice(client, early, &mut self.upstream, idle_timeout).await;
         let _entered = self.span.enter();
-        tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "tunnel closed");
+        tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "spliced connection closed");
         if let Some((log, mut record)) = self.line.take().map(|line| *line) {
             record.bytes_in = spliced.up;
             record.bytes_out = spliced.down;
@@ -156,15 +173,10 @@ pub async fn serve(
             return TunnelEnd::Closed;
         }
         tracing::debug!(peer = ?upstream.tcp().and_then(|t| t.peer_addr().ok()), "tunnel established");
-        TunnelEnd::Established(Box::new(Established {
-            upstream,
-            // The read buffer (and the client's early bytes in it) goes with the splice.
-            early: std::mem::take(buf),
-            _active: active,
-            line: line.take().map(Box::new),
-            started,
-            span: tracing::Span::current(),
-        }))
+        let mut tunnel = Established::new(Box::new(upstream), buf, active);
+        tunnel.line = line.take().map(Box::new);
+        tunnel.started = started;
+        TunnelEnd::Established(Box::new(tunnel))
     }
     .instrument(span)
     .await;
@@ -264,7 +276,7 @@ mod tests {
         let upstream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let metrics = crate::metrics::Metrics::new();
         let tunnel = super::Established {
-            upstream: super::Transport::Plain(upstream),
+            upstream: Box::new(super::Transport::Plain(upstream)),
             early: bytes::BytesMut::new(),
             _active: super::ActiveGuard::new(&metrics, "connect"),
             line: None,

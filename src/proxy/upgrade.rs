@@ -9,8 +9,9 @@
 //!
 //! - `101 Switching Protocols`: the head goes to the client with `Upgrade` and
 //!   `Connection: upgrade` kept (other hop-by-hop fields removed), then bytes are spliced both
-//!   ways (`proxy::splice`: half-close, `downstream.idle_timeout`) and the downstream connection
-//!   closes afterwards.
+//!   ways (`proxy::splice`: half-close, `downstream.idle_timeout`), in a task of their own that
+//!   the downstream connection starts ([`switch`] returns a `connect::Established`), and the
+//!   downstream connection closes afterwards.
 //! - Any other status: the response goes back through the normal response path, framed as
 //!   usual, and the client connection stays usable; the dedicated upstream connection closes
 //!   once its body has been read.
@@ -30,7 +31,6 @@
 //! (`proxy::headers`), the downstream wire (`downstream::conn` calls [`switch`]).
 
 use std::fmt;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use http::{Request, Response, StatusCode, Version};
@@ -39,7 +39,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::splice;
+use super::connect::Established;
 use super::Proxy;
 use super::ResponseBody;
 use crate::config::Protocol;
@@ -135,17 +135,16 @@ pub async fn send(
     Ok(resp)
 }
 
-/// Answers the client with a `101` from [`send`] and splices it to the switched upstream
-/// connection until both close or the connection idles out. `buf` holds bytes the client sent
-/// after its request head; they go to the upstream first.
+/// Answers the client with a `101` from [`send`] and returns the switched upstream connection
+/// as a tunnel for the caller to splice (`None` when the switch failed or the client left).
+/// `buf` holds bytes the client sent after its request head; they go to the upstream first.
 pub async fn switch(
     client: &mut (impl AsyncRead + AsyncWrite + Unpin),
     buf: &mut BytesMut,
     resp: Response<ResponseBody>,
     pending: Switch,
     proxy: &Proxy,
-    idle_timeout: Duration,
-) {
+) -> Option<Established> {
     let upgraded = match pending.0.await {
         Ok(upgraded) => upgraded,
         Err(e) => {
@@ -155,7 +154,7 @@ pub async fn switch(
             );
             super::log_error(&err);
             let _ = client.write_all(&super::error_bytes(&err)).await;
-            return;
+            return None;
         }
     };
     let reason = resp
@@ -172,31 +171,18 @@ pub async fn switch(
         Version::HTTP_11,
         &mut head,
     );
-    let _active = ActiveGuard::new(proxy.router().metrics(), "upgrade");
+    let active = ActiveGuard::new(proxy.router().metrics(), "upgrade");
     if let Err(e) = client.write_all(&head).await {
         tracing::debug!(error = %e, "client left before the 101 was written");
-        return;
+        return None;
     }
     let protocol = resp
         .headers()
         .get(http::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    // Nothing of the exchange is held while the splice idles.
-    drop((head, resp));
+        .unwrap_or("");
     tracing::debug!(%protocol, "connection switched");
-    let mut upstream = TokioIo::new(upgraded);
-    // The read buffer (and the client's early bytes in it) goes with the splice.
-    let early = std::mem::take(buf);
-    let spliced = splice::splice(client, early, &mut upstream, idle_timeout).await;
-    tracing::debug!(
-        %protocol,
-        up = spliced.up,
-        down = spliced.down,
-        end = %spliced.end,
-        "switched connection closed"
-    );
+    Some(Established::new(Box::new(TokioIo::new(upgraded)), buf, active))
 }
 
 #[cfg(test)]
