@@ -46,7 +46,7 @@ use crate::config::Protocol;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::ActiveGuard;
 use crate::routing::Router;
-use crate::upstream::Upstream;
+use crate::upstream::{Io, Upstream};
 use crate::wire::codec::{self, ResponseFraming};
 use crate::wire::RequestBody;
 
@@ -182,7 +182,19 @@ pub async fn switch(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     tracing::debug!(%protocol, "connection switched");
-    Some(Established::new(Box::new(TokioIo::new(upgraded)), buf, active))
+    // Our own connection back from hyper's wrapping (two boxes and its read buffer, kept by
+    // every idle WebSocket otherwise); what hyper read past the 101 goes to the client first.
+    let upstream: Box<dyn Io> = match upgraded.downcast::<TokioIo<Box<dyn Io>>>() {
+        Ok(parts) => {
+            if let Err(e) = client.write_all(&parts.read_buf).await {
+                tracing::debug!(error = %e, "client left after the 101");
+                return None;
+            }
+            parts.io.into_inner()
+        }
+        Err(upgraded) => Box::new(TokioIo::new(upgraded)),
+    };
+    Some(Established::new(upstream, buf, active))
 }
 
 #[cfg(test)]
