@@ -246,9 +246,9 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
     );
 }
 
-/// Splices an established CONNECT tunnel in a task of its own, so that the connection's task
-/// ends and an idle tunnel holds only the splice's state, not the connection's task and the
-/// futures it held.
+/// Splices an established tunnel (a CONNECT, or a switch of protocols) in a task of its own,
+/// so that the connection's task ends and an idle tunnel holds only the splice's state, not
+/// the connection's task and the futures it held.
 fn splice_apart<S: Stream>(
     mut stream: S,
     mut tunnel: Established,

@@ -156,13 +156,9 @@ impl Direction {
         }
         loop {
             if let Some(pending) = &mut self.pending {
-                while pending.at < pending.bytes.len() {
-                    match Pin::new(&mut *to).poll_write(cx, &pending.bytes[pending.at..]) {
-                        Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                        Poll::Ready(Ok(n)) => pending.at += n,
-                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                        Poll::Pending => return Poll::Pending,
-                    }
+                pending.at += write_some(cx, to, &pending.bytes[pending.at..])?;
+                if pending.at < pending.bytes.len() {
+                    return Poll::Pending;
                 }
                 self.pending = None;
                 self.unflushed = true;
@@ -176,7 +172,19 @@ impl Direction {
             let mut buf = ReadBuf::uninit(&mut stack);
             match Pin::new(&mut *from).poll_read(cx, &mut buf) {
                 Poll::Ready(Ok(())) if buf.filled().is_empty() => self.read_done = true,
-                Poll::Ready(Ok(())) => self.write_through(cx, buf.filled(), to)?,
+                Poll::Ready(Ok(())) => {
+                    let read = buf.filled();
+                    let written = write_some(cx, to, read)?;
+                    if written < read.len() {
+                        // The writer is full: only what it did not take goes to the heap.
+                        self.pending = Some(Pending {
+                            bytes: read[written..].into(),
+                            at: 0,
+                        });
+                        return Poll::Pending;
+                    }
+                    self.unflushed = true;
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
                     if self.unflushed {
@@ -188,30 +196,24 @@ impl Direction {
             }
         }
     }
+}
 
-    /// Writes `read` to `to` as far as it takes it; keeps the rest in `pending`.
-    fn write_through<W>(&mut self, cx: &mut Context<'_>, read: &[u8], to: &mut W) -> io::Result<()>
-    where
-        W: AsyncWrite + Unpin + ?Sized,
-    {
-        let mut at = 0;
-        while at < read.len() {
-            match Pin::new(&mut *to).poll_write(cx, &read[at..]) {
-                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(n)) => at += n,
-                Poll::Ready(Err(e)) => return Err(e),
-                Poll::Pending => {
-                    self.pending = Some(Pending {
-                        bytes: read[at..].into(),
-                        at: 0,
-                    });
-                    return Ok(());
-                }
-            }
+/// Writes `bytes` to `to` until it would block; returns how many it took (all of them, or
+/// fewer with `cx` registered for when it takes more).
+fn write_some<W>(cx: &mut Context<'_>, to: &mut W, bytes: &[u8]) -> io::Result<usize>
+where
+    W: AsyncWrite + Unpin + ?Sized,
+{
+    let mut at = 0;
+    while at < bytes.len() {
+        match Pin::new(&mut *to).poll_write(cx, &bytes[at..]) {
+            Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => at += n,
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => break,
         }
-        self.unflushed = true;
-        Ok(())
     }
+    Ok(at)
 }
 
 /// When either socket of a splice last moved a byte. An atomic rather than a `Cell` because
