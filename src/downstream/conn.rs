@@ -400,41 +400,99 @@ struct Switching {
 }
 
 /// One request and its response; returns what the connection does next.
+///
+/// The request and the response head live in blocks of their own: a local's room in a future
+/// lasts to the end of its scope even once moved out, so at function scope they would be
+/// carried, unused, while the body is written.
 async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Context) -> Next {
     let head = match read_head(conn, ctx).await {
         HeadOutcome::Head(head) => head,
         HeadOutcome::Close => return Next::Close,
         HeadOutcome::Refuse(err) => {
-            tracing::info!(client = %conn.peer, error = %err, "refused request");
-            if ctx.proxy.logs_access() {
-                ctx.proxy.log_refused(Some(conn.peer.log_source()), &err);
-            }
-            let resp = err.to_response::<ResponseBody>();
-            {
-                let (_, mut wr) = conn.stream.split();
-                let _ = write_response(&mut wr, resp, false, Version::HTTP_11, false).await;
-            }
-            linger(&mut conn.stream).await;
+            // Boxed: rare, and its writer should not weigh on every request's future.
+            Box::pin(refuse(conn, err, ctx)).await;
             return Next::Close;
         }
     };
     conn.requests += 1;
+    if head.method == Method::CONNECT {
+        // A tunnel ends HTTP on this connection whatever happens; it is served once this
+        // exchange's (large) future is gone.
+        let RequestHead { uri, body, .. } = *head;
+        return Next::Connect(Box::new((uri, body)));
+    }
+    let span = tracing::debug_span!("request", method = %head.method, uri = %head.uri);
+    let (version, keep_alive) = (head.version, head.keep_alive);
+    let head_only = head.method == Method::HEAD;
+    let Session { stream, buf, peer, .. } = conn;
+    let mut pump;
+    let (outgoing, mut body) = {
+        // Pinned here and lent, in a block of its own: moved into `await_response` it would be
+        // stored twice in this future's state. The span is entered around each poll rather
+        // than wrapping the future (`Instrumented`), which would move the whole future again.
+        let resp = {
+            let (mut req, request_pump) = request(*head, peer, ctx);
+            pump = request_pump;
+            let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, arrival));
+            let respond = std::pin::pin!(std::future::poll_fn(|cx| {
+                let _entered = span.enter();
+                handling.as_mut().poll(cx)
+            }));
+            await_response(stream, buf, &mut pump, respond, ctx).await
+        };
+        let Some(mut resp) = resp else {
+            return Next::Close;
+        };
+        if let Some(pending) = resp.extensions_mut().remove::<upgrade::Switch>() {
+            // Spliced once this exchange's (large) future is gone.
+            return Next::Switch(Box::new(Switching { resp, pending, span }));
+        }
+        let abandoned = pump.abandon_unstarted();
+        let keep_alive = keep_alive && !abandoned && !ctx.draining();
+        encode_response(resp, head_only, version, keep_alive)
+    };
+    let written = send_response(stream, buf, &mut pump, &mut body, outgoing, ctx).await;
+    match written {
+        Ok(true) if pump.is_complete() => Next::Again,
+        Ok(_) => {
+            if !pump.is_complete() {
+                linger(stream).await;
+            }
+            Next::Close
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "response not fully written");
+            Next::Close
+        }
+    }
+}
+
+/// Answers a request refused before it could be forwarded (a malformed or oversized head),
+/// then closes.
+async fn refuse<S: Stream>(conn: &mut Session<S>, err: ProxyError, ctx: &Context) {
+    tracing::info!(client = %conn.peer, error = %err, "refused request");
+    if ctx.proxy.logs_access() {
+        ctx.proxy.log_refused(Some(conn.peer.log_source()), &err);
+    }
+    let resp = err.to_response::<ResponseBody>();
+    {
+        let (_, mut wr) = conn.stream.split();
+        let _ = write_response(&mut wr, resp, false, Version::HTTP_11, false).await;
+    }
+    linger(&mut conn.stream).await;
+}
+
+/// The request a parsed head describes, and the pump that feeds its body from the socket.
+fn request(head: RequestHead, peer: &Peer, ctx: &Context) -> (Request<RequestBody>, BodyPump) {
     let RequestHead {
         method,
         uri,
         version,
         headers,
         body: framing,
-        keep_alive,
+        keep_alive: _,
         expect_continue,
-    } = *head;
-    if method == Method::CONNECT {
-        // A tunnel ends HTTP on this connection whatever happens; it is served once this
-        // exchange's (large) future is gone.
-        return Next::Connect(Box::new((uri, framing)));
-    }
-    let span = tracing::debug_span!("request", %method, %uri);
-
+    } = head;
     let (body, pump) = match framing {
         codec::BodyFraming::Empty => (RequestBody::Empty, BodyPump::finished()),
         codec::BodyFraming::Length(n) => {
@@ -453,47 +511,14 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
         }
     };
     let mut req = Request::new(body);
-    *req.method_mut() = method.clone();
+    *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.version_mut() = version;
     *req.headers_mut() = headers;
     if ctx.proxy.logs_access() {
-        req.extensions_mut().insert(conn.peer.log_source());
+        req.extensions_mut().insert(peer.log_source());
     }
-
-    let Session { stream, buf, .. } = conn;
-    let mut pump = pump;
-    // Pinned here and lent, in a block of its own: moved into `await_response` it would be
-    // stored twice in this future's state, and alive to the end of the function it could not
-    // share memory with `send_response`.
-    let resp = {
-        let respond = std::pin::pin!(ctx.proxy.handle(req, arrival).instrument(span.clone()));
-        await_response(stream, buf, &mut pump, respond, ctx).await
-    };
-    let Some(mut resp) = resp else {
-        return Next::Close;
-    };
-    if let Some(pending) = resp.extensions_mut().remove::<upgrade::Switch>() {
-        // Spliced once this exchange's (large) future is gone.
-        return Next::Switch(Box::new(Switching { resp, pending, span }));
-    }
-    let abandoned = pump.abandon_unstarted();
-    let keep_alive = keep_alive && !abandoned && !ctx.draining();
-    let head_only = method == Method::HEAD;
-    let written = send_response(stream, buf, &mut pump, resp, head_only, version, keep_alive, ctx).await;
-    match written {
-        Ok(true) if pump.is_complete() => Next::Again,
-        Ok(_) => {
-            if !pump.is_complete() {
-                linger(stream).await;
-            }
-            Next::Close
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "response not fully written");
-            Next::Close
-        }
-    }
+    (req, pump)
 }
 
 /// Until the response head is ready, feeds the request body (answering
@@ -529,20 +554,17 @@ async fn await_response<S: Stream>(
 
 /// Writes the response while the rest of the request body (if any) still flows; returns
 /// whether the response allows keeping the connection.
-#[allow(clippy::too_many_arguments)]
 async fn send_response<S: Stream>(
     stream: &mut S,
     buf: &mut BytesMut,
     pump: &mut BodyPump,
-    resp: Response<ResponseBody>,
-    head_only: bool,
-    version: Version,
-    keep_alive: bool,
+    body: &mut ResponseBody,
+    outgoing: Outgoing,
     ctx: &Context,
 ) -> io::Result<bool> {
     let (mut rd, mut wr) = stream.split();
     let max_trailer = ctx.config.get().max_header_bytes;
-    let write = write_response(&mut wr, resp, head_only, version, keep_alive);
+    let write = write_body(&mut wr, body, outgoing);
     tokio::pin!(write);
     loop {
         tokio::select! {
@@ -726,25 +748,24 @@ fn response_framing<B: Body>(resp: &Response<B>, head_only: bool, client: Versio
     }
 }
 
-/// Writes a response; returns whether the connection may be reused afterwards.
-///
-/// The head and small body frames are held back to go out in one write. If the body fails,
-/// what was held back still goes out before the error ends the connection: the application
-/// sees the upstream's head and a body cut short, whether the failure came with the first
-/// frame or a later one, never a bare close.
-async fn write_response<B, W: AsyncWrite + Unpin>(
-    wr: &mut W,
+/// A response head encoded for the wire, and how its body goes after it.
+struct Outgoing {
+    /// The head, and body bytes held back to go out with it.
+    out: Vec<u8>,
+    framing: ResponseFraming,
+    keep_alive: bool,
+}
+
+/// Encodes `resp`'s head (no await: the head and its fields are gone before the body is
+/// written, so the writing future holds only the body's progress); returns it with the body.
+fn encode_response<B: Body>(
     resp: Response<B>,
     head_only: bool,
     client: Version,
     keep_alive: bool,
-) -> io::Result<bool>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
-{
+) -> (Outgoing, B) {
     let mut framing = response_framing(&resp, head_only, client);
-    let (mut parts, mut body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
     if framing == ResponseFraming::Chunked && body.is_end_stream() {
         parts
             .headers
@@ -766,12 +787,55 @@ where
         client,
         &mut out,
     );
+    let outgoing = Outgoing {
+        out,
+        framing,
+        keep_alive,
+    };
+    (outgoing, body)
+}
+
+/// Writes a response; returns whether the connection may be reused afterwards.
+async fn write_response<B, W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    resp: Response<B>,
+    head_only: bool,
+    client: Version,
+    keep_alive: bool,
+) -> io::Result<bool>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let (outgoing, mut body) = encode_response(resp, head_only, client, keep_alive);
+    write_body(wr, &mut body, outgoing).await
+}
+
+/// Writes an encoded head and then `body`; returns whether the connection may be reused.
+///
+/// The head and small body frames are held back to go out in one write. If the body fails,
+/// what was held back still goes out before the error ends the connection: the application
+/// sees the upstream's head and a body cut short, whether the failure came with the first
+/// frame or a later one, never a bare close.
+///
+/// The body is lent, not moved in: a request's future would otherwise hold the response once
+/// more at each level it passes through.
+async fn write_body<B, W: AsyncWrite + Unpin>(wr: &mut W, body: &mut B, outgoing: Outgoing) -> io::Result<bool>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let Outgoing {
+        mut out,
+        framing,
+        keep_alive,
+    } = outgoing;
     if framing == ResponseFraming::None || body.is_end_stream() {
         wr.write_all(&out).await?;
         return Ok(keep_alive);
     }
     let chunked = framing == ResponseFraming::Chunked;
-    let mut body = Pin::new(&mut body);
+    let mut body = Pin::new(body);
     loop {
         // Take what the body has now; flush before waiting, so streamed events (SSE) go out
         // as they arrive and small responses go out in one write.

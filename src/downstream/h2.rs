@@ -69,7 +69,7 @@ pub(super) async fn serve<S: Stream>(
             if let Some(source) = source {
                 req.extensions_mut().insert(source);
             }
-            Ok::<_, Infallible>(ctx.proxy.handle(req, &arrival).await)
+            Ok::<_, Infallible>(ctx.proxy.handle(&mut req, &arrival).await)
         }
     });
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());

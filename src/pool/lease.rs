@@ -382,7 +382,9 @@ impl Lease {
             }
         }
         conn.retire |= close;
-        if let Some(hint) = headers.get("keep-alive").and_then(|v| v.to_str().ok()) {
+        // A constant name: a `&str` key is parsed into a name on every lookup.
+        const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
+        if let Some(hint) = headers.get(KEEP_ALIVE).and_then(|v| v.to_str().ok()) {
             let (timeout, max) = parse_keep_alive(hint);
             if let Some(timeout) = timeout {
                 // Retire before the upstream's own timer fires: reusing a connection in its last

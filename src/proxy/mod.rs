@@ -86,7 +86,10 @@ impl Proxy {
     }
 
     /// Forwards `req`; failures become sidecar-made error responses.
-    pub async fn handle(&self, req: Request<RequestBody>, arrival: &Arrival) -> Response<ResponseBody> {
+    ///
+    /// The request is lent (it is left spent), not moved: each level of the path that owned it
+    /// would hold a copy of it in its future, and move it once more on the way down.
+    pub async fn handle(&self, req: &mut Request<RequestBody>, arrival: &Arrival) -> Response<ResponseBody> {
         if let Some(log) = self.access_log.as_ref().filter(|log| log.sampled()) {
             // Boxed: the unlogged path should not carry the line's state in its future.
             return Box::pin(self.handle_logged(req, arrival, log)).await;
@@ -102,11 +105,11 @@ impl Proxy {
 
     async fn handle_logged(
         &self,
-        mut req: Request<RequestBody>,
+        req: &mut Request<RequestBody>,
         arrival: &Arrival,
         log: &Arc<AccessLog>,
     ) -> Response<ResponseBody> {
-        let pending = logged::Pending::begin(&mut req, log);
+        let pending = logged::Pending::begin(req, log);
         let mut routed = logged::Routed::default();
         let (resp, error) = match self.forward(req, arrival, &mut routed).await {
             Ok(resp) => (resp, None),
@@ -120,7 +123,7 @@ impl Proxy {
 
     async fn forward(
         &self,
-        mut req: Request<RequestBody>,
+        req: &mut Request<RequestBody>,
         arrival: &Arrival,
         routed: &mut logged::Routed,
     ) -> Result<Response<ResponseBody>, ProxyError> {
@@ -132,7 +135,7 @@ impl Proxy {
                 "CONNECT cannot be forwarded as a request",
             ));
         }
-        let upgrade = upgrade::requested(&req);
+        let upgrade = upgrade::requested(req);
         let host = req
             .headers()
             .get(http::header::HOST)
@@ -142,15 +145,16 @@ impl Proxy {
             routed.upstream = Some(target.upstream.label().into());
             routed.scheme = Some(target.upstream.scheme().as_str());
         }
-        if headers::take_hop(&mut req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
-            return Ok(headers::last_hop_answer(&req).map(|body| ResponseBody::Full(Some(body))));
+        if headers::take_hop(req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
+            return Ok(headers::last_hop_answer(req).map(|body| ResponseBody::Full(Some(body))));
         }
         // Read (and removed) before anything goes upstream; an upgrade ignores them.
         let asked =
-            headers::take_asked(&mut req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
+            headers::take_asked(req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
         if upgrade {
-            headers::to_upstream_upgrade(&mut req, target.upstream.host_header());
+            headers::to_upstream_upgrade(req, target.upstream.host_header());
             target.upstream.rewrite_headers(req.headers_mut());
+            let req = std::mem::replace(req, Request::new(RequestBody::Empty));
             // Boxed: plain requests should not carry the dial's state in their futures.
             let resp = Box::pin(upgrade::send(&target.upstream, &self.router, req)).await?;
             let mut resp = resp.map(ResponseBody::Direct);
@@ -161,7 +165,7 @@ impl Proxy {
             }
             return Ok(resp);
         }
-        headers::to_upstream(&mut req, target.upstream.host_header());
+        headers::to_upstream(req, target.upstream.host_header());
         target.upstream.rewrite_headers(req.headers_mut());
         let resp = target.upstream.send(req, asked).await?;
         let mut resp = resp.map(ResponseBody::Upstream);

@@ -128,6 +128,11 @@ struct Again {
     at: Option<tokio::time::Instant>,
 }
 
+/// Takes a lent request for a path that must own it, leaving an empty one behind.
+fn spent(req: &mut Request<RequestBody>) -> Request<RequestBody> {
+    std::mem::replace(req, Request::new(RequestBody::Empty))
+}
+
 /// A failed attempt: why, and on which endpoint when one was reached.
 type Attempted = (ProxyError, Option<Arc<endpoint::Endpoint>>);
 
@@ -483,9 +488,11 @@ impl Upstream {
 
     /// Sends an origin-form request and returns the response head; the body streams from the
     /// pooled connection, under the exchange's deadlines, and gives it back when it ends.
+    ///
+    /// The request is lent and left spent (see `Proxy::handle`).
     pub async fn send(
         &self,
-        req: Request<RequestBody>,
+        req: &mut Request<RequestBody>,
         asked: Asked,
     ) -> Result<Response<TimedBody>, ProxyError> {
         let limit = asked
@@ -493,7 +500,6 @@ impl Upstream {
             .or(self.settings.request_timeout)
             .filter(|d| !d.is_zero());
         let at = limit.map(|d| tokio::time::Instant::now() + d);
-        let mut req = req;
         if let Some(idle) = self.settings.body_idle_timeout {
             req.body_mut().set_idle_timeout(idle);
         }
@@ -503,15 +509,15 @@ impl Upstream {
         let result = match at.zip(limit) {
             // send_with_policy, written out: its answer is not moved once more on the way.
             None => {
-                let retrying = self.retrying(&mut req, !asked.no_retry);
+                let retrying = self.retrying(req, !asked.no_retry);
                 let first = self
-                    .send_with_retries(&mut req, None, retrying.is_some(), &mut retries)
+                    .send_with_retries(req, None, retrying.is_some(), &mut retries)
                     .await;
                 match self.goes_again(retrying, &first) {
                     None => first.map_err(|(err, _)| err),
                     Some(retrying) => {
                         let again = Again {
-                            req,
+                            req: spent(req),
                             retrying,
                             at: None,
                         };
@@ -520,7 +526,7 @@ impl Upstream {
                 }
             }
             Some(deadline) => {
-                Box::pin(self.send_by_policy(req, !asked.no_retry, deadline, &mut retries)).await
+                Box::pin(self.send_by_policy(spent(req), !asked.no_retry, deadline, &mut retries)).await
             }
         };
         let code = match &result {
@@ -704,7 +710,7 @@ impl Upstream {
             let outcome = self.exchange(&mut lease, req).await;
             if let Some(head) = head {
                 if !matches!(outcome, Err(Failure::Unsent(..))) {
-                    *req = head;
+                    *req = *head;
                 }
             }
             match outcome {
@@ -742,7 +748,7 @@ impl Upstream {
                             retried = true;
                             self.metrics.retried("refused_stream");
                             *retries += 1;
-                            *req = copy;
+                            *req = *copy;
                         }
                         None => return Err((err, lease.endpoint())),
                     }
@@ -763,7 +769,7 @@ impl Upstream {
                     }
                     match (again, replay) {
                         (true, _) if !http2 => {}
-                        (true, Some(copy)) => *req = copy,
+                        (true, Some(copy)) => *req = *copy,
                         _ => return Err((err, lease.endpoint())),
                     }
                     tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
@@ -966,13 +972,14 @@ fn host_header(scheme: Scheme, authority: &Authority) -> HeaderValue {
 
 /// A copy to send again on HTTP/2, for requests without a body (a streamed body cannot be
 /// replayed).
-fn bodyless_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
+fn bodyless_copy(req: &Request<RequestBody>) -> Option<Box<Request<RequestBody>>> {
     req.body().is_empty().then(|| head_copy(req))
 }
 
-/// The request's head, with no body.
-fn head_copy(req: &Request<RequestBody>) -> Request<RequestBody> {
-    let mut copy = Request::new(RequestBody::Empty);
+/// The request's head, with no body; boxed, as only HTTP/2 exchanges keep one, and every
+/// request's future would otherwise have room for it.
+fn head_copy(req: &Request<RequestBody>) -> Box<Request<RequestBody>> {
+    let mut copy = Box::new(Request::new(RequestBody::Empty));
     *copy.method_mut() = req.method().clone();
     *copy.uri_mut() = req.uri().clone();
     *copy.version_mut() = req.version();

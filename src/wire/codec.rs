@@ -531,7 +531,10 @@ pub fn encode_head(
     client_version: Version,
     out: &mut Vec<u8>,
 ) {
-    let _ = write!(out, "HTTP/1.1 {} ", status.as_u16());
+    // `as_str`, not `write!`: formatting the code cost a tenth of the head's encoding.
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
     out.extend_from_slice(reason.unwrap_or_else(|| status.canonical_reason().unwrap_or("").as_bytes()));
     out.extend_from_slice(b"\r\n");
     for (name, value) in headers {
