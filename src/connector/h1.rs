@@ -29,7 +29,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 #[cfg(any(test, feature = "test-support"))]
@@ -293,6 +293,8 @@ pub struct Transfer {
     send_failed: bool,
     head_request: bool,
     response: ResponseState,
+    /// What the response head said about the connection.
+    persistence: Persistence,
 }
 
 #[derive(Debug)]
@@ -352,6 +354,7 @@ impl Transfer {
             send_failed: false,
             head_request: req.method() == Method::HEAD,
             response: ResponseState::Head,
+            persistence: Persistence::default(),
         }
     }
 
@@ -493,7 +496,7 @@ impl Transfer {
     /// incomplete.
     fn parse_head(&mut self, buf: &mut BytesMut) -> Result<Option<Response<()>>, Error> {
         loop {
-            let Some(resp) = parse_response_head(buf)? else {
+            let Some((resp, persistence)) = parse_response_head(buf)? else {
                 return Ok(None);
             };
             let status = resp.status();
@@ -506,6 +509,7 @@ impl Transfer {
                 continue;
             }
             self.response = self.body_framing(&resp)?;
+            self.persistence = persistence;
             return Ok(Some(resp));
         }
     }
@@ -529,6 +533,11 @@ impl Transfer {
             Some(n) => Ok(ResponseState::Framed(Decoder::new(BodyFraming::Length(n)))),
             None => Ok(ResponseState::UntilClose),
         }
+    }
+
+    /// What the response head said about the connection (its default until the head is in).
+    pub fn persistence(&self) -> &Persistence {
+        &self.persistence
     }
 
     /// Whether the response body is complete.
@@ -646,7 +655,24 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
 
 /// Parses a response head off the front of `buf`; `Ok(None)`: incomplete. Header values share
 /// the head's memory instead of being copied one by one.
-fn parse_response_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, Error> {
+/// What a response head says about its connection (`Connection` and `Keep-Alive`), read
+/// while the head is parsed.
+#[derive(Debug, Default, Clone)]
+pub struct Persistence {
+    /// The upstream will close: `Connection: close`, or HTTP/1.0 without `keep-alive`.
+    pub close: bool,
+    /// The `Keep-Alive` field's value (`timeout=5, max=100`), when present.
+    pub hint: Option<HeaderValue>,
+}
+
+/// A response head from the front of `buf`; `None`: incomplete.
+///
+/// `Connection` and `Keep-Alive` are read here for [`Persistence`], and when `Connection`
+/// carries only `close` and `keep-alive` (what upstreams send), both are left out of the
+/// head: they are hop-by-hop, and every later step (reuse, the hop-by-hop rewrite) would
+/// otherwise look them up again. A `Connection` naming other fields stays, for the rewrite to
+/// remove them.
+fn parse_response_head(buf: &mut BytesMut) -> Result<Option<(Response<()>, Persistence)>, Error> {
     // Uninitialised: filling 128 empty slots (4 KiB) cost more than parsing a small head.
     let mut slots = [const { MaybeUninit::uninit() }; MAX_RESPONSE_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
@@ -665,17 +691,34 @@ fn parse_response_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, Error
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
+    let mut persistence = Persistence {
+        close: version == Version::HTTP_10,
+        hint: None,
+    };
+    let mut names_fields = false;
+    let mut chunked = false;
     let base = buf.as_ptr() as usize;
     let mut fields: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(parsed.headers.len());
     for h in parsed.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| Error::Invalid(format!("header name {:?}", h.name)))?;
+        if name == CONNECTION {
+            for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    persistence.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    persistence.close = false;
+                } else if !token.is_empty() {
+                    names_fields = true;
+                }
+            }
+        }
+        chunked |= name == TRANSFER_ENCODING;
         let start = h.value.as_ptr() as usize - base;
         fields.push((name, start, h.value.len()));
     }
     let head = buf.split_to(len).freeze();
     let mut headers = HeaderMap::with_capacity(fields.len());
-    let chunked = fields.iter().any(|(name, _, _)| name == TRANSFER_ENCODING);
     for (name, start, len) in fields {
         if chunked && name == CONTENT_LENGTH {
             // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3); passing both on
@@ -684,21 +727,64 @@ fn parse_response_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, Error
         }
         let value = HeaderValue::from_maybe_shared(head.slice(start..start + len))
             .map_err(|_| Error::Invalid(format!("value of {name}")))?;
+        if name == KEEP_ALIVE {
+            persistence.hint = Some(value.clone());
+        }
+        if !names_fields && (name == CONNECTION || name == KEEP_ALIVE) {
+            continue;
+        }
         headers.append(name, value);
     }
     let mut resp = Response::new(());
     *resp.status_mut() = status;
     *resp.version_mut() = version;
     *resp.headers_mut() = headers;
-    Ok(Some(resp))
+    Ok(Some((resp, persistence)))
 }
+
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn head(text: &str) -> Result<Option<Response<()>>, Error> {
-        parse_response_head(&mut BytesMut::from(text))
+        Ok(parse_response_head(&mut BytesMut::from(text))?.map(|(resp, _)| resp))
+    }
+
+    fn persistence(text: &str) -> (Response<()>, Persistence) {
+        parse_response_head(&mut BytesMut::from(text)).unwrap().expect("complete")
+    }
+
+    #[test]
+    fn connection_and_keep_alive_are_read_and_left_out_when_they_name_nothing_else() {
+        let (resp, seen) = persistence(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5, max=9\r\nContent-Length: 0\r\n\r\n",
+        );
+        assert!(!seen.close);
+        assert_eq!(seen.hint.unwrap(), "timeout=5, max=9");
+        assert!(resp.headers().get("connection").is_none());
+        assert!(resp.headers().get("keep-alive").is_none());
+        assert_eq!(resp.headers().get("content-length").unwrap(), "0");
+
+        let (_, seen) = persistence("HTTP/1.1 200 OK\r\nConnection: Close\r\n\r\n");
+        assert!(seen.close);
+        let (_, seen) = persistence("HTTP/1.0 200 OK\r\n\r\n");
+        assert!(seen.close, "HTTP/1.0 closes unless it says keep-alive");
+        let (_, seen) = persistence("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n\r\n");
+        assert!(!seen.close);
+    }
+
+    #[test]
+    fn a_connection_naming_other_fields_stays_for_the_hop_by_hop_rewrite() {
+        let (resp, seen) = persistence(
+            "HTTP/1.1 200 OK\r\nConnection: close, x-private\r\nX-Private: 1\r\nKeep-Alive: timeout=3\r\n\r\n",
+        );
+        assert!(seen.close);
+        assert_eq!(seen.hint.unwrap(), "timeout=3");
+        assert_eq!(resp.headers().get("connection").unwrap(), "close, x-private");
+        assert_eq!(resp.headers().get("keep-alive").unwrap(), "timeout=3");
+        assert_eq!(resp.headers().get("x-private").unwrap(), "1");
     }
 
     fn framing(req_method: Method, text: &str) -> Result<ResponseState, Error> {

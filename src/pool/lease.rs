@@ -272,6 +272,7 @@ impl Lease {
                     *left = left.saturating_sub(1);
                 }
                 let resp = conn.io.send(req).await.map_err(SendError::Http1)?;
+                Self::observe_response(conn, resp.body().persistence());
                 Ok(resp.map(UpstreamBody::Http1))
             }
             LeaseKind::H2(stream) => {
@@ -366,25 +367,10 @@ impl Lease {
         }
     }
 
-    /// Reads the upstream's intent for an HTTP/1.1 connection from a response head.
-    pub fn observe_response(&mut self, version: http::Version, headers: &http::HeaderMap) {
-        let LeaseKind::H1(Some(conn)) = &mut self.kind else {
-            return;
-        };
-        let mut close = version < http::Version::HTTP_11;
-        for value in headers.get_all(http::header::CONNECTION) {
-            for token in value.to_str().unwrap_or("").split(',') {
-                match token.trim() {
-                    t if t.eq_ignore_ascii_case("close") => close = true,
-                    t if t.eq_ignore_ascii_case("keep-alive") => close = false,
-                    _ => {}
-                }
-            }
-        }
-        conn.retire |= close;
-        // A constant name: a `&str` key is parsed into a name on every lookup.
-        const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
-        if let Some(hint) = headers.get(KEEP_ALIVE).and_then(|v| v.to_str().ok()) {
+    /// Takes the upstream's intent for an HTTP/1.1 connection from its response head.
+    fn observe_response(conn: &mut Conn, persistence: &h1::Persistence) {
+        conn.retire |= persistence.close;
+        if let Some(hint) = persistence.hint.as_ref().and_then(|v| v.to_str().ok()) {
             let (timeout, max) = parse_keep_alive(hint);
             if let Some(timeout) = timeout {
                 // Retire before the upstream's own timer fires: reusing a connection in its last

@@ -727,7 +727,6 @@ impl Upstream {
                     ));
                 }
                 Ok(resp) => {
-                    lease.observe_response(resp.version(), resp.headers());
                     return Ok(resp.map(|body| PooledBody::new(body, lease, served)));
                 }
                 Err(Failure::Unsent(back, err)) => {
