@@ -753,7 +753,9 @@ mod tests {
     }
 
     fn persistence(text: &str) -> (Response<()>, Persistence) {
-        parse_response_head(&mut BytesMut::from(text)).unwrap().expect("complete")
+        parse_response_head(&mut BytesMut::from(text))
+            .unwrap()
+            .expect("complete")
     }
 
     #[test]

@@ -424,7 +424,9 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
     let span = tracing::debug_span!("request", method = %head.method, uri = %head.uri);
     let (version, keep_alive) = (head.version, head.keep_alive);
     let head_only = head.method == Method::HEAD;
-    let Session { stream, buf, peer, .. } = conn;
+    let Session {
+        stream, buf, peer, ..
+    } = conn;
     let mut pump;
     let (outgoing, mut body) = {
         // Pinned here and lent, in a block of its own: moved into `await_response` it would be
@@ -820,7 +822,11 @@ where
 ///
 /// The body is lent, not moved in: a request's future would otherwise hold the response once
 /// more at each level it passes through.
-async fn write_body<B, W: AsyncWrite + Unpin>(wr: &mut W, body: &mut B, outgoing: Outgoing) -> io::Result<bool>
+async fn write_body<B, W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    body: &mut B,
+    outgoing: Outgoing,
+) -> io::Result<bool>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,

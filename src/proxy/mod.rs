@@ -149,8 +149,7 @@ impl Proxy {
             return Ok(headers::last_hop_answer(req).map(|body| ResponseBody::Full(Some(body))));
         }
         // Read (and removed) before anything goes upstream; an upgrade ignores them.
-        let asked =
-            headers::take_asked(req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
+        let asked = headers::take_asked(req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
             target.upstream.rewrite_headers(req.headers_mut());
