@@ -68,13 +68,13 @@ impl PooledBody {
     /// `served` is the lease's as it was before the request went out (a connection counts the
     /// request it carries, so reuse is read before).
     pub fn new(inner: UpstreamBody, lease: Lease, info: Served) -> Self {
-        let mut body = Pooled {
+        let mut body = Box::new(Pooled {
             inner,
             lease: Some(lease),
             info,
-        };
+        });
         body.release_if_done();
-        PooledBody(Box::new(body))
+        PooledBody(body)
     }
 
     /// How the response was served.
