@@ -106,7 +106,8 @@ impl Pool {
             Some("endpoint_removed")
         } else if spent {
             Some("max_requests")
-        } else if past_lifetime(&cfg, conn.created, Instant::now()) {
+        } else if cfg.max_lifetime.is_some() && past_lifetime(&cfg, conn.created, Instant::now()) {
+            // (The clock is read only when a lifetime is set: most pools have none.)
             Some("max_lifetime")
         } else {
             None

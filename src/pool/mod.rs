@@ -352,7 +352,7 @@ impl Pool {
         let deadline = started + self.config().pending_timeout;
         // Only worth the set's lock when there is somewhere else to go.
         let avoid = avoid.filter(|_| self.endpoints.counts().active > 1);
-        let grant = match self.take_or_enqueue(avoid)? {
+        let grant = match self.take_or_enqueue(avoid, started)? {
             Ok(grant) => grant,
             Err(waiting) => waiting.wait(deadline).await?,
         };
@@ -369,13 +369,14 @@ impl Pool {
     /// The fast path (a free HTTP/2 stream or a usable idle connection, no one waiting) or a
     /// place in the queue.
     #[allow(clippy::type_complexity)]
+    /// `now`: when the checkout started (a clock read per request saved).
     fn take_or_enqueue(
         self: &Arc<Self>,
         avoid: Option<&Arc<Endpoint>>,
+        now: Instant,
     ) -> Result<Result<Grant, Waiting>, ProxyError> {
         let mut discard = Vec::new();
         let mut learned = None;
-        let now = Instant::now();
         let mut st = self.lock();
         if st.waiters.is_empty() {
             if let Some(stream) = self.take_stream(&mut st, avoid) {

@@ -64,7 +64,11 @@ impl fmt::Debug for Switch {
 /// Whether `req` asks for an upgrade the sidecar passes through: HTTP/1.1, `Connection` naming
 /// `upgrade`, an `Upgrade` protocol other than `h2c`, and no body.
 pub fn requested(req: &Request<RequestBody>) -> bool {
-    if req.version() != Version::HTTP_11 || !req.body().is_empty() {
+    // `Upgrade` first: nearly every request lacks it, and then one lookup settles it.
+    if req.version() != Version::HTTP_11
+        || !req.body().is_empty()
+        || !req.headers().contains_key(http::header::UPGRADE)
+    {
         return false;
     }
     let connection_upgrade = req
