@@ -104,33 +104,67 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
     }
     let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
         .map_err(|_| HeadError::Invalid("invalid method".into()))?;
-    let target = req.path.unwrap_or("");
-    let uri: Uri = target
-        .parse()
-        .map_err(|e| HeadError::Invalid(format!("invalid request target {:?}: {e}", truncate(target))))?;
-    check_target_form(&method, &uri, target)?;
     let version = if req.version == Some(0) {
         Version::HTTP_10
     } else {
         Version::HTTP_11
     };
+    // Where the target and each field lie in the head: they are read again from the head's
+    // frozen bytes below, so that the URI and the values share its memory instead of each
+    // copying itself out (an allocation apiece).
+    let base = buf.as_ptr() as usize;
+    let span = |part: &[u8]| {
+        // A head is at most `max_header_bytes`, far below 4 GiB.
+        let start = (part.as_ptr() as usize - base) as u32;
+        Span {
+            start,
+            end: start + part.len() as u32,
+        }
+    };
+    let target = span(req.path.unwrap_or("").as_bytes());
+    let mut fields = [(Span::EMPTY, Span::EMPTY); MAX_HEADERS];
+    for (field, h) in fields.iter_mut().zip(req.headers.iter()) {
+        *field = (span(h.name.as_bytes()), span(h.value));
+    }
+    let fields = &fields[..req.headers.len()];
+    let head = buf.split_to(len).freeze();
+
+    // httparse hands out the target and names as `str`: these bytes are UTF-8.
+    let text = |at: &Span| std::str::from_utf8(&head[at.range()]).unwrap_or("");
+    let raw_target = text(&target);
+    let uri = Uri::from_maybe_shared(head.slice(target.range()))
+        .map_err(|e| HeadError::Invalid(format!("invalid request target {:?}: {e}", truncate(raw_target))))?;
+    check_target_form(&method, &uri, raw_target)?;
     // Room for the fields `proxy::headers` sets on the way up (`Host`, `TE`): http's `insert`
     // reserves a slot even when it replaces, and a map filled to capacity rehashes into one
     // twice the size (a third of the request path's header work in callgrind).
-    let mut headers = HeaderMap::with_capacity(req.headers.len() + 2);
+    let mut headers = HeaderMap::with_capacity(fields.len() + 2);
     let mut present = Present::default();
-    for h in req.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| HeadError::Invalid(format!("invalid header name {:?}", truncate(h.name))))?;
-        let mut value = HeaderValue::from_bytes(h.value)
+    for (name, value) in fields {
+        let name = HeaderName::from_bytes(&head[name.range()])
+            .map_err(|_| HeadError::Invalid(format!("invalid header name {:?}", truncate(text(name)))))?;
+        let mut value = HeaderValue::from_maybe_shared(head.slice(value.range()))
             .map_err(|_| HeadError::Invalid(format!("invalid value in header {name}")))?;
         value.set_sensitive(is_credential(&name));
         present.note(&name);
         headers.append(name, value);
     }
-    let head = finish_head(method, uri, version, headers, present)?;
-    buf.advance(len);
-    Ok(Some(head))
+    finish_head(method, uri, version, headers, present).map(Some)
+}
+
+/// Where a part of a request head lies in it.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: u32,
+    end: u32,
+}
+
+impl Span {
+    const EMPTY: Span = Span { start: 0, end: 0 };
+
+    fn range(&self) -> std::ops::Range<usize> {
+        self.start as usize..self.end as usize
+    }
 }
 
 fn truncate(text: &str) -> &str {
