@@ -653,8 +653,6 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
     Ok(length)
 }
 
-/// Parses a response head off the front of `buf`; `Ok(None)`: incomplete. Header values share
-/// the head's memory instead of being copied one by one.
 /// What a response head says about its connection (`Connection` and `Keep-Alive`), read
 /// while the head is parsed.
 #[derive(Debug, Default, Clone)]
@@ -665,7 +663,8 @@ pub struct Persistence {
     pub hint: Option<HeaderValue>,
 }
 
-/// A response head from the front of `buf`; `None`: incomplete.
+/// Parses a response head off the front of `buf`; `Ok(None)`: incomplete. Header values share
+/// the head's memory instead of being copied one by one.
 ///
 /// `Connection` and `Keep-Alive` are read here for [`Persistence`], and when `Connection`
 /// carries only `close` and `keep-alive` (what upstreams send), both are left out of the
@@ -691,11 +690,8 @@ fn parse_response_head(buf: &mut BytesMut) -> Result<Option<(Response<()>, Persi
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let mut persistence = Persistence {
-        close: version == Version::HTTP_10,
-        hint: None,
-    };
-    let mut names_fields = false;
+    let mut tokens = codec::ConnectionTokens::default();
+    let mut hint = None;
     let mut chunked = false;
     let base = buf.as_ptr() as usize;
     let mut fields: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(parsed.headers.len());
@@ -703,15 +699,7 @@ fn parse_response_head(buf: &mut BytesMut) -> Result<Option<(Response<()>, Persi
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| Error::Invalid(format!("header name {:?}", h.name)))?;
         if name == CONNECTION {
-            for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-                if token.eq_ignore_ascii_case(b"close") {
-                    persistence.close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                    persistence.close = false;
-                } else if !token.is_empty() {
-                    names_fields = true;
-                }
-            }
+            tokens.read(h.value);
         }
         chunked |= name == TRANSFER_ENCODING;
         let start = h.value.as_ptr() as usize - base;
@@ -728,9 +716,9 @@ fn parse_response_head(buf: &mut BytesMut) -> Result<Option<(Response<()>, Persi
         let value = HeaderValue::from_maybe_shared(head.slice(start..start + len))
             .map_err(|_| Error::Invalid(format!("value of {name}")))?;
         if name == KEEP_ALIVE {
-            persistence.hint = Some(value.clone());
+            hint = Some(value.clone());
         }
-        if !names_fields && (name == CONNECTION || name == KEEP_ALIVE) {
+        if !tokens.names_fields && (name == CONNECTION || name == KEEP_ALIVE) {
             continue;
         }
         headers.append(name, value);
@@ -739,7 +727,9 @@ fn parse_response_head(buf: &mut BytesMut) -> Result<Option<(Response<()>, Persi
     *resp.status_mut() = status;
     *resp.version_mut() = version;
     *resp.headers_mut() = headers;
-    Ok(Some((resp, persistence)))
+    // `close` wins over `keep-alive` (as for requests); HTTP/1.0 closes unless it asks to stay.
+    let close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
+    Ok(Some((resp, Persistence { close, hint })))
 }
 
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -775,6 +765,8 @@ mod tests {
         assert!(seen.close, "HTTP/1.0 closes unless it says keep-alive");
         let (_, seen) = persistence("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n\r\n");
         assert!(!seen.close);
+        let (_, seen) = persistence("HTTP/1.1 200 OK\r\nConnection: close, keep-alive\r\n\r\n");
+        assert!(seen.close, "close wins over keep-alive");
     }
 
     #[test]

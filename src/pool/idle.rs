@@ -32,6 +32,25 @@ pub struct Conn {
     pub(super) retire: bool,
 }
 
+impl Conn {
+    /// Takes the upstream's intent for this connection from a response head.
+    pub(super) fn observe_response(&mut self, persistence: &h1::Persistence) {
+        self.retire |= persistence.close;
+        if let Some(hint) = persistence.hint.as_ref().and_then(|v| v.to_str().ok()) {
+            let (timeout, max) = parse_keep_alive(hint);
+            if let Some(timeout) = timeout {
+                // Retire before the upstream's own timer fires: reusing a connection in its last
+                // moments races the upstream's close.
+                let margin = Duration::from_secs(1).min(timeout / 2);
+                self.idle_limit = Some(timeout - margin);
+            }
+            if let Some(max) = max {
+                self.remaining_hint = Some(max);
+            }
+        }
+    }
+}
+
 pub(super) struct Idle {
     pub(super) conn: Conn,
     pub(super) since: Instant,
@@ -106,8 +125,8 @@ impl Pool {
             Some("endpoint_removed")
         } else if spent {
             Some("max_requests")
+        // The clock is read only when a lifetime is set: most pools have none.
         } else if cfg.max_lifetime.is_some() && past_lifetime(&cfg, conn.created, Instant::now()) {
-            // (The clock is read only when a lifetime is set: most pools have none.)
             Some("max_lifetime")
         } else {
             None
@@ -347,7 +366,7 @@ pub(super) fn expiry_reason(
 }
 
 /// Parses `Keep-Alive: timeout=5, max=100`.
-pub(super) fn parse_keep_alive(value: &str) -> (Option<Duration>, Option<u64>) {
+fn parse_keep_alive(value: &str) -> (Option<Duration>, Option<u64>) {
     let mut timeout = None;
     let mut max = None;
     for param in value.split(',') {

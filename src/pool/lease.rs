@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::idle::{parse_keep_alive, Conn};
+use super::idle::Conn;
 use super::{Grant, H2Stream, Pool, SendError, UpstreamBody};
 use crate::connector::{h1, Place};
 use crate::endpoint::{Claim, Endpoint};
@@ -272,12 +272,12 @@ impl Lease {
                     *left = left.saturating_sub(1);
                 }
                 let resp = conn.io.send(req).await.map_err(SendError::Http1)?;
-                Self::observe_response(conn, resp.body().persistence());
+                conn.observe_response(resp.body().persistence());
                 Ok(resp.map(UpstreamBody::Http1))
             }
             LeaseKind::H2(stream) => {
                 let stream = stream.as_mut().expect("present until release");
-                let req = std::mem::replace(req, http::Request::new(RequestBody::Empty));
+                let req = crate::wire::take_request(req);
                 let resp = stream
                     .sender
                     .try_send_request(req)
@@ -364,23 +364,6 @@ impl Lease {
     pub fn mark_draining(&self) {
         if let LeaseKind::H2(Some(stream)) = &self.kind {
             self.pool.drain_h2(stream.conn_id);
-        }
-    }
-
-    /// Takes the upstream's intent for an HTTP/1.1 connection from its response head.
-    fn observe_response(conn: &mut Conn, persistence: &h1::Persistence) {
-        conn.retire |= persistence.close;
-        if let Some(hint) = persistence.hint.as_ref().and_then(|v| v.to_str().ok()) {
-            let (timeout, max) = parse_keep_alive(hint);
-            if let Some(timeout) = timeout {
-                // Retire before the upstream's own timer fires: reusing a connection in its last
-                // moments races the upstream's close.
-                let margin = Duration::from_secs(1).min(timeout / 2);
-                conn.idle_limit = Some(timeout - margin);
-            }
-            if let Some(max) = max {
-                conn.remaining_hint = Some(max);
-            }
         }
     }
 

@@ -367,9 +367,8 @@ impl Pool {
     }
 
     /// The fast path (a free HTTP/2 stream or a usable idle connection, no one waiting) or a
-    /// place in the queue.
+    /// place in the queue. `now`: when the checkout started (a clock read per request saved).
     #[allow(clippy::type_complexity)]
-    /// `now`: when the checkout started (a clock read per request saved).
     fn take_or_enqueue(
         self: &Arc<Self>,
         avoid: Option<&Arc<Endpoint>>,

@@ -153,7 +153,7 @@ impl Proxy {
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
             target.upstream.rewrite_headers(req.headers_mut());
-            let req = std::mem::replace(req, Request::new(RequestBody::Empty));
+            let req = crate::wire::take_request(req);
             // Boxed: plain requests should not carry the dial's state in their futures.
             let resp = Box::pin(upgrade::send(&target.upstream, &self.router, req)).await?;
             let mut resp = resp.map(ResponseBody::Direct);

@@ -128,11 +128,6 @@ struct Again {
     at: Option<tokio::time::Instant>,
 }
 
-/// Takes a lent request for a path that must own it, leaving an empty one behind.
-fn spent(req: &mut Request<RequestBody>) -> Request<RequestBody> {
-    std::mem::replace(req, Request::new(RequestBody::Empty))
-}
-
 /// A failed attempt: why, and on which endpoint when one was reached.
 type Attempted = (ProxyError, Option<Arc<endpoint::Endpoint>>);
 
@@ -517,7 +512,7 @@ impl Upstream {
                     None => first.map_err(|(err, _)| err),
                     Some(retrying) => {
                         let again = Again {
-                            req: spent(req),
+                            req: crate::wire::take_request(req),
                             retrying,
                             at: None,
                         };
@@ -526,7 +521,13 @@ impl Upstream {
                 }
             }
             Some(deadline) => {
-                Box::pin(self.send_by_policy(spent(req), !asked.no_retry, deadline, &mut retries)).await
+                Box::pin(self.send_by_policy(
+                    crate::wire::take_request(req),
+                    !asked.no_retry,
+                    deadline,
+                    &mut retries,
+                ))
+                .await
             }
         };
         let code = match &result {

@@ -269,17 +269,31 @@ pub struct ConnectionTokens {
     pub close: bool,
     /// `keep-alive` present.
     pub keep_alive: bool,
+    /// Some other token: a field name, hop-by-hop for this message.
+    pub names_fields: bool,
+}
+
+impl ConnectionTokens {
+    /// Notes the tokens of one `Connection` value. Bytes, not `str`: one non-ASCII token must
+    /// not hide the ones beside it.
+    pub fn read(&mut self, value: &[u8]) {
+        for token in value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+            if token.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            } else if !token.is_empty() {
+                self.names_fields = true;
+            }
+        }
+    }
 }
 
 /// Reads `close` / `keep-alive` from every `Connection` header.
 pub fn connection_tokens(headers: &HeaderMap) -> ConnectionTokens {
     let mut tokens = ConnectionTokens::default();
     for value in headers.get_all(http::header::CONNECTION) {
-        for token in value.to_str().unwrap_or("").split(',') {
-            let token = token.trim();
-            tokens.close |= token.eq_ignore_ascii_case("close");
-            tokens.keep_alive |= token.eq_ignore_ascii_case("keep-alive");
-        }
+        tokens.read(value.as_bytes());
     }
     tokens
 }

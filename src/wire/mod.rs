@@ -13,6 +13,12 @@ use http::{HeaderMap, HeaderName};
 
 pub use body::{BodySender, KeptCopy, RequestBody, StreamingBody, REQUEST_BODY_IDLE};
 
+/// Takes a lent request (the request path lends it, see `proxy::Proxy::handle`) for a step
+/// that must own it, leaving an empty one behind; the empty one allocates nothing.
+pub fn take_request(req: &mut http::Request<RequestBody>) -> http::Request<RequestBody> {
+    std::mem::replace(req, http::Request::new(RequestBody::Empty))
+}
+
 /// Boxed error for response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
