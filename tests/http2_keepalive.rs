@@ -210,7 +210,7 @@ async fn a_post_in_flight_on_a_connection_that_stops_answering_pings_fails_as_up
     let body = resp.assert_sidecar_error(502, "upstream_reset", "POST on a dead connection");
     assert!(
         body.ends_with(
-            "upstream h2: connection closed before a response: http2 error: keep-alive timed out\n"
+            "upstream h2: connection closed before a response: keep-alive timed out: no PING acknowledgement within keepalive_timeout\n"
         ),
         "{body}"
     );

@@ -20,16 +20,15 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::h1::{self, Transport};
+use super::h2;
 use super::parent::Parent;
 use super::tls::TlsConnector;
 use super::{Connect, Dialed, Place};
@@ -237,51 +236,30 @@ impl Connector {
         // would ever use marks "not heard yet": the pool must not hand out a connection's worth
         // of streams to a server that allows fewer.
         let unheard = self.http2.max_streams_per_connection as usize + 1;
-        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
-        builder
-            .timer(TokioTimer::new())
-            .initial_max_send_streams(unheard)
-            .keep_alive_interval(self.http2.keepalive_interval)
-            .keep_alive_timeout(self.http2.keepalive_timeout)
-            .keep_alive_while_idle(false);
-        let (sender, mut conn) = builder
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/2 handshake: {e}")))?;
-        // hyper runs the h2 connection on a task of its own, which applies the server's
-        // SETTINGS; `conn` (the request dispatcher) can read the limit but is not woken by
-        // SETTINGS. So wait here about one round trip for the first value, checking every
-        // millisecond; a server that announces none (no limit) costs this wait once.
-        let wait_until = deadline.min(Instant::now() + (rtt * 2).max(MIN_SETTINGS_WAIT));
-        while conn.current_max_send_streams() == unheard && Instant::now() < wait_until {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        // Afterwards the dispatcher is polled for every request it sends, and each poll
-        // republishes the limit, so the pool follows a server that changes it.
-        let max_streams = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
-        let published = max_streams.clone();
-        let driven = std::future::poll_fn(move |cx| {
-            let poll = Pin::new(&mut conn).poll(cx);
-            published.store(conn.current_max_send_streams(), Ordering::Relaxed);
-            poll
+        let keepalive = self.http2.keepalive_interval.map(|interval| h2::Keepalive {
+            interval,
+            timeout: self.http2.keepalive_timeout,
         });
-        self.drive(place, driven);
-        Ok(Dialed::Http2(sender, max_streams))
-    }
-
-    /// Runs a connection's driver task, which holds `place` until the socket is closed.
-    fn drive<F>(&self, place: Box<dyn Place>, conn: F)
-    where
-        F: Future<Output = Result<(), hyper::Error>> + Send + 'static,
-    {
         let label = self.label.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
+        let on_end = move |error: Option<crate::wire::BoxError>| {
+            if let Some(e) = error {
                 place.failed();
                 tracing::debug!(upstream = %label, error = %e, "upstream connection ended with an error");
             }
             drop(place);
-        });
+        };
+        let sender = h2::handshake(io, unheard, keepalive, on_end)
+            .await
+            .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/2 handshake: {e}")))?;
+        // The driver task applies the server's SETTINGS; wait here about one round trip for
+        // the first value, checking every millisecond; a server that announces none (no limit)
+        // costs this wait once. Afterwards the driver republishes the limit after every poll,
+        // so the pool follows a server that changes it.
+        let wait_until = deadline.min(Instant::now() + (rtt * 2).max(MIN_SETTINGS_WAIT));
+        while sender.current_max_streams() == unheard && Instant::now() < wait_until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(Dialed::Http2(sender))
     }
 }
 

@@ -11,20 +11,16 @@
 
 pub mod dial;
 pub mod h1;
+pub mod h2;
 pub mod parent;
 pub mod tls;
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
-
-use hyper::client::conn::http2;
 
 use crate::endpoint::Claim;
 use crate::error::ProxyError;
-use crate::wire::RequestBody;
 
 /// A connection's place under its pool's cap, held for as long as the socket is open.
 pub trait Place: Send + Sync + fmt::Debug + 'static {
@@ -37,7 +33,7 @@ pub trait Place: Send + Sync + fmt::Debug + 'static {
 }
 
 /// The request handle of one upstream HTTP/2 connection (cloned per stream).
-pub type H2Sender = http2::SendRequest<RequestBody>;
+pub type H2Sender = h2::Sender;
 
 /// A freshly dialed connection, by the protocol it speaks.
 #[derive(Debug)]
@@ -45,8 +41,8 @@ pub enum Dialed {
     /// HTTP/1.1: one request at a time, run by the task of the request it carries.
     Http1(h1::Connection),
     /// HTTP/2: many streams, up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, which the
-    /// connection's driver task keeps current in the shared counter.
-    Http2(H2Sender, Arc<AtomicUsize>),
+    /// connection's driver task keeps current ([`h2::Sender::max_streams`]).
+    Http2(H2Sender),
 }
 
 /// Dials a new connection; `place` must live as long as the connection's socket.

@@ -11,19 +11,18 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 
 use super::Lease;
-use crate::connector::h1;
-use crate::wire::{BoxError, RequestBody};
+use crate::connector::{h1, h2};
+use crate::wire::BoxError;
 
 /// The body of a response as [`Lease::send`] returns it, before it is tied to its lease.
 #[derive(Debug)]
 pub enum UpstreamBody {
     /// HTTP/1.1: the rest of the exchange, run on the leased connection.
     Http1(h1::Transfer),
-    /// HTTP/2: hyper's stream.
-    Http2(Incoming),
+    /// HTTP/2: the stream's response body.
+    Http2(h2::Body),
 }
 
 /// Why [`Lease::send`] got no response head.
@@ -31,8 +30,9 @@ pub enum UpstreamBody {
 pub enum SendError {
     /// On HTTP/1.1.
     Http1(h1::Error),
-    /// On HTTP/2; hyper hands back a request it never sent.
-    Http2(Box<hyper::client::conn::TrySendError<http::Request<RequestBody>>>),
+    /// On HTTP/2; the request is left in place when it was never sent
+    /// ([`h2::Error::Unsent`]).
+    Http2(h2::Error),
 }
 
 /// A response body from a pooled connection.

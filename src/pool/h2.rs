@@ -1,7 +1,6 @@
 //! HTTP/2 connections in the pool: stream counting against the server's limit, stream slots
 //! for waiters, GOAWAY and draining, and the reaper's HTTP/2 pass.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -15,8 +14,6 @@ use crate::endpoint::Endpoint;
 pub(super) struct H2Conn {
     pub(super) sender: H2Sender,
     pub(super) track: Tracker,
-    /// The server's current SETTINGS_MAX_CONCURRENT_STREAMS.
-    pub(super) server_max_streams: Arc<AtomicUsize>,
     pub(super) id: u64,
     pub(super) created: Instant,
     pub(super) in_flight: usize,
@@ -39,7 +36,7 @@ pub struct H2Stream {
 impl H2Conn {
     /// Streams this connection may carry now.
     pub(super) fn stream_limit(&self, max_streams: usize) -> usize {
-        max_streams.min(self.server_max_streams.load(Ordering::Relaxed))
+        max_streams.min(self.sender.max_streams())
     }
 
     /// Whether this connection may take another stream; one past `max_lifetime`, one that has

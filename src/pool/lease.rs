@@ -258,8 +258,8 @@ impl Lease {
 
     /// Sends a request and waits for the response head. On HTTP/1.1 the request's own task
     /// writes it and reads the response, taking only the body out of `req`: the rest stays for
-    /// a retry. HTTP/2 takes the whole request, and hyper hands it back in the error when it
-    /// was never sent.
+    /// a retry. HTTP/2 takes the whole request, once the connection can open its stream: a
+    /// request never sent stays in `req`.
     pub async fn send(
         &mut self,
         req: &mut http::Request<RequestBody>,
@@ -277,12 +277,7 @@ impl Lease {
             }
             LeaseKind::H2(stream) => {
                 let stream = stream.as_mut().expect("present until release");
-                let req = crate::wire::take_request(req);
-                let resp = stream
-                    .sender
-                    .try_send_request(req)
-                    .await
-                    .map_err(|e| SendError::Http2(Box::new(e)))?;
+                let resp = stream.sender.send(req).await.map_err(SendError::Http2)?;
                 Ok(resp.map(UpstreamBody::Http2))
             }
         }

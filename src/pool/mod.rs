@@ -527,11 +527,10 @@ impl Pool {
                 drop(st);
                 drop(closing);
             }
-            Ok(Dialed::Http2(sender, server_max_streams)) => {
+            Ok(Dialed::Http2(sender)) => {
                 let conn = H2Conn {
                     sender,
                     track,
-                    server_max_streams,
                     id,
                     created: now,
                     in_flight: 0,

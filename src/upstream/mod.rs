@@ -31,7 +31,7 @@ pub use timed::{CutCounters, Deadlines, TimedBody};
 
 use crate::config::ParentRoute;
 use crate::connector::parent::Parent;
-use crate::connector::{dial, h1, tls};
+use crate::connector::{dial, h1, h2, tls};
 use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
@@ -105,8 +105,9 @@ pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 enum Failure {
-    /// hyper handed the request back: nothing reached the upstream.
-    Unsent(Box<Request<RequestBody>>, ProxyError),
+    /// The HTTP/2 connection could not open a stream: nothing reached the upstream, and the
+    /// request is still in place.
+    Unsent(ProxyError),
     /// An HTTP/2 upstream refused the stream without processing it.
     Refused(ProxyError),
     /// The request (or part of it) was written.
@@ -434,9 +435,26 @@ impl Upstream {
         }
     }
 
-    /// Maps an error of a request sent on this upstream to the contract's kinds.
+    /// Maps an error of hyper's HTTP/1.1 client (upgrades) to the contract's kinds.
     pub fn classify_error(&self, e: &hyper::Error) -> ProxyError {
-        self.classify(e).0
+        if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+            return self.error(ErrorKind::ProtocolError, format!("invalid response: {e}"));
+        }
+        let cause = match std::error::Error::source(e) {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        };
+        if e.is_user() || e.is_body_write_aborted() {
+            // Our request body failed: the application went away or sent a malformed body.
+            if cause.contains(crate::wire::REQUEST_BODY_IDLE) {
+                self.cuts.body_idle.inc();
+            }
+            return self.error(ErrorKind::BadRequest, format!("request body: {cause}"));
+        }
+        self.error(
+            ErrorKind::UpstreamReset,
+            format!("connection closed before a response: {cause}"),
+        )
     }
 
     /// The endpoints this upstream's connections go to.
@@ -730,9 +748,10 @@ impl Upstream {
                 Ok(resp) => {
                     return Ok(resp.map(|body| PooledBody::new(body, lease, served)));
                 }
-                Err(Failure::Unsent(back, err)) => {
+                Err(Failure::Unsent(err)) => {
                     unsent_attempts += 1;
-                    *req = *back;
+                    // A connection that cannot open streams takes no more.
+                    lease.mark_draining();
                     if unsent_attempts >= MAX_UNSENT_ATTEMPTS {
                         return Err((err, lease.endpoint()));
                     }
@@ -856,13 +875,12 @@ impl Upstream {
         }
         result.map_err(|e| match e {
             SendError::Http1(e) => Failure::Sent(self.classify_h1(&e)),
-            SendError::Http2(mut e) => {
-                let unsent = e.take_message();
-                let (err, refused) = self.classify(e.error());
-                match (unsent, refused) {
-                    (Some(req), _) => Failure::Unsent(Box::new(req), err),
-                    (None, true) => Failure::Refused(err),
-                    (None, false) => Failure::Sent(err),
+            SendError::Http2(e) => {
+                let (err, refused) = self.classify_h2(&e);
+                match (&e, refused) {
+                    (h2::Error::Unsent(_), _) => Failure::Unsent(err),
+                    (_, true) => Failure::Refused(err),
+                    (_, false) => Failure::Sent(err),
                 }
             }
         })
@@ -888,64 +906,45 @@ impl Upstream {
         }
     }
 
-    /// Maps a hyper client error to the contract's kinds; `true` when an HTTP/2 upstream
-    /// refused the stream unprocessed (REFUSED_STREAM, or GOAWAY with a lower last stream id).
-    fn classify(&self, e: &hyper::Error) -> (ProxyError, bool) {
-        if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-            return (
-                self.error(ErrorKind::ProtocolError, format!("invalid response: {e}")),
-                false,
-            );
-        }
-        if e.is_user() || e.is_body_write_aborted() {
+    /// Maps an HTTP/2 stream error to the contract's kinds; `true` when the upstream refused
+    /// the stream unprocessed (REFUSED_STREAM, or GOAWAY with a lower last stream id).
+    fn classify_h2(&self, e: &h2::Error) -> (ProxyError, bool) {
+        let err = match e {
+            h2::Error::Unsent(err) | h2::Error::Stream(err) => err,
             // Our request body failed: the application went away or sent a malformed body.
-            let cause = std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string());
-            if cause.contains(crate::wire::REQUEST_BODY_IDLE) {
-                self.cuts.body_idle.inc();
+            h2::Error::RequestBody(why) => {
+                if why.contains(crate::wire::REQUEST_BODY_IDLE) {
+                    self.cuts.body_idle.inc();
+                }
+                return (self.error(ErrorKind::BadRequest, e.to_string()), false);
             }
+            h2::Error::Dropped(why) => {
+                let cause = format!("connection closed before a response: {why}");
+                return (self.error(ErrorKind::UpstreamReset, cause), false);
+            }
+        };
+        if err.reason() == Some(::h2::Reason::PROTOCOL_ERROR) {
             return (
-                self.error(ErrorKind::BadRequest, format!("request body: {cause}")),
+                self.error(ErrorKind::ProtocolError, format!("HTTP/2: {err}")),
                 false,
             );
         }
-        let cause = match std::error::Error::source(e) {
-            Some(source) => format!("{e}: {source}"),
-            None => e.to_string(),
-        };
-        if let Some(h2) = find_h2_error(e) {
-            let refused =
-                h2.reason() == Some(h2::Reason::REFUSED_STREAM) || (h2.is_go_away() && h2.is_remote());
-            if h2.reason() == Some(h2::Reason::PROTOCOL_ERROR) {
-                return (
-                    self.error(ErrorKind::ProtocolError, format!("HTTP/2: {cause}")),
-                    false,
-                );
-            }
+        if err.is_io() || err.reason().is_none() {
             return (
-                self.error(ErrorKind::UpstreamReset, format!("HTTP/2 stream failed: {cause}")),
-                refused,
+                self.error(
+                    ErrorKind::UpstreamReset,
+                    format!("connection closed before a response: {err}"),
+                ),
+                false,
             );
         }
+        let refused =
+            err.reason() == Some(::h2::Reason::REFUSED_STREAM) || (err.is_go_away() && err.is_remote());
         (
-            self.error(
-                ErrorKind::UpstreamReset,
-                format!("connection closed before a response: {cause}"),
-            ),
-            false,
+            self.error(ErrorKind::UpstreamReset, format!("HTTP/2 stream failed: {err}")),
+            refused,
         )
     }
-}
-
-/// The `h2::Error` under a hyper error, if any.
-fn find_h2_error(e: &hyper::Error) -> Option<&h2::Error> {
-    let mut source = std::error::Error::source(e);
-    while let Some(err) = source {
-        if let Some(h2) = err.downcast_ref::<h2::Error>() {
-            return Some(h2);
-        }
-        source = err.source();
-    }
-    None
 }
 
 /// `defaults` for an upstream met on the fly, less the headers `request_headers` sets: those
