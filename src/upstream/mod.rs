@@ -2,8 +2,8 @@
 //! request on a pooled connection under its deadlines (`response_header_timeout`,
 //! `request_timeout`, `body_idle_timeout`) with its retries.
 //!
-//! Two kinds of retry. Connection-level, always on: a request that hyper hands back unsent
-//! (HTTP/2) is sent again on another connection; a request written on a *reused* connection
+//! Two kinds of retry. Connection-level, always on: a request an HTTP/2 connection could not
+//! open a stream for is sent again on another connection; a request written on a *reused* connection
 //! which then failed before any response is sent once more if it is idempotent (GET, HEAD,
 //! OPTIONS, TRACE, PUT, DELETE, or any request with `Idempotency-Key`) and has no body. By
 //! policy (`retry.attempts` > 0, not `x-egress-retry: off`): the failures and statuses of
