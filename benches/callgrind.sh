@@ -17,7 +17,8 @@
 #   env: LOW (2000), HIGH (12000), KEEP (a directory: keep the callgrind.out files there, for
 #        callgrind_annotate), UPSTREAM_EXTRA (YAML keys added to the upstream, one flow-style
 #        line such as 'retry: { attempts: 3 }': the same run with a feature configured),
-#        TOP_EXTRA (a top-level YAML line, such as 'access_log: { enabled: true, path: /tmp/a.log }')
+#        TOP_EXTRA (a top-level YAML line, such as 'access_log: { enabled: true, path: /tmp/a.log }'),
+#        CLIENTS (8: h2load's connections; 64 is compare.sh's workload 1)
 # Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
 
 set -euo pipefail
@@ -53,7 +54,7 @@ instructions_for() { # requests
     vg=$!
     PIDS+=("$vg")
     wait_port "$port" 600
-    h2load --h1 -n "$1" -c 8 "http://127.0.0.1:$port/" >"$TMP/h2load.$1.txt" 2>&1
+    h2load --h1 -n "$1" -c "${CLIENTS:-8}" "http://127.0.0.1:$port/" >"$TMP/h2load.$1.txt" 2>&1
     grep -q "$1 succeeded, 0 failed" "$TMP/h2load.$1.txt" || die "h2load: $(grep '^requests:' "$TMP/h2load.$1.txt")"
     stop_pid "$vg"
     [[ -z ${KEEP:-} ]] || cp "$TMP/callgrind.$1.out" "$KEEP/"

@@ -65,6 +65,9 @@ pub struct Upstream {
     aliases: Vec<Authority>,
     settings: UpstreamSettings,
     host_header: HeaderValue,
+    /// `host_header` as a URI authority, for absolute targets (HTTP/2, a parent proxy):
+    /// cloned per request, not formatted and parsed again.
+    uri_authority: Option<http::uri::Authority>,
     pool: Arc<Pool>,
     /// The endpoints every pool of this upstream and its dedicated connections dial (the
     /// parent's, through a parent).
@@ -286,8 +289,13 @@ impl Upstream {
             request: upstream_metrics.timeouts("request"),
             body_idle: upstream_metrics.timeouts("body_idle"),
         });
+        let host_header = host_header(scheme, &authority);
         Upstream {
-            host_header: host_header(scheme, &authority),
+            uri_authority: http::uri::Authority::from_maybe_shared(bytes::Bytes::copy_from_slice(
+                host_header.as_bytes(),
+            ))
+            .ok(),
+            host_header,
             label,
             scheme,
             authority,
@@ -803,22 +811,19 @@ impl Upstream {
     /// HTTP/2 names the target in `:scheme`/`:authority` (absolute URI, no `Host`); HTTP/1.1 in
     /// the origin-form target and `Host`. A request retried on the other kind is converted back.
     fn fit_request(&self, req: &mut Request<RequestBody>, http2: bool) {
-        let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
         if http2 {
-            let absolute = format!(
-                "{}://{}{path}",
-                self.scheme.as_str(),
-                self.host_header.to_str().unwrap_or("")
-            );
-            if let Ok(uri) = absolute.parse() {
-                *req.uri_mut() = uri;
-            }
+            let scheme = match self.scheme {
+                Scheme::Http => http::uri::Scheme::HTTP,
+                Scheme::Https => http::uri::Scheme::HTTPS,
+            };
+            self.make_absolute(req, scheme);
             req.headers_mut().remove(http::header::HOST);
             *req.version_mut() = http::Version::HTTP_2;
         } else if self.forward {
-            let absolute = format!("http://{}{path}", self.host_header.to_str().unwrap_or(""));
-            self.fit_forwarded(req, &absolute);
+            self.make_absolute(req, http::uri::Scheme::HTTP);
+            self.fit_forwarded(req);
         } else if req.uri().scheme().is_some() {
+            let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
             if let Ok(uri) = path.parse() {
                 *req.uri_mut() = uri;
             }
@@ -828,13 +833,26 @@ impl Upstream {
         }
     }
 
+    /// Makes the request's target `scheme://host[:port]/path?query`, keeping its path.
+    fn make_absolute(&self, req: &mut Request<RequestBody>, scheme: http::uri::Scheme) {
+        let Some(authority) = &self.uri_authority else {
+            return;
+        };
+        let mut parts = std::mem::take(req.uri_mut()).into_parts();
+        parts.scheme = Some(scheme);
+        parts.authority = Some(authority.clone());
+        if parts.path_and_query.is_none() {
+            parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        }
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
+
     /// A plain HTTP/1.1 request through a parent: absolute-form, with the parent's
     /// credentials (the application's own `Proxy-Authorization` was removed with the other
     /// hop-by-hop fields).
-    fn fit_forwarded(&self, req: &mut Request<RequestBody>, absolute: &str) {
-        if let Ok(uri) = absolute.parse() {
-            *req.uri_mut() = uri;
-        }
+    fn fit_forwarded(&self, req: &mut Request<RequestBody>) {
         req.headers_mut()
             .insert(http::header::HOST, self.host_header.clone());
         *req.version_mut() = http::Version::HTTP_11;
