@@ -43,12 +43,9 @@ use crate::routing::{Arrival, Tunneled};
 use crate::wire::codec::{self, BodyError, Decoder, HeadError, RequestHead};
 use crate::wire::{BodySender, RequestBody};
 
-/// First read buffer for a request head; grows up to `max_header_bytes`. 1 KiB holds the heads
-/// API clients send (curl, Go, Python, SDKs with a bearer token) and is within what glibc's
-/// per-thread cache serves (1,032 bytes): with more connections in flight than the thread's
-/// spare buffers, a 2 KiB buffer took malloc's slow path (and a fastbin consolidation) for
-/// every request.
-const HEAD_BUF_INITIAL: usize = 1024;
+/// First read buffer for a request head; grows up to `max_header_bytes`. (1 KiB, within
+/// glibc's per-thread cache, cost more at 64 connections: callgrind, `benches/RESULTS.md`.)
+const HEAD_BUF_INITIAL: usize = 2048;
 /// Read size for request bodies.
 const BODY_READ_SIZE: usize = 16 * 1024;
 /// After answering a request whose body was not read, keep reading and discarding for this long
