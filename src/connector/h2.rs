@@ -22,7 +22,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
@@ -79,6 +79,10 @@ pub enum Error {
     /// The connection could not open a stream; the request was not touched.
     #[error("{0}")]
     Unsent(h2::Error),
+    /// The connection took the request but could not open its stream: nothing went out,
+    /// though the request was taken.
+    #[error("stream not opened: {0}")]
+    NotOpened(h2::Error),
     /// The stream failed after the request went out (or as it did).
     #[error("{0}")]
     Stream(h2::Error),
@@ -159,13 +163,20 @@ impl Sender {
         let mut head = Request::from_parts(parts, ());
         strip_connection_headers(head.headers_mut());
         let end = body.is_end_stream();
-        if let Some(len) = body.size_hint().exact().filter(|_| !end) {
-            head.headers_mut()
-                .entry(http::header::CONTENT_LENGTH)
-                .or_insert_with(|| http::HeaderValue::from(len));
+        if let Some(len) = body.size_hint().exact() {
+            // As hyper does: an empty body is stated only where the method expects one.
+            if len != 0 || matches!(*head.method(), Method::POST | Method::PUT | Method::PATCH) {
+                head.headers_mut()
+                    .entry(http::header::CONTENT_LENGTH)
+                    .or_insert_with(|| http::HeaderValue::from(len));
+            }
         }
-        let (response, stream) = self.tx.send_request(head, end).map_err(Error::Stream)?;
+        // Counted before the stream opens: opening it wakes the driver, which arms the
+        // keepalive only if it sees a stream open.
         let open = Open::new(&self.shared);
+        // The connection took the stream at `poll_ready`; failing here (a GOAWAY or a socket
+        // error handled in between) it never went out.
+        let (response, stream) = self.tx.send_request(head, end).map_err(Error::NotOpened)?;
         let (response, pumping) = if end {
             (response.await, None)
         } else {
@@ -175,6 +186,11 @@ impl Sender {
                 response = response => response,
                 Ok(why) = &mut body_failed => return Err(Error::RequestBody(why)),
             };
+            // The pump resets the stream when the body fails, which fails the response too:
+            // the body's reason is the one to report.
+            if let (Err(_), Ok(why)) = (&response, body_failed.try_recv()) {
+                return Err(Error::RequestBody(why));
+            }
             (response, Some(body_failed))
         };
         let response = response.map_err(|e| self.stream_error(e))?;
@@ -250,8 +266,9 @@ fn pump(body: RequestBody, mut stream: h2::SendStream<Bytes>) -> oneshot::Receiv
         match piped {
             None => stream.send_reset(h2::Reason::CANCEL),
             Some(Err(why)) => {
-                stream.send_reset(h2::Reason::CANCEL);
+                // The reason first: the reset fails the response, which then looks for it.
                 let _ = failed.send(why);
+                stream.send_reset(h2::Reason::INTERNAL_ERROR);
             }
             Some(Ok(())) => {}
         }
@@ -553,6 +570,35 @@ mod tests {
         let reset = next.expect("reset, not ended").expect_err("reset, not more data");
         assert_eq!(reset.reason(), Some(h2::Reason::CANCEL), "{reset}");
         assert!(tx.tx.is_closed(), "the body's pump ended and dropped the body");
+    }
+
+    /// A body failing before the response head (the application went away mid-upload) is
+    /// the application's fault: reported as such, not as a reset by the upstream (whose
+    /// endpoint would be charged a failure for it).
+    #[tokio::test]
+    async fn a_request_body_failing_before_the_response_is_reported_as_the_body() {
+        let (mut sender, mut server) = connect().await;
+        let (body, tx) = RequestBody::channel(None);
+        let mut req = post(body);
+        let exchange = tokio::spawn(async move { sender.send(&mut req).await.map(|_| ()) });
+        let (request, _respond) = server.accept().await.unwrap().unwrap();
+        let serve = tokio::spawn(async move { while server.accept().await.is_some() {} });
+        tx.tx
+            .send(Err(crate::wire::codec::BodyError("client went away".into())))
+            .await
+            .unwrap();
+        let failed = tokio::time::timeout(PATIENCE, exchange)
+            .await
+            .unwrap()
+            .unwrap()
+            .expect_err("no response");
+        assert!(
+            matches!(&failed, super::Error::RequestBody(why) if why.contains("client went away")),
+            "{failed:?}"
+        );
+        let reset = request.into_body().data().await.unwrap().expect_err("reset");
+        assert_eq!(reset.reason(), Some(h2::Reason::INTERNAL_ERROR), "{reset}");
+        serve.abort();
     }
 
     /// A body sent in full, then trailers; the response's data and trailers come back.

@@ -940,6 +940,10 @@ impl Upstream {
                 let cause = format!("connection closed before a response: {why}");
                 return (self.error(ErrorKind::UpstreamReset, cause), false);
             }
+            // Never on the wire: unprocessed, as a refused stream is.
+            h2::Error::NotOpened(_) => {
+                return (self.error(ErrorKind::UpstreamReset, format!("HTTP/2 {e}")), true);
+            }
         };
         if err.reason() == Some(::h2::Reason::PROTOCOL_ERROR) {
             return (
