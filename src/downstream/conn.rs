@@ -743,10 +743,7 @@ mod tests {
     /// keep it from creeping up unnoticed.
     #[tokio::test]
     async fn an_idle_connection_future_stays_small() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
+        let (stream, _server) = crate::downstream::testing::tcp_pair().await;
         let (ctx, _drain) = context();
         let mut arrival = crate::routing::Arrival::Forward;
         let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
@@ -769,11 +766,7 @@ mod tests {
         use std::mem::MaybeUninit;
         use tokio::io::AsyncWriteExt;
 
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (stream, _) = listener.accept().await.unwrap();
+        let (mut client, stream) = crate::downstream::testing::tcp_pair().await;
         client.write_all(b"x").await.unwrap();
         stream.readable().await.unwrap();
         // Take the byte behind the runtime's back: its readiness stays set, with nothing to read.

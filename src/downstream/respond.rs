@@ -230,11 +230,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_failing_before_the_first_write_still_sends_the_head() {
         use tokio::io::AsyncReadExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
+        let (mut client, mut server) = crate::downstream::testing::tcp_pair().await;
         let body = FailsAfter([bytes::Bytes::from_static(b"partial")].into());
         let resp = http::Response::builder()
             .header("content-length", "1000")

@@ -1,5 +1,5 @@
 //! What the crate's unit tests need to serve real downstream connections: a context, a
-//! forward-proxy listener, and a poll.
+//! forward-proxy listener, a loopback connection, and a poll.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,6 +40,16 @@ pub(crate) async fn serve_for_test(yaml: &str) -> (SocketAddr, Arc<Context>) {
     let ctx = context(config, vec![me], 16);
     tokio::spawn(super::serve(listener, Arrival::Forward, ctx.clone()));
     (me, ctx)
+}
+
+/// Both ends of a loopback TCP connection: (client, server).
+pub(crate) async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    (client, server)
 }
 
 /// Polls `cond` every 20 ms for up to 3 s.
