@@ -706,7 +706,7 @@ fn parse_response_head(buf: &mut BytesMut) -> Result<Option<(Response<()>, Persi
         fields.push((name, start, h.value.len()));
     }
     let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(fields.len());
+    let mut headers = crate::spare::header_map(fields.len());
     for (name, start, len) in fields {
         if chunked && name == CONTENT_LENGTH {
             // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3); passing both on

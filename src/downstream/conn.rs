@@ -434,12 +434,17 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
         let resp = {
             let (mut req, request_pump) = request(*head, peer, ctx);
             pump = request_pump;
-            let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, arrival));
-            let respond = std::pin::pin!(std::future::poll_fn(|cx| {
-                let _entered = span.enter();
-                handling.as_mut().poll(cx)
-            }));
-            await_response(stream, buf, &mut pump, respond, ctx).await
+            let resp = {
+                let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, arrival));
+                let respond = std::pin::pin!(std::future::poll_fn(|cx| {
+                    let _entered = span.enter();
+                    handling.as_mut().poll(cx)
+                }));
+                await_response(stream, buf, &mut pump, respond, ctx).await
+            };
+            // The request has gone up (an HTTP/1.1 upstream leaves its head here).
+            crate::spare::give_back_headers(std::mem::take(req.headers_mut()));
+            resp
         };
         let Some(mut resp) = resp else {
             return Next::Close;

@@ -68,6 +68,7 @@ pub(super) fn encode_response<B: Body>(
         client,
         &mut out,
     );
+    crate::spare::give_back_headers(parts.headers);
     let outgoing = Outgoing {
         out,
         framing,

@@ -138,7 +138,7 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
     // Room for the fields `proxy::headers` sets on the way up (`Host`, `TE`): http's `insert`
     // reserves a slot even when it replaces, and a map filled to capacity rehashes into one
     // twice the size (a third of the request path's header work in callgrind).
-    let mut headers = HeaderMap::with_capacity(fields.len() + 2);
+    let mut headers = crate::spare::header_map(fields.len() + 2);
     let mut present = Present::default();
     for (name, value) in fields {
         let name = HeaderName::from_bytes(&head[name.range()])
