@@ -20,6 +20,7 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response};
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
+mod classify;
 mod grpc;
 mod retry;
 mod rules;
@@ -441,28 +442,6 @@ impl Upstream {
         if let Some(rules) = &self.rules {
             rules.apply(headers);
         }
-    }
-
-    /// Maps an error of hyper's HTTP/1.1 client (upgrades) to the contract's kinds.
-    pub fn classify_error(&self, e: &hyper::Error) -> ProxyError {
-        if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-            return self.error(ErrorKind::ProtocolError, format!("invalid response: {e}"));
-        }
-        let cause = match std::error::Error::source(e) {
-            Some(source) => format!("{e}: {source}"),
-            None => e.to_string(),
-        };
-        if e.is_user() || e.is_body_write_aborted() {
-            // Our request body failed: the application went away or sent a malformed body.
-            if cause.contains(crate::wire::REQUEST_BODY_IDLE) {
-                self.cuts.body_idle.inc();
-            }
-            return self.error(ErrorKind::BadRequest, format!("request body: {cause}"));
-        }
-        self.error(
-            ErrorKind::UpstreamReset,
-            format!("connection closed before a response: {cause}"),
-        )
     }
 
     /// The endpoints this upstream's connections go to.
@@ -902,70 +881,6 @@ impl Upstream {
                 }
             }
         })
-    }
-
-    /// Maps an HTTP/1.1 exchange error to the contract's kinds.
-    fn classify_h1(&self, e: &h1::Error) -> ProxyError {
-        match e {
-            h1::Error::Invalid(_) => self.error(ErrorKind::ProtocolError, e.to_string()),
-            h1::Error::RequestBody(why) => {
-                if why.contains(crate::wire::REQUEST_BODY_IDLE) {
-                    self.cuts.body_idle.inc();
-                }
-                self.error(ErrorKind::BadRequest, e.to_string())
-            }
-            h1::Error::Closed | h1::Error::Truncated(_) => {
-                self.error(ErrorKind::UpstreamReset, e.to_string())
-            }
-            h1::Error::Io(io) => self.error(
-                ErrorKind::UpstreamReset,
-                format!("connection closed before a response: {io}"),
-            ),
-        }
-    }
-
-    /// Maps an HTTP/2 stream error to the contract's kinds; `true` when the upstream refused
-    /// the stream unprocessed (REFUSED_STREAM, or GOAWAY with a lower last stream id).
-    fn classify_h2(&self, e: &h2::Error) -> (ProxyError, bool) {
-        let err = match e {
-            h2::Error::Unsent(err) | h2::Error::Stream(err) => err,
-            // Our request body failed: the application went away or sent a malformed body.
-            h2::Error::RequestBody(why) => {
-                if why.contains(crate::wire::REQUEST_BODY_IDLE) {
-                    self.cuts.body_idle.inc();
-                }
-                return (self.error(ErrorKind::BadRequest, e.to_string()), false);
-            }
-            h2::Error::Dropped(why) => {
-                let cause = format!("connection closed before a response: {why}");
-                return (self.error(ErrorKind::UpstreamReset, cause), false);
-            }
-            // Never on the wire: unprocessed, as a refused stream is.
-            h2::Error::NotOpened(_) => {
-                return (self.error(ErrorKind::UpstreamReset, format!("HTTP/2 {e}")), true);
-            }
-        };
-        if err.reason() == Some(::h2::Reason::PROTOCOL_ERROR) {
-            return (
-                self.error(ErrorKind::ProtocolError, format!("HTTP/2: {err}")),
-                false,
-            );
-        }
-        if err.is_io() || err.reason().is_none() {
-            return (
-                self.error(
-                    ErrorKind::UpstreamReset,
-                    format!("connection closed before a response: {err}"),
-                ),
-                false,
-            );
-        }
-        let refused =
-            err.reason() == Some(::h2::Reason::REFUSED_STREAM) || (err.is_go_away() && err.is_remote());
-        (
-            self.error(ErrorKind::UpstreamReset, format!("HTTP/2 stream failed: {err}")),
-            refused,
-        )
     }
 }
 
