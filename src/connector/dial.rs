@@ -256,7 +256,7 @@ impl Connector {
         // costs this wait once. Afterwards the driver republishes the limit after every poll,
         // so the pool follows a server that changes it.
         let wait_until = deadline.min(Instant::now() + (rtt * 2).max(MIN_SETTINGS_WAIT));
-        while sender.current_max_streams() == unheard && Instant::now() < wait_until {
+        while sender.max_streams() == unheard && Instant::now() < wait_until {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(Dialed::Http2(sender))

@@ -17,7 +17,7 @@
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -59,9 +59,9 @@ struct Shared {
     closed: AtomicBool,
     /// Streams awaiting or streaming a response (PINGs go out only while there are some).
     open: AtomicUsize,
-    /// Why the driver dropped the connection, when its streams cannot tell (they see the
-    /// socket closed under them).
-    ended: OnceLock<&'static str>,
+    /// The driver dropped the connection for an unanswered PING: its streams cannot tell
+    /// (they see the socket closed under them).
+    unanswered: AtomicBool,
 }
 
 /// Opens streams on one connection; cloned per stream. When every clone is gone (the pool
@@ -89,9 +89,9 @@ pub enum Error {
     /// Our request body failed (the application went away, or sent a malformed body).
     #[error("request body: {0}")]
     RequestBody(String),
-    /// The connection was dropped under the stream, for this reason.
-    #[error("{0}")]
-    Dropped(&'static str),
+    /// The driver dropped the connection under the stream: a keepalive PING went unanswered.
+    #[error("{}", UNANSWERED)]
+    Unanswered,
 }
 
 /// Performs the HTTP/2 handshake over `io` and spawns the connection's driver, which holds
@@ -121,7 +121,7 @@ where
         max_streams: AtomicUsize::new(unheard),
         closed: AtomicBool::new(false),
         open: AtomicUsize::new(0),
-        ended: OnceLock::new(),
+        unanswered: AtomicBool::new(false),
     });
     let pings = keepalive.and_then(|k| conn.ping_pong().map(|pp| Pings::new(pp, k)));
     let driver = Driver {
@@ -142,12 +142,6 @@ impl Sender {
         self.shared.max_streams.load(Ordering::Relaxed)
     }
 
-    /// The server's stream limit as the connection knows it now (before the driver
-    /// republishes it).
-    pub fn current_max_streams(&self) -> usize {
-        self.tx.current_max_send_streams()
-    }
-
     /// Whether the connection is gone.
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Relaxed)
@@ -160,8 +154,9 @@ impl Sender {
             .await
             .map_err(Error::Unsent)?;
         let (parts, body) = crate::wire::take_request(req).into_parts();
+        // Fields HTTP/2 forbids (`Connection` and the rest) are gone already: every request
+        // passes `proxy::headers::to_upstream`, and `request_headers` may not set them.
         let mut head = Request::from_parts(parts, ());
-        strip_connection_headers(head.headers_mut());
         let end = body.is_end_stream();
         if let Some(len) = body.size_hint().exact() {
             // As hyper does: an empty body is stated only where the method expects one.
@@ -207,40 +202,11 @@ impl Sender {
 
     /// A stream's error; one that only saw the socket go says why the driver dropped it.
     fn stream_error(&self, e: h2::Error) -> Error {
-        match self.shared.ended.get() {
-            Some(why) if e.is_io() => Error::Dropped(why),
-            _ => Error::Stream(e),
+        if e.is_io() && self.shared.unanswered.load(Ordering::Relaxed) {
+            Error::Unanswered
+        } else {
+            Error::Stream(e)
         }
-    }
-}
-
-/// Removes the fields HTTP/2 forbids (RFC 9113 §8.2.2), which h2 would refuse the request
-/// for. The proxy has taken them out of forwarded requests already (`te: trailers` aside), so
-/// this is a guard: one scan of the names, not a lookup per field.
-fn strip_connection_headers(headers: &mut HeaderMap) {
-    use http::header::TE;
-    let forbidden = |name: &http::HeaderName| {
-        matches!(
-            name.as_str(),
-            "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade" | "te"
-        )
-    };
-    if !headers.keys().any(forbidden) {
-        return;
-    }
-    let trailers = headers.get(TE).is_some_and(|te| te == "trailers");
-    for name in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
-        "te",
-    ] {
-        headers.remove(name);
-    }
-    if trailers {
-        headers.insert(TE, http::HeaderValue::from_static("trailers"));
     }
 }
 
@@ -413,7 +379,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Future for Driver<T> {
         let open = this.shared.open.load(Ordering::Relaxed) > 0;
         if let Some(pings) = &mut this.pings {
             if let Poll::Ready(e) = pings.poll(cx, open) {
-                let _ = this.shared.ended.set(UNANSWERED);
+                this.shared.unanswered.store(true, Ordering::Relaxed);
                 this.shared.closed.store(true, Ordering::Relaxed);
                 return Poll::Ready(Err(e));
             }
@@ -608,8 +574,6 @@ mod tests {
         let (body, tx) = RequestBody::channel(None);
         let mut req = post(body);
         req.headers_mut()
-            .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-        req.headers_mut()
             .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
         let client = tokio::spawn(async move {
             let resp = sender.send(&mut req).await.unwrap();
@@ -632,10 +596,6 @@ mod tests {
         });
         let (request, mut respond) = server.accept().await.unwrap().unwrap();
         let serve = tokio::spawn(async move { while server.accept().await.is_some() {} });
-        assert!(
-            request.headers().get("connection").is_none(),
-            "stripped for HTTP/2"
-        );
         assert_eq!(request.headers()["te"], "trailers");
         let mut body = request.into_body();
         let mut received = Vec::new();

@@ -61,8 +61,8 @@ impl Upstream {
                 }
                 return (self.error(ErrorKind::BadRequest, e.to_string()), false);
             }
-            h2::Error::Dropped(why) => {
-                let cause = format!("connection closed before a response: {why}");
+            h2::Error::Unanswered => {
+                let cause = format!("connection closed before a response: {e}");
                 return (self.error(ErrorKind::UpstreamReset, cause), false);
             }
             // Never on the wire: unprocessed, as a refused stream is.

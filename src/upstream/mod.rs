@@ -292,10 +292,7 @@ impl Upstream {
         });
         let host_header = host_header(scheme, &authority);
         Upstream {
-            uri_authority: http::uri::Authority::from_maybe_shared(bytes::Bytes::copy_from_slice(
-                host_header.as_bytes(),
-            ))
-            .ok(),
+            uri_authority: http::uri::Authority::try_from(host_header.as_bytes()).ok(),
             host_header,
             label,
             scheme,
