@@ -24,13 +24,12 @@
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future as _};
 use std::io::{self, IoSlice, Write as _};
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::header::CONTENT_LENGTH;
+use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 #[cfg(any(test, feature = "test-support"))]
 use tokio::io::DuplexStream;
@@ -38,15 +37,17 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+use self::head::Framing;
+pub use self::head::Persistence;
 use super::Place;
 use crate::spare;
 use crate::wire::codec::{self, BodyFraming, Decoder};
 use crate::wire::RequestBody;
 
+mod head;
+
 /// Largest response head (and trailer section) accepted: the read buffer's cap.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Most header fields in a response head.
-const MAX_RESPONSE_HEADERS: usize = 128;
 /// Bytes asked of the socket per read.
 const READ_SIZE: usize = 16 * 1024;
 /// Body frames up to this size are copied next to their chunk framing (one slice to write).
@@ -496,10 +497,10 @@ impl Transfer {
     /// incomplete.
     fn parse_head(&mut self, buf: &mut BytesMut) -> Result<Option<Response<()>>, Error> {
         loop {
-            let Some((resp, persistence)) = parse_response_head(buf)? else {
+            let Some(head) = head::parse(buf)? else {
                 return Ok(None);
             };
-            let status = resp.status();
+            let status = head.resp.status();
             if status.is_informational() {
                 if status == StatusCode::SWITCHING_PROTOCOLS {
                     return Err(Error::Invalid(
@@ -508,30 +509,25 @@ impl Transfer {
                 }
                 continue;
             }
-            self.response = self.body_framing(&resp)?;
-            self.persistence = persistence;
-            return Ok(Some(resp));
+            self.response = self.body_framing(status, head.framing)?;
+            self.persistence = head.persistence;
+            return Ok(Some(head.resp));
         }
     }
 
-    fn body_framing(&self, resp: &Response<()>) -> Result<ResponseState, Error> {
-        let status = resp.status();
+    fn body_framing(&self, status: StatusCode, framing: Framing) -> Result<ResponseState, Error> {
         if self.head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             return Ok(ResponseState::Done);
         }
-        let headers = resp.headers();
-        if let Some(last) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
-            let final_coding = last.as_bytes().rsplit(|b| *b == b',').next().unwrap_or(b"");
-            return Ok(if final_coding.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-                ResponseState::Framed(Decoder::new(BodyFraming::Chunked))
-            } else {
-                ResponseState::UntilClose
-            });
-        }
-        match content_length(headers)? {
-            Some(0) => Ok(ResponseState::Done),
-            Some(n) => Ok(ResponseState::Framed(Decoder::new(BodyFraming::Length(n)))),
-            None => Ok(ResponseState::UntilClose),
+        match framing {
+            Framing::TransferCoded { chunked: true } => {
+                Ok(ResponseState::Framed(Decoder::new(BodyFraming::Chunked)))
+            }
+            Framing::TransferCoded { chunked: false } | Framing::Unframed => Ok(ResponseState::UntilClose),
+            Framing::Length(0) => Ok(ResponseState::Done),
+            Framing::Length(n) => Ok(ResponseState::Framed(Decoder::new(BodyFraming::Length(n)))),
+            Framing::MalformedLength => Err(Error::Invalid("malformed Content-Length".into())),
+            Framing::DifferingLengths => Err(Error::Invalid("differing Content-Length values".into())),
         }
     }
 
@@ -633,160 +629,22 @@ impl Transfer {
     }
 }
 
-/// `Content-Length`, if any; differing values are an error.
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
-    let mut length = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            let n = std::str::from_utf8(part)
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| Error::Invalid("malformed Content-Length".into()))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Error::Invalid("differing Content-Length values".into()));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(length)
-}
-
-/// What a response head says about its connection (`Connection` and `Keep-Alive`), read
-/// while the head is parsed.
-#[derive(Debug, Default, Clone)]
-pub struct Persistence {
-    /// The upstream will close: `Connection: close`, or HTTP/1.0 without `keep-alive`.
-    pub close: bool,
-    /// The `Keep-Alive` field's value (`timeout=5, max=100`), when present.
-    pub hint: Option<HeaderValue>,
-}
-
-/// Parses a response head off the front of `buf`; `Ok(None)`: incomplete. Header values share
-/// the head's memory instead of being copied one by one.
-///
-/// `Connection` and `Keep-Alive` are read here for [`Persistence`], and when `Connection`
-/// carries only `close` and `keep-alive` (what upstreams send), both are left out of the
-/// head: they are hop-by-hop, and every later step (reuse, the hop-by-hop rewrite) would
-/// otherwise look them up again. A `Connection` naming other fields stays, for the rewrite to
-/// remove them.
-fn parse_response_head(buf: &mut BytesMut) -> Result<Option<(Response<()>, Persistence)>, Error> {
-    // Uninitialised: filling 128 empty slots (4 KiB) cost more than parsing a small head.
-    let mut slots = [const { MaybeUninit::uninit() }; MAX_RESPONSE_HEADERS];
-    let mut parsed = httparse::Response::new(&mut []);
-    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-        &mut parsed,
-        buf,
-        &mut slots,
-    ) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(Error::Invalid(e.to_string())),
-    };
-    let code = parsed.code.unwrap_or(0);
-    let status = StatusCode::from_u16(code).map_err(|_| Error::Invalid(format!("status {code}")))?;
-    let version = match parsed.version {
-        Some(0) => Version::HTTP_10,
-        _ => Version::HTTP_11,
-    };
-    let mut tokens = codec::ConnectionTokens::default();
-    let mut hint = None;
-    let mut chunked = false;
-    let base = buf.as_ptr() as usize;
-    let mut fields: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(parsed.headers.len());
-    for h in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
-            .map_err(|_| Error::Invalid(format!("header name {:?}", h.name)))?;
-        if name == CONNECTION {
-            tokens.read(h.value);
-        }
-        chunked |= name == TRANSFER_ENCODING;
-        let start = h.value.as_ptr() as usize - base;
-        fields.push((name, start, h.value.len()));
-    }
-    let head = buf.split_to(len).freeze();
-    let mut headers = crate::spare::header_map(fields.len());
-    for (name, start, len) in fields {
-        if chunked && name == CONTENT_LENGTH {
-            // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3); passing both on
-            // would let the application frame the body differently.
-            continue;
-        }
-        let value = HeaderValue::from_maybe_shared(head.slice(start..start + len))
-            .map_err(|_| Error::Invalid(format!("value of {name}")))?;
-        if name == KEEP_ALIVE {
-            hint = Some(value.clone());
-        }
-        if !tokens.names_fields && (name == CONNECTION || name == KEEP_ALIVE) {
-            continue;
-        }
-        headers.append(name, value);
-    }
-    let mut resp = Response::new(());
-    *resp.status_mut() = status;
-    *resp.version_mut() = version;
-    *resp.headers_mut() = headers;
-    // `close` wins over `keep-alive` (as for requests); HTTP/1.0 closes unless it asks to stay.
-    let close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
-    Ok(Some((resp, Persistence { close, hint })))
-}
-
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-
 #[cfg(test)]
 mod tests {
+    use http::{HeaderValue, Version};
+
     use super::*;
 
     fn head(text: &str) -> Result<Option<Response<()>>, Error> {
-        Ok(parse_response_head(&mut BytesMut::from(text))?.map(|(resp, _)| resp))
-    }
-
-    fn persistence(text: &str) -> (Response<()>, Persistence) {
-        parse_response_head(&mut BytesMut::from(text))
-            .unwrap()
-            .expect("complete")
-    }
-
-    #[test]
-    fn connection_and_keep_alive_are_read_and_left_out_when_they_name_nothing_else() {
-        let (resp, seen) = persistence(
-            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5, max=9\r\nContent-Length: 0\r\n\r\n",
-        );
-        assert!(!seen.close);
-        assert_eq!(seen.hint.unwrap(), "timeout=5, max=9");
-        assert!(resp.headers().get("connection").is_none());
-        assert!(resp.headers().get("keep-alive").is_none());
-        assert_eq!(resp.headers().get("content-length").unwrap(), "0");
-
-        let (_, seen) = persistence("HTTP/1.1 200 OK\r\nConnection: Close\r\n\r\n");
-        assert!(seen.close);
-        let (_, seen) = persistence("HTTP/1.0 200 OK\r\n\r\n");
-        assert!(seen.close, "HTTP/1.0 closes unless it says keep-alive");
-        let (_, seen) = persistence("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\n\r\n");
-        assert!(!seen.close);
-        let (_, seen) = persistence("HTTP/1.1 200 OK\r\nConnection: close, keep-alive\r\n\r\n");
-        assert!(seen.close, "close wins over keep-alive");
-    }
-
-    #[test]
-    fn a_connection_naming_other_fields_stays_for_the_hop_by_hop_rewrite() {
-        let (resp, seen) = persistence(
-            "HTTP/1.1 200 OK\r\nConnection: close, x-private\r\nX-Private: 1\r\nKeep-Alive: timeout=3\r\n\r\n",
-        );
-        assert!(seen.close);
-        assert_eq!(seen.hint.unwrap(), "timeout=3");
-        assert_eq!(resp.headers().get("connection").unwrap(), "close, x-private");
-        assert_eq!(resp.headers().get("keep-alive").unwrap(), "timeout=3");
-        assert_eq!(resp.headers().get("x-private").unwrap(), "1");
+        Ok(head::parse(&mut BytesMut::from(text))?.map(|head| head.resp))
     }
 
     fn framing(req_method: Method, text: &str) -> Result<ResponseState, Error> {
         let mut req = Request::new(RequestBody::Empty);
         *req.method_mut() = req_method;
         let transfer = Transfer::start(&mut req);
-        let resp = head(text)?.expect("complete");
-        transfer.body_framing(&resp)
+        let head = head::parse(&mut BytesMut::from(text))?.expect("complete");
+        transfer.body_framing(head.resp.status(), head.framing)
     }
 
     #[test]
@@ -847,29 +705,6 @@ mod tests {
         ));
         assert!(head("HTTP/1.1 2000 OK\r\n\r\n").is_err());
         assert!(head("NOT HTTP\r\n\r\n").is_err());
-    }
-
-    #[test]
-    fn response_header_fields_up_to_the_limit_parse_and_one_more_is_refused() {
-        let with_fields = |n: usize| {
-            let fields: String = (0..n).map(|i| format!("x-f{i}: {i}\r\n")).collect();
-            format!("HTTP/1.1 200 OK\r\n{fields}\r\n")
-        };
-        let resp = head(&with_fields(MAX_RESPONSE_HEADERS)).unwrap().unwrap();
-        assert_eq!(resp.headers().len(), MAX_RESPONSE_HEADERS);
-        assert_eq!(resp.headers()["x-f127"], "127");
-        assert!(matches!(
-            head(&with_fields(MAX_RESPONSE_HEADERS + 1)),
-            Err(Error::Invalid(_))
-        ));
-    }
-
-    #[test]
-    fn chunked_response_drops_content_length() {
-        let resp = head("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n")
-            .unwrap()
-            .unwrap();
-        assert!(!resp.headers().contains_key(CONTENT_LENGTH));
     }
 
     #[test]
