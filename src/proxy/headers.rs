@@ -26,6 +26,8 @@
 //! leak internal addresses, and a `Via` header turns off compression on many servers (nginx's
 //! `gzip_proxied off` default).
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
 use http::header::{
     ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, HOST, MAX_FORWARDS, PROXY_AUTHENTICATE,
@@ -41,7 +43,7 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Removed in both directions.
-static HOP_BY_HOP: [HeaderName; 6] = [
+const HOP_BY_HOP: [HeaderName; 6] = [
     CONNECTION,
     PROXY_CONNECTION,
     KEEP_ALIVE,
@@ -49,6 +51,13 @@ static HOP_BY_HOP: [HeaderName; 6] = [
     UPGRADE,
     TE,
 ];
+/// `TE`'s bit in what [`Strip::present`] finds.
+const TE_PRESENT: u16 = 1 << 5;
+
+/// Removed from requests, with the hop-by-hop set.
+static TO_UPSTREAM: LazyLock<Strip> = LazyLock::new(|| Strip::with(&[PROXY_AUTHORIZATION, EXPECT]));
+/// Removed from responses, with the hop-by-hop set.
+static TO_DOWNSTREAM: LazyLock<Strip> = LazyLock::new(|| Strip::with(&[PROXY_AUTHENTICATE]));
 
 /// Takes `x-egress-timeout` (a duration: `30s`, `1500ms`; `0s` turns the upstream's
 /// `request_timeout` off) and `x-egress-retry` (`off`, or `on` for the upstream's policy)
@@ -163,13 +172,15 @@ pub fn to_upstream<B>(req: &mut Request<B>, host: &HeaderValue) {
         *req.uri_mut() = Uri::from_parts(origin_form).unwrap_or_else(|_| Uri::from_static("/"));
     }
     let headers = req.headers_mut();
-    let wants_trailers = headers.get_all(TE).iter().any(|v| {
-        v.to_str()
-            .unwrap_or("")
-            .split(',')
-            .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-    });
-    strip_hop_by_hop(headers, &[PROXY_AUTHORIZATION, EXPECT]);
+    let present = TO_UPSTREAM.present(headers);
+    let wants_trailers = present & TE_PRESENT != 0
+        && headers.get_all(TE).iter().any(|v| {
+            v.to_str()
+                .unwrap_or("")
+                .split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
+    TO_UPSTREAM.remove(headers, present);
     if wants_trailers {
         headers.insert(TE, HeaderValue::from_static("trailers"));
     }
@@ -202,57 +213,81 @@ fn keep_upgrade(headers: &mut HeaderMap, protocols: Vec<HeaderValue>) {
 
 /// Rewrites an upstream response for the application.
 pub fn to_downstream<B>(resp: &mut Response<B>) {
-    strip_hop_by_hop(resp.headers_mut(), &[PROXY_AUTHENTICATE]);
+    let headers = resp.headers_mut();
+    let present = TO_DOWNSTREAM.present(headers);
+    TO_DOWNSTREAM.remove(headers, present);
 }
 
-/// Removes `Connection`, the fields it names, the fixed hop-by-hop set, and `also`.
+/// The fields to remove in one direction: `Connection` and the fields it names, the
+/// hop-by-hop set, and that direction's own.
 ///
-/// One pass over the names present finds what to remove, without allocating: most messages
+/// One pass over the names present finds which are there, without allocating: most messages
 /// carry few of these, and a hash lookup per candidate name cost more than the rest of the
 /// rewriting (callgrind).
-fn strip_hop_by_hop(headers: &mut HeaderMap, also: &[HeaderName]) {
-    let candidates = || HOP_BY_HOP.iter().chain(also);
-    debug_assert!(HOP_BY_HOP.len() + also.len() <= 16);
-    // Bit n: some candidate is n bytes long (31: longer). Most fields of a message (Date,
-    // Server, Content-Type, Content-Length, User-Agent...) differ in length from every
-    // candidate and are passed over without comparing names.
-    let length_bit = |name: &HeaderName| 1u32 << name.as_str().len().min(31);
-    let lengths = candidates().fold(0, |bits, candidate| bits | length_bit(candidate));
-    // Bit i: the i-th candidate is present.
-    let mut present = 0u16;
-    for name in headers.keys() {
-        if lengths & length_bit(name) == 0 {
-            continue;
+struct Strip {
+    /// The hop-by-hop set first (`Connection` at 0), then the direction's own; at most 16.
+    names: Vec<HeaderName>,
+    /// Bit n: some name is n bytes long (31: longer). Most fields of a message (Date, Server,
+    /// Content-Type, Content-Length...) differ in length from every name here and are passed
+    /// over without comparing names. Worked out once: it cost a name lookup per candidate on
+    /// every message.
+    lengths: u32,
+}
+
+impl Strip {
+    fn with(own: &[HeaderName]) -> Strip {
+        let names: Vec<HeaderName> = HOP_BY_HOP.iter().chain(own).cloned().collect();
+        assert!(names.len() <= 16, "one bit per name in a u16");
+        let lengths = names.iter().fold(0, |bits, name| bits | length_bit(name));
+        Strip { names, lengths }
+    }
+
+    /// Bit i: the i-th name is in `headers`.
+    fn present(&self, headers: &HeaderMap) -> u16 {
+        let mut present = 0;
+        for name in headers.keys() {
+            if self.lengths & length_bit(name) == 0 {
+                continue;
+            }
+            if let Some(i) = self.names.iter().position(|candidate| candidate == name) {
+                present |= 1 << i;
+            }
         }
-        if let Some(i) = candidates().position(|candidate| candidate == name) {
-            present |= 1 << i;
+        present
+    }
+
+    /// Removes the names `present` found, and those `Connection` names.
+    fn remove(&self, headers: &mut HeaderMap, present: u16) {
+        if present & 1 != 0 {
+            debug_assert_eq!(self.names[0], CONNECTION);
+            let named: Vec<HeaderName> = headers
+                .get_all(CONNECTION)
+                .iter()
+                // Bytes, not `to_str`: one non-ASCII token must not hide the names beside it.
+                .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+                .map(<[u8]>::trim_ascii)
+                // The usual tokens: `close` names no field, `keep-alive` one removed anyway.
+                .filter(|token| {
+                    !token.eq_ignore_ascii_case(b"close") && !token.eq_ignore_ascii_case(b"keep-alive")
+                })
+                .filter_map(|token| HeaderName::from_bytes(token).ok())
+                // A client must not be able to strip the fields that frame or route the message.
+                .filter(|name| *name != HOST && *name != http::header::CONTENT_LENGTH)
+                .collect();
+            for name in named {
+                headers.remove(name);
+            }
+        }
+        for (i, name) in self.names.iter().enumerate() {
+            if present & (1 << i) != 0 {
+                headers.remove(name);
+            }
         }
     }
-    if present & 1 != 0 {
-        debug_assert_eq!(HOP_BY_HOP[0], CONNECTION);
-        let named: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            // Bytes, not `to_str`: one non-ASCII token must not hide the names beside it.
-            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-            .map(<[u8]>::trim_ascii)
-            // The usual tokens: `close` names no field, `keep-alive` one removed anyway.
-            .filter(|token| {
-                !token.eq_ignore_ascii_case(b"close") && !token.eq_ignore_ascii_case(b"keep-alive")
-            })
-            .filter_map(|token| HeaderName::from_bytes(token).ok())
-            // A client must not be able to strip the fields that frame or route the message.
-            .filter(|name| *name != HOST && *name != http::header::CONTENT_LENGTH)
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    for (i, name) in candidates().enumerate() {
-        if present & (1 << i) != 0 {
-            headers.remove(name);
-        }
-    }
+}
+
+fn length_bit(name: &HeaderName) -> u32 {
+    1 << name.as_str().len().min(31)
 }
 
 #[cfg(test)]
