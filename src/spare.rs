@@ -81,10 +81,13 @@ pub static DOWNSTREAM: Spares = Spares {
     largest: 8 * 1024,
 };
 
-/// Pooled HTTP/1.1 upstream connections' read buffers.
+/// Pooled HTTP/1.1 upstream connections' read buffers. Sixteen: with four, at 8 requests in
+/// flight on a thread about half the exchanges found none and allocated 16 KiB (and freed
+/// one at their end): 281 instructions per request at 8 connections, 761 at 64 (callgrind).
+/// What a thread keeps after a burst is at most 256 KiB.
 pub static UPSTREAM: Spares = Spares {
     kept: &UPSTREAM_READS,
-    per_thread: 4,
+    per_thread: 16,
     largest: 32 * 1024,
 };
 
@@ -139,13 +142,18 @@ mod tests {
         assert!(consumed.capacity() <= 100, "only the room left shows");
         UPSTREAM.give_back(consumed);
         assert_eq!(UPSTREAM.kept(), 0, "judged by its whole allocation");
-        for _ in 0..6 {
+        for _ in 0..UPSTREAM.per_thread + 2 {
             UPSTREAM.give_back(BytesMut::with_capacity(16 * 1024));
         }
-        assert_eq!(UPSTREAM.kept(), 4, "a burst leaves at most four");
+        assert_eq!(
+            UPSTREAM.kept(),
+            UPSTREAM.per_thread,
+            "a burst leaves at most per_thread"
+        );
         assert_eq!(DOWNSTREAM.kept(), 0, "each kind keeps its own");
-        let taken: Vec<BytesMut> = (0..6).map(|_| UPSTREAM.take()).collect();
-        assert_eq!(taken.iter().filter(|b| b.capacity() >= 16 * 1024).count(), 4);
+        let taken: Vec<BytesMut> = (0..UPSTREAM.per_thread + 2).map(|_| UPSTREAM.take()).collect();
+        let kept = taken.iter().filter(|b| b.capacity() >= 16 * 1024).count();
+        assert_eq!(kept, UPSTREAM.per_thread);
         assert_eq!(UPSTREAM.kept(), 0);
     }
 
