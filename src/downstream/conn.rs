@@ -702,7 +702,12 @@ impl BodyPump {
         if self.failed || buf.len() >= max_head {
             return std::future::pending().await;
         }
-        buf.reserve(1024);
+        // Any room will do to see the close or pipelined bytes. Reserving more while the
+        // request's head still shares the buffer's memory allocated a new buffer for every
+        // request (callgrind).
+        if buf.capacity() == buf.len() {
+            buf.reserve(1024);
+        }
         match rd.read_buf(buf).await {
             Ok(0) => Err(BodyError("client closed the connection".into())),
             Ok(_) => Ok(()),
@@ -803,6 +808,30 @@ mod tests {
         // 2,824 bytes in a test build when it was first boxed once per connection (issue 25);
         // release builds lay it out smaller.
         assert!(size <= 2_824, "the exchanges' state grew to {size} bytes");
+    }
+
+    /// While a request without a body waits for its response, the pump watches the client
+    /// for a close: it must read into the room its buffer has left, not reserve a new buffer
+    /// (the request's head still shares the old one's memory, so every request allocated).
+    #[tokio::test]
+    async fn watching_for_the_close_reads_into_the_room_left() {
+        let mut buf = bytes::BytesMut::with_capacity(1024);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        let head = buf.split_to(buf.len()).freeze();
+        let (room, start) = (buf.capacity(), buf.as_ptr());
+        assert!(room < 1024);
+        let mut pump = super::BodyPump::finished();
+        let mut pipelined: &[u8] = b"GET /next";
+        let mut client = tokio::io::sink();
+        let watched = pump.step_or_watch(&mut pipelined, &mut buf, &mut client, 1024, 8192);
+        watched.await.unwrap();
+        assert_eq!(&buf[..], b"GET /next");
+        assert_eq!(
+            buf.as_ptr(),
+            start,
+            "read into the {room} bytes left, not a new buffer"
+        );
+        assert_eq!(&head[..], b"GET / HTTP/1.1\r\n\r\n");
     }
 
     /// A readiness event can arrive after the read that took its bytes (the read cleared the
