@@ -14,9 +14,19 @@ use crate::upstream::Shared;
 /// A context over `config` whose guard refuses `local`, with `limit` connection permits. The
 /// draining sender is leaked, so draining never starts.
 pub(crate) fn context(config: Config, local: Vec<SocketAddr>, limit: usize) -> Arc<Context> {
+    let (ctx, drain_tx) = context_with_drain(config, local, limit);
+    std::mem::forget(drain_tx);
+    ctx
+}
+
+/// [`context`], and the sender that starts draining it.
+pub(crate) fn context_with_drain(
+    config: Config,
+    local: Vec<SocketAddr>,
+    limit: usize,
+) -> (Arc<Context>, tokio::sync::watch::Sender<bool>) {
     let config = Arc::new(config);
     let (drain_tx, drain) = tokio::sync::watch::channel(false);
-    std::mem::forget(drain_tx);
     let shared = Shared {
         guard: Arc::new(Guard::new(local, config.policy.clone())),
         metrics: Default::default(),
@@ -26,10 +36,11 @@ pub(crate) fn context(config: Config, local: Vec<SocketAddr>, limit: usize) -> A
     let metrics = shared.metrics.clone();
     let proxy = Proxy::new(Router::new(config.clone(), &[], shared));
     let ctx = Context::new(config.downstream, proxy, drain, metrics, Default::default(), None);
-    Arc::new(Context {
+    let ctx = Arc::new(Context {
         limit: Arc::new(tokio::sync::Semaphore::new(limit)),
         ..ctx
-    })
+    });
+    (ctx, drain_tx)
 }
 
 /// A forward-proxy listener served with `yaml`, for tests that read the downstream counters.
