@@ -5,13 +5,12 @@
 //!
 //! # Memory while idle
 //! Between requests the task waits on socket readiness alone: the read buffer is released.
-//! The per-exchange state (about 2.3 KiB) lives in a box made when the first request arrives,
-//! which a connection keeps between its requests while it stays in its task: a box per
-//! request cost two of malloc's slow paths each time. An idle connection therefore costs its
-//! task, that box, its socket registration and a timer, not the ~16 KiB of buffers a
-//! general-purpose server keeps; and after `park::PARK_AFTER` the task ends, with the box, and
-//! the connection waits in `park`, which costs less still. One that has not sent a request yet
-//! holds no box.
+//! The per-exchange state (about 2.3 KiB) lives in a box made when a request arrives, which a
+//! connection keeps while requests follow within `QUIET_AFTER` (a box per request cost two of
+//! malloc's slow paths each time). An idle connection therefore costs its task, its socket
+//! registration and a timer, not the ~16 KiB of buffers a general-purpose server keeps; and
+//! after `park::PARK_AFTER` the task ends and the connection waits in `park`, which costs less
+//! still.
 //!
 //! # Cancel safety
 //! Reading the request body runs beside the proxy call and the response writer in `select!`
@@ -825,8 +824,8 @@ impl BodyPump {
 mod tests {
     use std::sync::Arc;
 
-    /// What a connection costs in its task before its first request is mostly this future
-    /// (plus its task, socket registration and timer entry), and after it this and the boxed
+    /// What an idle connection costs in its task is mostly this future (plus its task, socket
+    /// registration and timer entry), and while requests follow closely this and the boxed
     /// exchanges' state: keep it from creeping up unnoticed.
     #[tokio::test]
     async fn an_idle_connection_future_stays_small() {
