@@ -84,7 +84,8 @@ pub static DOWNSTREAM: Spares = Spares {
 /// Pooled HTTP/1.1 upstream connections' read buffers. Sixteen: with four, at 8 requests in
 /// flight on a thread about half the exchanges found none and allocated 16 KiB (and freed
 /// one at their end): 281 instructions per request at 8 connections, 761 at 64 (callgrind).
-/// What a thread keeps after a burst is at most 256 KiB.
+/// What a thread keeps after a burst is at most 16 x `largest` (512 KiB), 256 KiB when the
+/// buffers are as allocated.
 pub static UPSTREAM: Spares = Spares {
     kept: &UPSTREAM_READS,
     per_thread: 16,

@@ -2,9 +2,9 @@
 //! its fields say about the body's framing and about the connection.
 //!
 //! The fields that decide framing and reuse (`Transfer-Encoding`, `Content-Length`,
-//! `Connection`, `Keep-Alive`) are recognised by their bytes while httparse's slices are at
-//! hand: looking them up again in the header map cost a hash and a probe each (callgrind),
-//! and most heads carry none of them but `Content-Length`.
+//! `Connection`) are recognised by their bytes while httparse's slices are at hand, and
+//! `Keep-Alive` by its name as the map is filled: looking them up again in the header map cost
+//! a hash and a probe each (callgrind), and most heads carry none of them but `Content-Length`.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
