@@ -121,22 +121,22 @@ pub(super) async fn serve<S: Stream>(
                 Wake::Readable => {}
                 wake => return ended(conn, wake, ctx),
             }
-        }
-        if conn.requests == 0 && conn.buf.is_empty() {
-            let deadline = Instant::now() + ctx.config.get().header_read_timeout;
-            if super::h2::starts_with_preface(&conn.stream, deadline).await {
-                let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
-                let _ = Box::pin(super::h2::serve(
-                    conn.stream,
-                    arrival.clone(),
-                    source,
-                    ctx.clone(),
-                ))
-                .await;
-                return Ended::Closed(Served {
-                    requests: 0,
-                    idle_closed: false,
-                });
+            if conn.requests == 0 {
+                let deadline = Instant::now() + ctx.config.get().header_read_timeout;
+                if super::h2::starts_with_preface(&conn.stream, deadline).await {
+                    let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
+                    let _ = Box::pin(super::h2::serve(
+                        conn.stream,
+                        arrival.clone(),
+                        source,
+                        ctx.clone(),
+                    ))
+                    .await;
+                    return Ended::Closed(Served {
+                        requests: 0,
+                        idle_closed: false,
+                    });
+                }
             }
         }
         // The exchanges' state (about 2.3 KiB) is boxed once a request is here, and kept while
@@ -307,7 +307,6 @@ async fn wait_for_bytes<S: Stream>(
     drain: &mut watch::Receiver<bool>,
     quiet_after: Option<Duration>,
 ) -> Wake {
-    let now = Instant::now();
     if conn.requests == 0 {
         // A new connection gets its first request served even while draining (apps finishing
         // their work need egress).
@@ -317,6 +316,7 @@ async fn wait_for_bytes<S: Stream>(
             Err(_) => Wake::TimedOut,
         };
     }
+    let now = Instant::now();
     let park_at = now + PARK_AFTER;
     let parks = ctx.parking.available() && conn.idle_deadline > park_at;
     let until = if parks { park_at } else { conn.idle_deadline };
@@ -845,9 +845,8 @@ mod tests {
     #[tokio::test]
     async fn the_exchanges_boxed_state_stays_bounded() {
         let (conn, _server) = new_session().await;
-        let (ctx, drain) = context();
+        let (ctx, mut drain) = context();
         let mut arrival = crate::routing::Arrival::Forward;
-        let mut drain = drain;
         let serving = super::serve_requests(conn, &mut arrival, &ctx, &mut drain);
         let size = std::mem::size_of_val(&serving);
         // 2,808 bytes in a test build when first boxed apart (issue 25); release builds lay
