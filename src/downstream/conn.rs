@@ -13,10 +13,8 @@
 //! which costs less still.
 //!
 //! # Cancel safety
-//! Reading the request body runs beside the proxy call and the response writer in `select!`
-//! loops. [`BodyPump::step`] is cancel safe: a decoded frame waits in `pending` until a channel
-//! permit is held, and socket reads go into the connection buffer, so a step dropped mid-way
-//! loses nothing.
+//! Reading the request body (`pump`) runs beside the proxy call and the response writer in
+//! `select!` loops; the pump's steps are cancel safe.
 
 use std::future::Future;
 use std::io;
@@ -24,15 +22,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::{Method, Request, Response, Version};
-use http_body::Frame;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::park::PARK_AFTER;
+use super::pump::BodyPump;
 use super::respond::{encode_response, write_body, write_response, Outgoing};
 use super::stream::{Peer, Stream};
 use super::tunnel::Inside;
@@ -42,18 +40,15 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::proxy::connect::{Established, TunnelEnd};
 use crate::proxy::{upgrade, ResponseBody};
 use crate::routing::{Arrival, Tunneled};
-use crate::wire::codec::{self, BodyError, Decoder, HeadError, RequestHead};
-use crate::wire::{BodySender, RequestBody};
+use crate::wire::codec::{self, Decoder, HeadError, RequestHead};
+use crate::wire::RequestBody;
 
 /// First read buffer for a request head; grows up to `max_header_bytes`. (1 KiB, within
 /// glibc's per-thread cache, cost more at 64 connections: callgrind, `benches/RESULTS.md`.)
 const HEAD_BUF_INITIAL: usize = 2048;
-/// Read size for request bodies.
-const BODY_READ_SIZE: usize = 16 * 1024;
 /// After answering a request whose body was not read, keep reading and discarding for this long
 /// so the client sees the response rather than a reset.
 const LINGER: Duration = Duration::from_secs(2);
-const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// An application connection and what it carried so far.
 pub(super) struct Session<S> {
@@ -671,153 +666,6 @@ async fn linger<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) {
     }
 }
 
-// === impl BodyPump ===
-
-/// Moves a request body from the socket into the body channel.
-struct BodyPump {
-    decoder: Decoder,
-    tx: Option<mpsc::Sender<Result<Frame<Bytes>, BodyError>>>,
-    /// Present until the upstream side asks for the body (only with `Expect: 100-continue`).
-    awaiting_start: Option<oneshot::Receiver<()>>,
-    pending: Option<Frame<Bytes>>,
-    failed: bool,
-}
-
-impl BodyPump {
-    fn finished() -> Self {
-        BodyPump {
-            decoder: Decoder::Done,
-            tx: None,
-            awaiting_start: None,
-            pending: None,
-            failed: false,
-        }
-    }
-
-    fn new(decoder: Decoder, sender: BodySender, expect_continue: bool) -> Self {
-        BodyPump {
-            decoder,
-            tx: Some(sender.tx),
-            awaiting_start: expect_continue.then_some(sender.started),
-            pending: None,
-            failed: false,
-        }
-    }
-
-    fn is_active(&self) -> bool {
-        self.tx.is_some() && !self.failed
-    }
-
-    /// The whole body was read off the socket (so the connection can carry another request).
-    fn is_complete(&self) -> bool {
-        self.decoder.is_done() && self.pending.is_none() && !self.failed
-    }
-
-    /// The response is under way without the upstream having asked for the body: the client,
-    /// which waits for 100 Continue, will not send it, so stop waiting for it.
-    /// Returns whether a body was abandoned (the connection cannot carry another request).
-    fn abandon_unstarted(&mut self) -> bool {
-        if self.awaiting_start.take().is_some() {
-            self.tx = None;
-            return true;
-        }
-        false
-    }
-
-    /// Tells the upstream side the body is broken (it aborts the upstream request).
-    fn fail(&mut self, err: BodyError) {
-        tracing::debug!(error = %err, "request body failed");
-        self.failed = true;
-        if let Some(tx) = self.tx.take() {
-            let _ = tx.try_send(Err(err));
-        }
-    }
-
-    /// While the body flows, one [`BodyPump::step`]; after it, waits for the client to close
-    /// (an error), keeping any pipelined bytes, up to `max_head` of them, in `buf`.
-    async fn step_or_watch<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-        &mut self,
-        rd: &mut R,
-        buf: &mut BytesMut,
-        wr: &mut W,
-        max_trailer: usize,
-        max_head: usize,
-    ) -> Result<(), BodyError> {
-        if self.is_active() {
-            return self.step(rd, buf, Some(wr), max_trailer).await;
-        }
-        if self.failed || buf.len() >= max_head {
-            return std::future::pending().await;
-        }
-        // Any room will do to see the close or pipelined bytes. Reserving more while the
-        // request's head still shares the buffer's memory allocated a new buffer for every
-        // request (callgrind).
-        if buf.capacity() == buf.len() {
-            buf.reserve(1024);
-        }
-        match rd.read_buf(buf).await {
-            Ok(0) => Err(BodyError("client closed the connection".into())),
-            Ok(_) => Ok(()),
-            Err(e) => Err(BodyError(format!("client connection: {e}"))),
-        }
-    }
-
-    /// One step: answer 100-continue, or read from the socket, or pass one frame on.
-    async fn step<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-        &mut self,
-        rd: &mut R,
-        buf: &mut BytesMut,
-        wr: Option<&mut W>,
-        max_trailer: usize,
-    ) -> Result<(), BodyError> {
-        if let Some(started) = self.awaiting_start.as_mut() {
-            let Some(wr) = wr else {
-                return std::future::pending().await;
-            };
-            // Either the upstream asked for the body, or it will never ask (its side dropped).
-            let _ = started.await;
-            self.awaiting_start = None;
-            wr.write_all(CONTINUE)
-                .await
-                .map_err(|e| BodyError(format!("writing 100 Continue: {e}")))?;
-            return Ok(());
-        }
-        if self.pending.is_none() {
-            match self.decoder.decode(buf, max_trailer)? {
-                Some(frame) => self.pending = Some(frame),
-                None if self.decoder.is_done() => {
-                    self.tx = None; // end of body
-                    return Ok(());
-                }
-                None => {
-                    buf.reserve(BODY_READ_SIZE);
-                    return match rd.read_buf(buf).await {
-                        Ok(0) => Err(BodyError("client closed the connection mid-body".into())),
-                        Ok(_) => Ok(()),
-                        Err(e) => Err(BodyError(format!("reading request body: {e}"))),
-                    };
-                }
-            }
-        }
-        let Some(tx) = self.tx.as_ref() else {
-            return Ok(());
-        };
-        let delivered = match tx.reserve().await {
-            Ok(permit) => {
-                permit.send(Ok(self.pending.take().expect("set above")));
-                true
-            }
-            Err(_) => false,
-        };
-        // Not delivered: the upstream side stopped reading (it answered early or failed); what
-        // is left of the body stays unread and the connection will close.
-        if !delivered || self.decoder.is_done() {
-            self.tx = None;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -852,30 +700,6 @@ mod tests {
         // 2,808 bytes in a test build when first boxed apart (issue 25); release builds lay
         // it out smaller.
         assert!(size <= 2_808, "the exchanges' state grew to {size} bytes");
-    }
-
-    /// While a request without a body waits for its response, the pump watches the client
-    /// for a close: it must read into the room its buffer has left, not reserve a new buffer
-    /// (the request's head still shares the old one's memory, so every request allocated).
-    #[tokio::test]
-    async fn watching_for_the_close_reads_into_the_room_left() {
-        let mut buf = bytes::BytesMut::with_capacity(1024);
-        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
-        let head = buf.split_to(buf.len()).freeze();
-        let (room, start) = (buf.capacity(), buf.as_ptr());
-        assert!(room < 1024);
-        let mut pump = super::BodyPump::finished();
-        let mut pipelined: &[u8] = b"GET /next";
-        let mut client = tokio::io::sink();
-        let watched = pump.step_or_watch(&mut pipelined, &mut buf, &mut client, 1024, 8192);
-        watched.await.unwrap();
-        assert_eq!(&buf[..], b"GET /next");
-        assert_eq!(
-            buf.as_ptr(),
-            start,
-            "read into the {room} bytes left, not a new buffer"
-        );
-        assert_eq!(&head[..], b"GET / HTTP/1.1\r\n\r\n");
     }
 
     /// A readiness event can arrive after the read that took its bytes (the read cleared the

@@ -26,6 +26,7 @@
 mod conn;
 mod h2;
 pub mod park;
+mod pump;
 mod respond;
 mod stream;
 #[cfg(test)]
