@@ -38,9 +38,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, V
 
 use crate::upstream::Asked;
 use crate::wire::is_credential;
+use crate::wire::names::KEEP_ALIVE;
 
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Removed in both directions.
 const HOP_BY_HOP: [HeaderName; 6] = [

@@ -16,6 +16,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use http_body::Frame;
+use smallvec::SmallVec;
 
 use super::is_credential;
 
@@ -122,11 +123,12 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
         }
     };
     let target = span(req.path.unwrap_or("").as_bytes());
-    let mut fields = [(Span::EMPTY, Span::EMPTY); MAX_HEADERS];
-    for (field, h) in fields.iter_mut().zip(req.headers.iter()) {
-        *field = (span(h.name.as_bytes()), span(h.value));
+    // Not zero-filled, unlike an array: clearing every slot per head showed in callgrind.
+    // Pushed in place: collected, the 2 KiB vector was built apart and copied in.
+    let mut fields: SmallVec<[(Span, Span); MAX_HEADERS]> = SmallVec::new();
+    for h in req.headers.iter() {
+        fields.push((span(h.name.as_bytes()), span(h.value)));
     }
-    let fields = &fields[..req.headers.len()];
     let head = buf.split_to(len).freeze();
 
     // httparse hands out the target and names as `str`: these bytes are UTF-8.
@@ -140,8 +142,8 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
     // twice the size (a third of the request path's header work in callgrind).
     let mut headers = crate::spare::header_map(fields.len() + 2);
     let mut present = Present::default();
-    for (name, value) in fields {
-        let name = HeaderName::from_bytes(&head[name.range()])
+    for (name, value) in &fields {
+        let name = super::names::from_wire(&head[name.range()])
             .map_err(|_| HeadError::Invalid(format!("invalid header name {:?}", truncate(text(name)))))?;
         let mut value = HeaderValue::from_maybe_shared(head.slice(value.range()))
             .map_err(|_| HeadError::Invalid(format!("invalid value in header {name}")))?;
@@ -160,8 +162,6 @@ struct Span {
 }
 
 impl Span {
-    const EMPTY: Span = Span { start: 0, end: 0 };
-
     fn range(&self) -> std::ops::Range<usize> {
         self.start as usize..self.end as usize
     }
@@ -545,7 +545,7 @@ fn parse_trailers(section: &[u8]) -> Result<Option<HeaderMap>, BodyError> {
     };
     let mut map = HeaderMap::with_capacity(parsed.len());
     for h in parsed {
-        let name = HeaderName::from_bytes(h.name.as_bytes())
+        let name = super::names::from_wire(h.name.as_bytes())
             .map_err(|_| BodyError("invalid trailer name".into()))?;
         let value =
             HeaderValue::from_bytes(h.value).map_err(|_| BodyError("invalid trailer value".into()))?;

@@ -1,12 +1,13 @@
 //! What both sides of the proxy share about HTTP messages: the HTTP/1.1 codec, the request body
-//! handed from the downstream connection to the upstream client, the error type of bodies, and
-//! which fields carry credentials.
+//! handed from the downstream connection to the upstream client, the error type of bodies, the
+//! common header names recognised by their bytes, and which fields carry credentials.
 //!
 //! These sit at the bottom of the request path because the downstream server, the request path,
 //! the pool and the upstream HTTP/1.1 client all speak them; none of them owns the format.
 
 pub mod body;
 pub mod codec;
+pub mod names;
 
 use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use http::{HeaderMap, HeaderName};

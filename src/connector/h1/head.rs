@@ -11,16 +11,16 @@ use std::ops::Range;
 
 use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH};
-use http::{HeaderName, HeaderValue, Response, StatusCode, Version};
+use http::{HeaderValue, Response, StatusCode, Version};
+use smallvec::SmallVec;
 
 use super::Error;
 use crate::spare;
 use crate::wire::codec::ConnectionTokens;
+use crate::wire::names::{self, KEEP_ALIVE};
 
 /// Most header fields in a response head.
 pub(super) const MAX_RESPONSE_HEADERS: usize = 128;
-
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// A final or interim response head.
 #[derive(Debug)]
@@ -101,11 +101,6 @@ struct Field {
 }
 
 impl Field {
-    const EMPTY: Field = Field {
-        name: (0, 0),
-        value: (0, 0),
-    };
-
     fn name(&self) -> Range<usize> {
         self.name.0 as usize..self.name.1 as usize
     }
@@ -149,8 +144,9 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         let start = part.as_ptr() as usize - base;
         (start as u32, (start + part.len()) as u32)
     };
-    let mut fields = [Field::EMPTY; MAX_RESPONSE_HEADERS];
-    for (field, h) in fields.iter_mut().zip(parsed.headers.iter()) {
+    // Not zero-filled, unlike an array: clearing 128 slots (2 KiB) per head showed in callgrind.
+    let mut fields: SmallVec<[Field; MAX_RESPONSE_HEADERS]> = SmallVec::new();
+    for h in parsed.headers.iter() {
         let name = h.name.as_bytes();
         match name.len() {
             10 if name.eq_ignore_ascii_case(b"connection") => tokens.read(h.value),
@@ -158,19 +154,18 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
             17 if name.eq_ignore_ascii_case(b"transfer-encoding") => framing.transfer_encoding(h.value),
             _ => {}
         }
-        *field = Field {
+        fields.push(Field {
             name: span(name),
             value: span(h.value),
-        };
+        });
     }
-    let fields = &fields[..parsed.headers.len()];
     let head = buf.split_to(len).freeze();
 
     let coded = matches!(framing, Framing::TransferCoded { .. });
     let mut hint = None;
     let mut headers = spare::header_map(fields.len());
-    for field in fields {
-        let name = HeaderName::from_bytes(&head[field.name()]).map_err(|_| {
+    for field in &fields {
+        let name = names::from_wire(&head[field.name()]).map_err(|_| {
             let name = String::from_utf8_lossy(&head[field.name()]);
             Error::Invalid(format!("header name {name:?}"))
         })?;
