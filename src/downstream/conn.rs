@@ -392,7 +392,8 @@ enum HeadOutcome {
 }
 
 async fn read_head<S: Stream>(conn: &mut Session<S>, ctx: &Context) -> HeadOutcome {
-    let deadline = Instant::now() + ctx.config.get().header_read_timeout;
+    // Read from the clock only for a head that did not come in whole with its first bytes.
+    let mut deadline = None;
     let max = ctx.config.get().max_header_bytes;
     loop {
         if !conn.buf.is_empty() {
@@ -418,7 +419,8 @@ async fn read_head<S: Stream>(conn: &mut Session<S>, ctx: &Context) -> HeadOutco
             }
         }
         reserve_head_buf(&mut conn.buf, max);
-        match tokio::time::timeout_at(deadline, conn.stream.read_buf(&mut conn.buf)).await {
+        let at = *deadline.get_or_insert_with(|| Instant::now() + ctx.config.get().header_read_timeout);
+        match tokio::time::timeout_at(at, conn.stream.read_buf(&mut conn.buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return HeadOutcome::Close,
             Ok(Ok(_)) => {}
             Err(_) => {

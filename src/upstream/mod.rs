@@ -847,7 +847,8 @@ impl Upstream {
         let started = tokio::time::Instant::now();
         let sending = lease.send(req);
         let result = match self.settings.response_header_timeout {
-            Some(limit) => match tokio::time::timeout(limit, sending).await {
+            // From `started`: `timeout` would read the clock again.
+            Some(limit) => match tokio::time::timeout_at(started + limit, sending).await {
                 Ok(result) => result,
                 Err(_) => {
                     self.metrics.timed_out("response_header");
