@@ -11,6 +11,7 @@ use http::{Response, Version};
 use http_body::{Body, Frame};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::spare::WriteBuf;
 use crate::wire::codec::{self, ResponseFraming};
 
 /// Body data up to this size is copied next to its framing to save a write.
@@ -32,7 +33,7 @@ fn response_framing<B: Body>(resp: &Response<B>, head_only: bool, client: Versio
 /// A response head encoded for the wire, and how its body goes after it.
 pub(super) struct Outgoing {
     /// The head, and body bytes held back to go out with it.
-    out: Vec<u8>,
+    out: WriteBuf,
     framing: ResponseFraming,
     keep_alive: bool,
 }
@@ -58,7 +59,7 @@ pub(super) fn encode_response<B: Body>(
         .extensions
         .get::<hyper::ext::ReasonPhrase>()
         .map(|r| r.as_bytes());
-    let mut out = Vec::with_capacity(512);
+    let mut out = WriteBuf::take(512);
     codec::encode_head(
         parts.status,
         reason,
@@ -164,7 +165,7 @@ where
 
 async fn write_data<W: AsyncWrite + Unpin>(
     wr: &mut W,
-    out: &mut Vec<u8>,
+    out: &mut WriteBuf,
     mut data: Bytes,
     chunked: bool,
 ) -> io::Result<()> {

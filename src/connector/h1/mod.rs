@@ -40,7 +40,7 @@ use tokio_rustls::client::TlsStream;
 use self::head::Framing;
 pub use self::head::Persistence;
 use super::Place;
-use crate::spare;
+use crate::spare::{self, WriteBuf};
 use crate::wire::codec::{self, BodyFraming, Decoder};
 use crate::wire::RequestBody;
 
@@ -222,7 +222,20 @@ impl Connection {
     }
 
     /// Whether the connection is known to be unusable, without waiting.
+    ///
+    /// A socket not readable as the runtime last saw it is open: that is read from its
+    /// readiness without registering a waker (`try_io`), which `poll_closed` would do, taking
+    /// the socket's waiter lock and replacing the reaper's waker for nothing (callgrind: 170
+    /// instructions per checkout).
     pub fn is_closed(&mut self) -> bool {
+        if self.broken {
+            return true;
+        }
+        if let Some(tcp) = self.stream.tcp() {
+            if tcp.try_io(tokio::io::Interest::READABLE, || Ok(())).is_err() {
+                return false;
+            }
+        }
         self.poll_closed(&mut Context::from_waker(std::task::Waker::noop()))
             .is_ready()
     }
@@ -282,7 +295,7 @@ impl Connection {
 #[derive(Debug)]
 pub struct Transfer {
     /// What is left of the request head, written before anything in `out`.
-    head: Vec<u8>,
+    head: WriteBuf,
     /// Encoded body bytes waiting to be written, in order.
     out: VecDeque<Bytes>,
     /// The request body still to encode; `None` once its end is queued.
@@ -313,7 +326,7 @@ enum ResponseState {
 impl Transfer {
     fn start(req: &mut Request<RequestBody>) -> Self {
         let body = std::mem::replace(req.body_mut(), RequestBody::Empty);
-        let mut head = Vec::with_capacity(256);
+        let mut head = WriteBuf::take(256);
         head.extend_from_slice(req.method().as_str().as_bytes());
         head.push(b' ');
         if req.uri().scheme().is_some() {
@@ -718,7 +731,7 @@ mod tests {
         transfer.out.push_back(Bytes::from_static(b"abc"));
         transfer.out.push_back(Bytes::from_static(b"defg"));
         transfer.consume(head_len - 2);
-        assert_eq!(transfer.head, b"\r\n");
+        assert_eq!(&transfer.head[..], b"\r\n");
         transfer.consume(4);
         assert!(transfer.head.is_empty());
         assert_eq!(&transfer.out[0][..], b"c");
@@ -745,7 +758,7 @@ mod tests {
             let transfer = Transfer::start(&mut req);
             assert!(req.body().is_empty(), "the body went with the transfer");
             assert!(transfer.out.is_empty(), "no body bytes before the body is polled");
-            String::from_utf8(transfer.head).unwrap()
+            String::from_utf8(transfer.head.to_vec()).unwrap()
         };
         let mut get = Request::new(RequestBody::Empty);
         *get.uri_mut() = "/a?b=c".parse().unwrap();
