@@ -112,7 +112,7 @@ fn to_proxy_request(req: Request<Incoming>, arrival: &Arrival) -> Request<Reques
     let body = if body.is_end_stream() {
         RequestBody::Empty
     } else {
-        RequestBody::Http2(body)
+        RequestBody::Http2(Box::new(body))
     };
     Request::from_parts(parts, body)
 }

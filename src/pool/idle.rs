@@ -36,17 +36,15 @@ impl Conn {
     /// Takes the upstream's intent for this connection from a response head.
     pub(super) fn observe_response(&mut self, persistence: &h1::Persistence) {
         self.retire |= persistence.close;
-        if let Some(hint) = persistence.hint.as_ref().and_then(|v| v.to_str().ok()) {
-            let (timeout, max) = parse_keep_alive(hint);
-            if let Some(timeout) = timeout {
-                // Retire before the upstream's own timer fires: reusing a connection in its last
-                // moments races the upstream's close.
-                let margin = Duration::from_secs(1).min(timeout / 2);
-                self.idle_limit = Some(timeout - margin);
-            }
-            if let Some(max) = max {
-                self.remaining_hint = Some(max);
-            }
+        if let Some(secs) = persistence.timeout_secs {
+            let timeout = Duration::from_secs(secs.into());
+            // Retire before the upstream's own timer fires: reusing a connection in its last
+            // moments races the upstream's close.
+            let margin = Duration::from_secs(1).min(timeout / 2);
+            self.idle_limit = Some(timeout - margin);
+        }
+        if let Some(max) = persistence.max {
+            self.remaining_hint = Some(max.into());
         }
     }
 }
@@ -362,38 +360,5 @@ pub(super) fn expiry_reason(
         "learned_idle_timeout"
     } else {
         "idle_timeout"
-    }
-}
-
-/// Parses `Keep-Alive: timeout=5, max=100`.
-fn parse_keep_alive(value: &str) -> (Option<Duration>, Option<u64>) {
-    let mut timeout = None;
-    let mut max = None;
-    for param in value.split(',') {
-        let Some((name, val)) = param.split_once('=') else {
-            continue;
-        };
-        let val = val.trim().trim_matches('"');
-        match name.trim().to_ascii_lowercase().as_str() {
-            "timeout" => timeout = val.parse::<u64>().ok().map(Duration::from_secs),
-            "max" => max = val.parse::<u64>().ok(),
-            _ => {}
-        }
-    }
-    (timeout, max)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keep_alive_hint() {
-        assert_eq!(
-            parse_keep_alive("timeout=5, max=100"),
-            (Some(Duration::from_secs(5)), Some(100))
-        );
-        assert_eq!(parse_keep_alive("max=3"), (None, Some(3)));
-        assert_eq!(parse_keep_alive("garbage"), (None, None));
     }
 }

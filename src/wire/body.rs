@@ -29,10 +29,13 @@ pub enum RequestBody {
     /// No body.
     #[default]
     Empty,
-    /// A body streamed from the downstream connection.
-    Streaming(StreamingBody),
+    /// A body streamed from the downstream connection. Boxed, as is `Http2`: a request is
+    /// moved whole several times on its way up, and with these inline it was 296 bytes, past
+    /// the 256 that memcpy moves in one short sequence (callgrind: 35 instructions more per
+    /// move). A request without a body, the most common, is `Empty` and allocates nothing.
+    Streaming(Box<StreamingBody>),
     /// A body from an HTTP/2 (h2c) downstream stream, trailers included.
-    Http2(hyper::body::Incoming),
+    Http2(Box<hyper::body::Incoming>),
     /// A body streamed on while a copy of it is kept for a retry ([`RequestBody::keep`]).
     Kept(Box<Kept>),
     /// A kept body, sent again.
@@ -153,7 +156,7 @@ impl RequestBody {
             idle: None,
             moved: false,
         };
-        (RequestBody::Streaming(body), BodySender { tx, started })
+        (RequestBody::Streaming(Box::new(body)), BodySender { tx, started })
     }
 
     /// Whether the body is known to be empty (and so can be replayed).
@@ -239,7 +242,7 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             RequestBody::Empty => Poll::Ready(None),
-            RequestBody::Http2(body) => Pin::new(body)
+            RequestBody::Http2(body) => Pin::new(&mut **body)
                 .poll_frame(cx)
                 .map_err(|e| BodyError(format!("reading the HTTP/2 request body: {e}"))),
             RequestBody::Streaming(body) => {
@@ -286,8 +289,10 @@ impl Body for RequestBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Streaming(StreamingBody { length: Some(n), .. }) => SizeHint::with_exact(*n),
-            RequestBody::Streaming(_) => SizeHint::default(),
+            RequestBody::Streaming(body) => match body.length {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::default(),
+            },
             RequestBody::Http2(body) => body.size_hint(),
             RequestBody::Kept(kept) => kept.inner.size_hint(),
             RequestBody::Replay(replay) => SizeHint::with_exact(replay.len),
@@ -298,6 +303,14 @@ impl Body for RequestBody {
 
 #[cfg(test)]
 mod tests {
+    /// A request is moved whole several times on its way up; memcpy moves up to 256 bytes in
+    /// one short sequence and larger values in a loop (35 instructions more per move).
+    #[test]
+    fn a_request_stays_within_a_short_move() {
+        let size = std::mem::size_of::<http::Request<super::RequestBody>>();
+        assert!(size <= 256, "Request<RequestBody> grew to {size} bytes");
+    }
+
     use http_body_util::BodyExt as _;
 
     use super::*;

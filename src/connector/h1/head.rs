@@ -32,12 +32,40 @@ pub(super) struct Head {
 
 /// What a response head says about its connection (`Connection` and `Keep-Alive`), read
 /// while the head is parsed.
-#[derive(Debug, Default, Clone)]
+///
+/// `Keep-Alive` is kept as the numbers it gives, not as its value: this rides in every
+/// response's body state, which a value (40 bytes) took past the size memcpy moves cheaply.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct Persistence {
     /// The upstream will close: `Connection: close`, or HTTP/1.0 without `keep-alive`.
     pub close: bool,
-    /// The `Keep-Alive` field's value (`timeout=5, max=100`), when present.
-    pub hint: Option<HeaderValue>,
+    /// `Keep-Alive: timeout=N`: seconds the upstream keeps the connection idle.
+    pub timeout_secs: Option<u32>,
+    /// `Keep-Alive: max=N`: requests the upstream will still serve on the connection.
+    pub max: Option<u32>,
+}
+
+impl Persistence {
+    /// Takes in a `Keep-Alive` value (`timeout=5, max=100`); other parameters, and numbers
+    /// that do not parse, are ignored; numbers past `u32` are capped.
+    fn keep_alive(&mut self, value: &[u8]) {
+        let number = |digits: &[u8]| parse_length(digits).map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        for param in value.split(|b| *b == b',') {
+            let Some(eq) = param.iter().position(|b| *b == b'=') else {
+                continue;
+            };
+            let (name, val) = (param[..eq].trim_ascii(), param[eq + 1..].trim_ascii());
+            let val = val
+                .strip_prefix(b"\"")
+                .and_then(|v| v.strip_suffix(b"\""))
+                .unwrap_or(val);
+            if name.eq_ignore_ascii_case(b"timeout") {
+                self.timeout_secs = number(val);
+            } else if name.eq_ignore_ascii_case(b"max") {
+                self.max = number(val);
+            }
+        }
+    }
 }
 
 /// What a response head's fields say about its body (RFC 9112 §6.3), before the status and
@@ -162,7 +190,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     let head = buf.split_to(len).freeze();
 
     let coded = matches!(framing, Framing::TransferCoded { .. });
-    let mut hint = None;
+    let mut persistence = Persistence::default();
     let mut headers = spare::header_map(fields.len());
     for field in &fields {
         let name = names::from_wire(&head[field.name()]).map_err(|_| {
@@ -177,7 +205,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         let value = HeaderValue::from_maybe_shared(head.slice(field.value()))
             .map_err(|_| Error::Invalid(format!("value of {name}")))?;
         if name == KEEP_ALIVE {
-            hint = Some(value.clone());
+            persistence.keep_alive(value.as_bytes());
         }
         if !tokens.names_fields && (name == CONNECTION || name == KEEP_ALIVE) {
             continue;
@@ -189,10 +217,10 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     *resp.version_mut() = version;
     *resp.headers_mut() = headers;
     // `close` wins over `keep-alive` (as for requests); HTTP/1.0 closes unless it asks to stay.
-    let close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
+    persistence.close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
     Ok(Some(Head {
         resp,
-        persistence: Persistence { close, hint },
+        persistence,
         framing,
     }))
 }
@@ -215,7 +243,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5, max=9\r\nContent-Length: 0\r\n\r\n",
         );
         assert!(!persistence.close);
-        assert_eq!(persistence.hint.unwrap(), "timeout=5, max=9");
+        assert_eq!((persistence.timeout_secs, persistence.max), (Some(5), Some(9)));
         assert!(resp.headers().get("connection").is_none());
         assert!(resp.headers().get("keep-alive").is_none());
         assert_eq!(resp.headers().get("content-length").unwrap(), "0");
@@ -239,10 +267,26 @@ mod tests {
             "HTTP/1.1 200 OK\r\nConnection: close, x-private\r\nX-Private: 1\r\nKeep-Alive: timeout=3\r\n\r\n",
         );
         assert!(persistence.close);
-        assert_eq!(persistence.hint.unwrap(), "timeout=3");
+        assert_eq!((persistence.timeout_secs, persistence.max), (Some(3), None));
         assert_eq!(resp.headers().get("connection").unwrap(), "close, x-private");
         assert_eq!(resp.headers().get("keep-alive").unwrap(), "timeout=3");
         assert_eq!(resp.headers().get("x-private").unwrap(), "1");
+    }
+
+    /// The parameters of `Keep-Alive`, whatever their case, spacing or quoting; anything that
+    /// does not parse is ignored, and numbers past `u32` are capped.
+    #[test]
+    fn keep_alive_gives_its_timeout_and_max() {
+        let read = |value: &str| {
+            let mut persistence = Persistence::default();
+            persistence.keep_alive(value.as_bytes());
+            (persistence.timeout_secs, persistence.max)
+        };
+        assert_eq!(read("timeout=5, max=100"), (Some(5), Some(100)));
+        assert_eq!(read("Max = 3"), (None, Some(3)));
+        assert_eq!(read("timeout=\"7\""), (Some(7), None));
+        assert_eq!(read("garbage, timeout=x, max=-1"), (None, None));
+        assert_eq!(read("timeout=99999999999"), (Some(u32::MAX), None));
     }
 
     #[test]
