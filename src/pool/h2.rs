@@ -89,10 +89,15 @@ impl H2Conn {
 }
 
 impl Pool {
-    /// A stream slot on the first HTTP/2 connection with room.
-    pub(super) fn take_stream(&self, st: &mut State, avoid: Option<&Arc<Endpoint>>) -> Option<H2Stream> {
+    /// A stream slot on the first HTTP/2 connection with room. `now`: when the checkout
+    /// started (an HTTP/1.1 pool, with no HTTP/2 connection, read the clock here for nothing).
+    pub(super) fn take_stream(
+        &self,
+        st: &mut State,
+        avoid: Option<&Arc<Endpoint>>,
+        now: Instant,
+    ) -> Option<H2Stream> {
         st.h2.retain(|c| !c.sender.is_closed());
-        let now = Instant::now();
         let (cfg, max_streams) = (st.config, st.max_streams);
         let to_avoid = |c: &H2Conn| match (avoid, c.track.endpoint()) {
             (Some(avoid), Some(e)) => Arc::ptr_eq(avoid, e),

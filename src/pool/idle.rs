@@ -59,7 +59,14 @@ impl Pool {
     /// it is to be closed, which the caller does after unlocking `st` (closing frees its slot,
     /// which takes the lock).
     #[must_use]
-    pub(super) fn hand_over(self: &Arc<Self>, st: &mut State, mut conn: Conn) -> Option<Conn> {
+    ///
+    /// `now`, when the caller has read the clock already: the time it goes idle.
+    pub(super) fn hand_over(
+        self: &Arc<Self>,
+        st: &mut State,
+        mut conn: Conn,
+        now: Option<Instant>,
+    ) -> Option<Conn> {
         if st.over_cap() > 0 {
             // A reload lowered the cap below what is open: shrink as connections free up.
             conn.track.set("reload");
@@ -87,7 +94,7 @@ impl Pool {
                 return Some(conn);
             }
         }
-        let now = Instant::now();
+        let now = now.unwrap_or_else(Instant::now);
         let mut deadline = idle_deadline(&st.config, st.learner.retire_after(now), &conn, now);
         st.idle.push(Idle { conn, since: now });
         if st.idle.len() > st.config.max_idle {
@@ -111,6 +118,8 @@ impl Pool {
 
     /// Returns a connection whose exchange completed.
     pub(super) fn check_in(self: &Arc<Self>, conn: Conn) {
+        // Read once, for the lifetime check and as the time the connection goes idle.
+        let mut now = None;
         let mut st = self.lock();
         let cfg = st.config;
         let spent = cfg
@@ -124,7 +133,8 @@ impl Pool {
         } else if spent {
             Some("max_requests")
         // The clock is read only when a lifetime is set: most pools have none.
-        } else if cfg.max_lifetime.is_some() && past_lifetime(&cfg, conn.created, Instant::now()) {
+        } else if cfg.max_lifetime.is_some() && past_lifetime(&cfg, conn.created, *now.insert(Instant::now()))
+        {
             Some("max_lifetime")
         } else {
             None
@@ -136,7 +146,7 @@ impl Pool {
                 conn.track.set(reason);
             }
             None => {
-                let closing = self.hand_over(&mut st, conn);
+                let closing = self.hand_over(&mut st, conn, now);
                 drop(st);
                 drop(closing);
             }

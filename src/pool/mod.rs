@@ -337,7 +337,8 @@ impl Pool {
     ) -> Result<Lease, ProxyError> {
         let started = Instant::now();
         let lease = self.checkout_inner(started, avoid).await?;
-        self.metrics.wait.observe(started.elapsed().as_secs_f64());
+        let waited = lease.granted().saturating_duration_since(started);
+        self.metrics.wait.observe(waited.as_secs_f64());
         if lease.is_reused() {
             self.metrics.reused.inc();
         }
@@ -352,9 +353,12 @@ impl Pool {
         let deadline = started + self.config().pending_timeout;
         // Only worth the set's lock when there is somewhere else to go.
         let avoid = avoid.filter(|_| self.endpoints.counts().active > 1);
-        let grant = match self.take_or_enqueue(avoid, started)? {
-            Ok(grant) => grant,
-            Err(waiting) => waiting.wait(deadline).await?,
+        let (grant, granted) = match self.take_or_enqueue(avoid, started)? {
+            Ok(grant) => (grant, started),
+            Err(waiting) => {
+                let grant = waiting.wait(deadline).await?;
+                (grant, Instant::now())
+            }
         };
         let (reused, kind) = match grant {
             Grant::H2(stream) => (stream.reused, LeaseKind::H2(Some(stream))),
@@ -363,7 +367,7 @@ impl Pool {
         if reused {
             self.stats.reused.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(Lease::new(self.clone(), kind))
+        Ok(Lease::new(self.clone(), kind, granted))
     }
 
     /// The fast path (a free HTTP/2 stream or a usable idle connection, no one waiting) or a
@@ -378,7 +382,7 @@ impl Pool {
         let mut learned = None;
         let mut st = self.lock();
         if st.waiters.is_empty() {
-            if let Some(stream) = self.take_stream(&mut st, avoid) {
+            if let Some(stream) = self.take_stream(&mut st, avoid, now) {
                 return Ok(Ok(Grant::H2(stream)));
             }
             let retire_after = st.learner.retire_after(now);
@@ -521,7 +525,7 @@ impl Pool {
                     remaining_hint: None,
                     retire: false,
                 };
-                let closing = self.hand_over(&mut st, conn);
+                let closing = self.hand_over(&mut st, conn, Some(now));
                 // Requests that arrived while every allowed dial was in flight still wait.
                 self.start_dials(&mut st);
                 drop(st);

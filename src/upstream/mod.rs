@@ -844,7 +844,7 @@ impl Upstream {
         lease: &mut Lease,
         req: &mut Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, Failure> {
-        let started = tokio::time::Instant::now();
+        let started = lease.granted();
         let sending = lease.send(req);
         let result = match self.settings.response_header_timeout {
             // From `started`: `timeout` would read the clock again.
