@@ -391,10 +391,10 @@ enum HeadOutcome {
     Refuse(ProxyError),
 }
 
-async fn read_head<S: Stream>(conn: &mut Session<S>, ctx: &Context) -> HeadOutcome {
+/// Reads a request head of at most `max` bytes, within `timeout` once a read must wait.
+async fn read_head<S: Stream>(conn: &mut Session<S>, max: usize, timeout: Duration) -> HeadOutcome {
     // Read from the clock only for a head that did not come in whole with its first bytes.
     let mut deadline = None;
-    let max = ctx.config.get().max_header_bytes;
     loop {
         if !conn.buf.is_empty() {
             match codec::parse_head(&mut conn.buf, max) {
@@ -419,7 +419,7 @@ async fn read_head<S: Stream>(conn: &mut Session<S>, ctx: &Context) -> HeadOutco
             }
         }
         reserve_head_buf(&mut conn.buf, max);
-        let at = *deadline.get_or_insert_with(|| Instant::now() + ctx.config.get().header_read_timeout);
+        let at = *deadline.get_or_insert_with(|| Instant::now() + timeout);
         match tokio::time::timeout_at(at, conn.stream.read_buf(&mut conn.buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return HeadOutcome::Close,
             Ok(Ok(_)) => {}
@@ -475,7 +475,12 @@ struct Switching {
 /// lasts to the end of its scope even once moved out, so at function scope they would be
 /// carried, unused, while the body is written.
 async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Context) -> Next {
-    let head = match read_head(conn, ctx).await {
+    // One read of the live config for the exchange (a lock apiece, three times per request).
+    let (max_head, head_timeout) = {
+        let cfg = ctx.config.get();
+        (cfg.max_header_bytes, cfg.header_read_timeout)
+    };
+    let head = match read_head(conn, max_head, head_timeout).await {
         HeadOutcome::Head(head) => head,
         HeadOutcome::Close => return Next::Close,
         HeadOutcome::Refuse(err) => {
@@ -511,7 +516,7 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
                     let _entered = span.enter();
                     handling.as_mut().poll(cx)
                 }));
-                await_response(stream, buf, &mut pump, respond, ctx).await
+                await_response(stream, buf, &mut pump, respond, max_head).await
             };
             // The request has gone up (an HTTP/1.1 upstream leaves its head here).
             crate::spare::give_back_headers(std::mem::take(req.headers_mut()));
@@ -528,7 +533,7 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
         let keep_alive = keep_alive && !abandoned && !ctx.draining();
         encode_response(resp, head_only, version, keep_alive)
     };
-    let written = send_response(stream, buf, &mut pump, &mut body, outgoing, ctx).await;
+    let written = send_response(stream, buf, &mut pump, &mut body, outgoing, max_head).await;
     match written {
         Ok(true) if pump.is_complete() => Next::Again,
         Ok(_) => {
@@ -610,10 +615,9 @@ async fn await_response<S: Stream>(
     buf: &mut BytesMut,
     pump: &mut BodyPump,
     mut respond: Pin<&mut impl Future<Output = Response<ResponseBody>>>,
-    ctx: &Context,
+    max_head: usize,
 ) -> Option<Response<ResponseBody>> {
     let (mut rd, mut wr) = stream.split();
-    let max_head = ctx.config.get().max_header_bytes;
     loop {
         tokio::select! {
             resp = &mut respond => return Some(resp),
@@ -637,10 +641,9 @@ async fn send_response<S: Stream>(
     pump: &mut BodyPump,
     body: &mut ResponseBody,
     outgoing: Outgoing,
-    ctx: &Context,
+    max_trailer: usize,
 ) -> io::Result<bool> {
     let (mut rd, mut wr) = stream.split();
-    let max_trailer = ctx.config.get().max_header_bytes;
     let write = write_body(&mut wr, body, outgoing);
     tokio::pin!(write);
     loop {
