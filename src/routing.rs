@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::Uri;
+use rustc_hash::FxHashMap;
 
 use crate::config::{Authority, Config, Scheme};
 use crate::endpoint::dns::Resolver;
@@ -91,14 +92,15 @@ type DynamicEntry = (Arc<Upstream>, Instant);
 #[derive(Debug)]
 struct Routes {
     config: Arc<Config>,
-    by_authority: HashMap<Authority, Arc<Upstream>>,
-    by_name: HashMap<Arc<str>, Arc<Upstream>>,
+    // Fx, not SipHash: every key is the config's; requests only look them up.
+    by_authority: FxHashMap<Authority, Arc<Upstream>>,
+    by_name: FxHashMap<Arc<str>, Arc<Upstream>>,
 }
 
 impl Routes {
     fn new(config: Arc<Config>, upstreams: &[Arc<Upstream>]) -> Self {
-        let mut by_authority = HashMap::new();
-        let mut by_name = HashMap::new();
+        let mut by_authority = FxHashMap::default();
+        let mut by_name = FxHashMap::default();
         for up in upstreams {
             for auth in up.authorities() {
                 by_authority.insert(auth.clone(), up.clone());
