@@ -339,23 +339,26 @@ async fn wait_for_bytes<S: Stream>(
     }
 }
 
-/// Waits until the next request's first bytes are in `conn.buf` (or the stream ended): readable,
-/// then one read that does not wait. That read is the one `read_head` would make, so checking
-/// against a stale readiness costs no extra call; when it finds nothing (clearing the
-/// readiness), the buffer goes back and the wait goes on.
+/// Waits until the next request's first bytes are in `conn.buf` (or the stream ended), with
+/// the read `read_head` would make: a stale readiness costs no extra call, the read finds
+/// nothing and the wait goes on; the buffer goes back while it does.
+///
+/// A poll of the stream's read, not `readable` then `try_read_buf`: a read through the poll
+/// interface that comes back short tells the runtime the socket is drained, and `try_read_buf`
+/// does not. The readiness it left set sent the next read on the connection (the close watch
+/// while the response is awaited) to the kernel for nothing: a failed `recvfrom` per request
+/// (strace).
 async fn first_bytes<S: Stream>(conn: &mut Session<S>, max_head: usize) -> io::Result<()> {
-    loop {
-        conn.stream.readable().await?;
+    std::future::poll_fn(|cx| {
         reserve_head_buf(&mut conn.buf, max_head);
-        match conn.stream.try_read_buf(&mut conn.buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // Waiting for the next request holds no buffer (see `spare`).
-                crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
-            }
-            Ok(_) => return Ok(()),
-            Err(e) => return Err(e),
+        let polled = std::pin::pin!(conn.stream.read_buf(&mut conn.buf)).poll(cx);
+        if polled.is_pending() {
+            // Waiting for the next request holds no buffer (see `spare`).
+            crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
         }
-    }
+        polled.map_ok(drop)
+    })
+    .await
 }
 
 /// The idle timeout for a kept-alive connection.
@@ -737,6 +740,30 @@ mod tests {
         let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, None).await;
         assert!(matches!(woke, super::Wake::Readable), "a real request wakes it");
         assert_eq!(&conn.buf[..], b"GET", "read once, for read_head to parse");
+    }
+
+    /// The read that takes a request's first bytes leaves the runtime knowing the socket is
+    /// drained: the next read on the connection (the close watch while the response is
+    /// awaited) waits for the next readiness instead of failing in the kernel first, as it did
+    /// after `try_read_buf` (a failed `recvfrom` per request in strace).
+    #[tokio::test]
+    async fn the_first_bytes_read_leaves_the_socket_known_drained() {
+        use tokio::io::AsyncWriteExt;
+
+        let (mut client, stream) = crate::downstream::testing::tcp_pair().await;
+        let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
+        let idle_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        super::first_bytes(&mut conn, 8192).await.unwrap();
+        assert_eq!(&conn.buf[..], b"GET / HTTP/1.1\r\n\r\n");
+        let mut asked_the_kernel = false;
+        let read = conn.stream.try_io(tokio::io::Interest::READABLE, || {
+            asked_the_kernel = true;
+            Ok(())
+        });
+        assert!(read.is_err(), "no readiness left set");
+        assert!(!asked_the_kernel);
     }
 
     /// A kept-alive connection idle in its task no longer watches the drain signal: its wait

@@ -18,7 +18,6 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
-use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
@@ -41,10 +40,6 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 
     /// Waits until the socket is readable (data, end of stream or an error).
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
 
-    /// Reads what is there into `buf` without waiting; `WouldBlock` (and the runtime's readiness
-    /// cleared) when nothing is.
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
-
     /// Reads without consuming.
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a;
 
@@ -64,10 +59,6 @@ impl Stream for TcpStream {
 
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
         TcpStream::readable(self)
-    }
-
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        TcpStream::try_read_buf(self, buf)
     }
 
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a {
@@ -91,10 +82,6 @@ impl Stream for UnixStream {
 
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
         UnixStream::readable(self)
-    }
-
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        UnixStream::try_read_buf(self, buf)
     }
 
     async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
