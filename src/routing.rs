@@ -19,7 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::Uri;
+use http::{HeaderMap, Uri};
 use rustc_hash::FxHashMap;
 
 use crate::config::{Authority, Config, Scheme};
@@ -268,8 +268,9 @@ impl Router {
         self.routes.get().by_authority.get(authority).cloned()
     }
 
-    /// Routes a request by its target URI and `Host` header.
-    pub fn route(&self, arrival: &Arrival, uri: &Uri, host: Option<&str>) -> Result<Route, ProxyError> {
+    /// Routes a request by its target URI and `Host` header (looked up only for an origin-form
+    /// request on the main listener, the one case that reads it).
+    pub fn route(&self, arrival: &Arrival, uri: &Uri, headers: &HeaderMap) -> Result<Route, ProxyError> {
         let routes = self.routes.get();
         if let (Arrival::Route(name), None) = (arrival, uri.scheme()) {
             let upstream = routes.by_name.get(name).cloned().ok_or_else(|| {
@@ -302,6 +303,7 @@ impl Router {
                 (Some(scheme), auth)
             }
             (_, None, None) => {
+                let host = headers.get(http::header::HOST).and_then(|h| h.to_str().ok());
                 let host = host.ok_or_else(|| {
                     ProxyError::new(
                         ErrorKind::BadRequest,

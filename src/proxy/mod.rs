@@ -136,11 +136,7 @@ impl Proxy {
             ));
         }
         let upgrade = upgrade::requested(req);
-        let host = req
-            .headers()
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok());
-        let target = self.router.route(arrival, req.uri(), host)?;
+        let target = self.router.route(arrival, req.uri(), req.headers())?;
         if self.access_log.is_some() {
             routed.upstream = Some(target.upstream.label().into());
             routed.scheme = Some(target.upstream.scheme().as_str());
