@@ -474,7 +474,10 @@ impl Upstream {
     /// goes through the h2c one.
     fn pool_for(&self, req: &Request<RequestBody>) -> &Arc<Pool> {
         match &self.grpc {
-            Some(grpc) if grpc::is_grpc(req.headers()) => grpc.pool(self),
+            // gRPC is always POST: other requests skip the Content-Type lookup.
+            Some(grpc) if req.method() == http::Method::POST && grpc::is_grpc(req.headers()) => {
+                grpc.pool(self)
+            }
             _ => &self.pool,
         }
     }
