@@ -38,6 +38,21 @@ thread_local! {
     static WRITE_BUFS: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// One kept value of this thread's, if it has one.
+fn pop<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>) -> Option<T> {
+    kept.try_with(|kept| kept.borrow_mut().pop()).ok().flatten()
+}
+
+/// Keeps `value` for this thread unless it keeps `most` already (or is exiting).
+fn keep<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>, value: T, most: usize) {
+    let _ = kept.try_with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if kept.len() < most {
+            kept.push(value);
+        }
+    });
+}
+
 /// Header maps kept per thread. Each request parses two (its own head and the upstream's
 /// response head), and each map is two allocations; with tens of requests in flight on a
 /// thread, glibc's per-thread cache (7 chunks per size) overflows and each of those four
@@ -48,11 +63,7 @@ const HEADER_MAP_LARGEST: usize = 64;
 
 /// An empty header map with room for `fields`: a kept one if the thread has one.
 pub fn header_map(fields: usize) -> HeaderMap {
-    match HEADER_MAPS
-        .try_with(|kept| kept.borrow_mut().pop())
-        .ok()
-        .flatten()
-    {
+    match pop(&HEADER_MAPS) {
         Some(mut map) => {
             map.reserve(fields);
             map
@@ -68,12 +79,7 @@ pub fn give_back_headers(mut map: HeaderMap) {
         return;
     }
     map.clear();
-    let _ = HEADER_MAPS.try_with(|kept| {
-        let mut kept = kept.borrow_mut();
-        if kept.len() < HEADER_MAPS_PER_THREAD {
-            kept.push(map);
-        }
-    });
+    keep(&HEADER_MAPS, map, HEADER_MAPS_PER_THREAD);
 }
 
 /// Bytes encoded for writing: a request head going up, or a response head going down with
@@ -95,11 +101,7 @@ const WRITE_BUF_LARGEST: usize = 4096;
 impl WriteBuf {
     /// An empty buffer with room for `capacity` bytes: a kept one if the thread has one.
     pub fn take(capacity: usize) -> WriteBuf {
-        let mut buf = WRITE_BUFS
-            .try_with(|kept| kept.borrow_mut().pop())
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let mut buf = pop(&WRITE_BUFS).unwrap_or_default();
         buf.reserve(capacity);
         WriteBuf(buf)
     }
@@ -127,12 +129,7 @@ impl Drop for WriteBuf {
         }
         let mut buf = std::mem::take(&mut self.0);
         buf.clear();
-        let _ = WRITE_BUFS.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.len() < WRITE_BUFS_PER_THREAD {
-                kept.push(buf);
-            }
-        });
+        keep(&WRITE_BUFS, buf, WRITE_BUFS_PER_THREAD);
     }
 }
 
@@ -157,11 +154,7 @@ pub static UPSTREAM: Spares = Spares {
 impl Spares {
     /// A kept buffer, or an empty one (which allocates on first use).
     pub fn take(&self) -> BytesMut {
-        self.kept
-            .try_with(|kept| kept.borrow_mut().pop())
-            .ok()
-            .flatten()
-            .unwrap_or_default()
+        pop(self.kept).unwrap_or_default()
     }
 
     /// Keeps `buf`, emptied, for the next exchange on this thread, unless it is too large or
@@ -173,12 +166,7 @@ impl Spares {
         if buf.capacity() == 0 || buf.try_reclaim(self.largest + 1) {
             return;
         }
-        let _ = self.kept.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.len() < self.per_thread {
-                kept.push(buf);
-            }
-        });
+        keep(self.kept, buf, self.per_thread);
     }
 
     /// Buffers this thread keeps now.

@@ -58,9 +58,9 @@ impl Pool {
     /// Gives a ready connection to the oldest live waiter, else keeps it idle; returns it when
     /// it is to be closed, which the caller does after unlocking `st` (closing frees its slot,
     /// which takes the lock).
-    #[must_use]
     ///
     /// `now`, when the caller has read the clock already: the time it goes idle.
+    #[must_use]
     pub(super) fn hand_over(
         self: &Arc<Self>,
         st: &mut State,

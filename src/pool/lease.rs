@@ -238,7 +238,7 @@ impl Lease {
     }
 
     /// When the checkout ended: where the exchange's response time starts. A lease granted at
-    /// once shares the checkout's one clock read (three reads per request were two).
+    /// once shares the clock read that started the checkout.
     pub fn granted(&self) -> Instant {
         self.granted
     }

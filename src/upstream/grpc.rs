@@ -1,8 +1,8 @@
 //! gRPC to a plain-TCP upstream whose `protocol` is `auto`: such an upstream is spoken to in
 //! HTTP/1.1 (nothing on plain TCP says it knows HTTP/2), which cannot carry gRPC (it needs
 //! trailers, and its streams are meant to multiplex). So gRPC requests (`POST`, as gRPC
-//! always is, with `content-type: application/grpc…`) to it get an h2c pool of their own, HTTP/2 with prior
-//! knowledge, made on the first one: a leaky gRPC client's calls then share a connection or two
+//! always is, with `content-type: application/grpc…`) to it get an h2c pool of their own,
+//! HTTP/2 with prior knowledge, made on the first one: a leaky gRPC client's calls then share a connection or two
 //! instead of one per client connection. `protocol: http1` is respected as written.
 
 use std::sync::{Arc, OnceLock};

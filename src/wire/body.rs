@@ -303,6 +303,10 @@ impl Body for RequestBody {
 
 #[cfg(test)]
 mod tests {
+    use http_body_util::BodyExt as _;
+
+    use super::*;
+
     /// A request is moved whole several times on its way up; memcpy moves up to 256 bytes in
     /// one short sequence and larger values in a loop (35 instructions more per move).
     #[test]
@@ -310,10 +314,6 @@ mod tests {
         let size = std::mem::size_of::<http::Request<super::RequestBody>>();
         assert!(size <= 256, "Request<RequestBody> grew to {size} bytes");
     }
-
-    use http_body_util::BodyExt as _;
-
-    use super::*;
 
     async fn send(frames: &[&'static [u8]], length: Option<u64>) -> RequestBody {
         let (body, sender) = RequestBody::channel(length);

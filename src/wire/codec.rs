@@ -631,6 +631,8 @@ pub fn encode_last_chunk(trailers: Option<&HeaderMap>, out: &mut Vec<u8>) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// One usual token alone, any case, and lists of tokens, read alike.
     #[test]
     fn connection_tokens_are_read_alone_or_in_lists() {
@@ -647,8 +649,6 @@ mod tests {
         assert_eq!(read(b"close, x-private"), (true, false, true));
         assert_eq!(read(b""), (false, false, false));
     }
-
-    use super::*;
 
     fn head(text: &str) -> Result<Option<RequestHead>, HeadError> {
         let mut buf = BytesMut::from(text);
