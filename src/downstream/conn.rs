@@ -34,6 +34,7 @@ use super::pump::BodyPump;
 use super::respond::{encode_response, write_body, write_response, Outgoing};
 use super::stream::{Peer, Stream};
 use super::tunnel::Inside;
+use super::wait_timer::{self, WaitTimer};
 use super::{Context, Served};
 use crate::config::Authority;
 use crate::error::{ErrorKind, ProxyError};
@@ -110,9 +111,11 @@ pub(super) async fn serve<S: Stream>(
     ctx: &Arc<Context>,
 ) -> Ended<S> {
     let mut drain = ctx.drain.clone();
+    let mut sleep = std::pin::pin!(wait_timer::sleep(conn.idle_deadline));
+    let mut timer = WaitTimer::new(sleep.as_mut());
     loop {
         if conn.buf.is_empty() {
-            match wait_for_bytes(&mut conn, ctx, &mut drain, None).await {
+            match wait_for_bytes(&mut conn, ctx, &mut drain, &mut timer, None).await {
                 Wake::Readable => {}
                 wake => return ended(conn, wake, ctx),
             }
@@ -140,7 +143,7 @@ pub(super) async fn serve<S: Stream>(
         // request in callgrind). A connection yet to send a request, or quiet for longer,
         // holds none of it (held until parking, the boxes of a burst of one-request clients
         // raised the heap's high-water mark: 70 bytes more per idle connection afterwards).
-        match Box::pin(serve_requests(conn, arrival, ctx, &mut drain)).await {
+        match Box::pin(serve_requests(conn, arrival, ctx, &mut drain, &mut timer)).await {
             Stay::Ended(ended) => return ended,
             Stay::Quiet(quiet) if ctx.draining() => return served(&quiet, false),
             Stay::Quiet(quiet) => conn = quiet,
@@ -179,6 +182,7 @@ async fn serve_requests<S: Stream>(
     arrival: &mut Arrival,
     ctx: &Arc<Context>,
     drain: &mut watch::Receiver<bool>,
+    timer: &mut WaitTimer<'_>,
 ) -> Stay<S> {
     loop {
         let mut next = exchange(&mut conn, arrival, ctx).await;
@@ -231,7 +235,7 @@ async fn serve_requests<S: Stream>(
         if conn.buf.is_empty() {
             // Waiting for the next request holds no buffer (see `spare`).
             crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
-            match wait_for_bytes(&mut conn, ctx, drain, Some((now, QUIET_AFTER))).await {
+            match wait_for_bytes(&mut conn, ctx, drain, timer, Some((now, QUIET_AFTER))).await {
                 Wake::Readable => {}
                 Wake::Quiet => return Stay::Quiet(conn),
                 wake => return Stay::Ended(ended(conn, wake, ctx)),
@@ -294,23 +298,21 @@ enum Wake {
 /// With `quiet: (now, after)`, a wait with no request by `now + after` ends `Quiet` (the
 /// caller's `now` saves a clock read).
 ///
-/// Each wait has a timer of its own. One timer per connection, moved forward for each wait,
-/// cost 260 instructions per request less against a local upstream, but stayed armed through
-/// the exchange that followed: an exchange longer than the wait's deadline (any remote
-/// upstream's) was woken by it for nothing, and registered it anew.
+/// All of a task's waits run on its one `timer` (see `wait_timer`).
 async fn wait_for_bytes<S: Stream>(
     conn: &mut Session<S>,
     ctx: &Context,
     drain: &mut watch::Receiver<bool>,
+    timer: &mut WaitTimer<'_>,
     quiet: Option<(Instant, Duration)>,
 ) -> Wake {
     if conn.requests == 0 {
         // A new connection gets its first request served even while draining (apps finishing
         // their work need egress).
-        let limit = ctx.config.get().header_read_timeout;
-        return match tokio::time::timeout(limit, conn.stream.readable()).await {
-            Ok(readable) => wake(readable),
-            Err(_) => Wake::TimedOut,
+        let until = Instant::now() + ctx.config.get().header_read_timeout;
+        return match timer.before(until, conn.stream.readable()).await {
+            Some(readable) => wake(readable),
+            None => Wake::TimedOut,
         };
     }
     let now = quiet.map_or_else(Instant::now, |(now, _)| now);
@@ -323,9 +325,9 @@ async fn wait_for_bytes<S: Stream>(
     if ends > park_at {
         // Draining closes idle keep-alive connections.
         return tokio::select! {
-            read = tokio::time::timeout_at(ends, first_bytes(conn, max_head)) => match read {
-                Ok(read) => wake(read),
-                Err(_) => Wake::TimedOut,
+            read = timer.before(ends, first_bytes(conn, max_head)) => match read {
+                Some(read) => wake(read),
+                None => Wake::TimedOut,
             },
             _ = drain.wait_for(|d| *d) => Wake::Draining,
         };
@@ -333,11 +335,11 @@ async fn wait_for_bytes<S: Stream>(
     // Over within PARK_AFTER: it does not wait on the drain signal, whose registration cost
     // 630 instructions per request; whoever goes on from here sees the drain (`ended`, and
     // `serve` after a quiet one).
-    match tokio::time::timeout_at(ends, first_bytes(conn, max_head)).await {
-        Ok(read) => wake(read),
-        Err(_) if quiet_at.is_some() => Wake::Quiet,
-        Err(_) if parks => Wake::Park,
-        Err(_) => Wake::TimedOut,
+    match timer.before(ends, first_bytes(conn, max_head)).await {
+        Some(read) => wake(read),
+        None if quiet_at.is_some() => Wake::Quiet,
+        None if parks => Wake::Park,
+        None => Wake::TimedOut,
     }
 }
 
@@ -694,8 +696,9 @@ mod tests {
         // made while waiting for it, against a stale readiness (56); 848 since. 880 since issue
         // 20: the arrival is the connection's own (a CONNECT can turn it into a tunnel's) and
         // the sniff of what a tunnel carries. 928 since issue 25: the loop that takes a
-        // connection back from its exchanges' box when it goes quiet.
-        assert!(size <= 928, "idle connection future grew to {size} bytes");
+        // connection back from its exchanges' box when it goes quiet. 1,008 since the task
+        // keeps one timer for all its waits (`wait_timer`), until it parks.
+        assert!(size <= 1_008, "idle connection future grew to {size} bytes");
     }
 
     /// The state boxed for a connection's exchanges, held from its first request until it
@@ -705,7 +708,9 @@ mod tests {
         let (conn, _server) = new_session().await;
         let (ctx, mut drain) = context();
         let mut arrival = crate::routing::Arrival::Forward;
-        let serving = super::serve_requests(conn, &mut arrival, &ctx, &mut drain);
+        let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let serving = super::serve_requests(conn, &mut arrival, &ctx, &mut drain, &mut timer);
         let size = std::mem::size_of_val(&serving);
         // 2,808 bytes in a test build when first boxed apart (issue 25); release builds lay
         // it out smaller.
@@ -732,14 +737,16 @@ mod tests {
         let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
         let idle_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
         let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, None).await;
+        let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None).await;
         assert!(
             matches!(woke, super::Wake::Park),
             "idle for PARK_AFTER with nothing to read: parked, not served"
         );
 
         client.write_all(b"GET").await.unwrap();
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, None).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None).await;
         assert!(matches!(woke, super::Wake::Readable), "a real request wakes it");
         assert_eq!(&conn.buf[..], b"GET", "read once, for read_head to parse");
     }
@@ -781,7 +788,9 @@ mod tests {
         let idle_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
         let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
         start_draining.send(true).unwrap();
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, None).await;
+        let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None).await;
         assert!(matches!(woke, super::Wake::Park), "over at PARK_AFTER");
         let ended = super::ended(conn, woke, &ctx);
         assert!(matches!(ended, super::Ended::Closed(_)), "closed, not parked");
@@ -808,7 +817,9 @@ mod tests {
         let (ctx, mut drain) = context();
         let mut arrival = crate::routing::Arrival::Forward;
         let started = tokio::time::Instant::now();
-        let stay = super::serve_requests(conn, &mut arrival, &ctx, &mut drain).await;
+        let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let stay = super::serve_requests(conn, &mut arrival, &ctx, &mut drain, &mut timer).await;
         let super::Stay::Quiet(conn) = stay else {
             panic!("kept alive, then quiet: handed back, not ended");
         };

@@ -33,6 +33,7 @@ mod stream;
 pub(crate) mod testing;
 mod tunnel;
 pub mod unix;
+mod wait_timer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,210 @@
+//! A connection task's one timer, kept across its waits for the next request.
+//!
+//! A timer made for each wait cost its registration in the runtime's timer wheel and its
+//! removal when the request came first: a lock and a wheel update each, about 500
+//! instructions per request in callgrind, the largest single item on the keep-alive path.
+//! A kept timer is moved later instead, which is an atomic compare-and-swap while it has not
+//! gone off, and the wheel hears of the move only when the old deadline comes.
+//!
+//! The catch is that a kept timer stays armed after its wait. Left holding the task's waker,
+//! it went off during the exchange that followed whenever that exchange outlasted the wait's
+//! deadline (any remote upstream's, against a 5 ms quiet wait) and woke the task for nothing.
+//! So the timer holds a waker of ours, a gate that passes a wake on to the task only while a
+//! wait is on: after its wait the timer goes off unheard, and the next wait arms it again.
+//! tokio offers no cheaper way to disarm: `Sleep` has no cancel short of drop, and drop is the
+//! lock this saves. Handing the timer a no-op waker after each wait did the same for 100
+//! instructions more per request (a poll, and the task's waker dropped and cloned again).
+
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use atomic_waker::AtomicWaker;
+use tokio::time::{Instant, Sleep};
+
+/// A connection task's wait timer: a `Sleep` pinned in the task, and the gate it wakes
+/// through once it has been armed.
+pub(super) struct WaitTimer<'a> {
+    sleep: Pin<&'a mut Sleep>,
+    /// Made when the timer is first armed: a connection whose waits all end at once (or that
+    /// closes before any) touches neither the heap nor the timer wheel.
+    gate: Option<(Arc<Gate>, Waker)>,
+}
+
+/// A `Sleep` for a [`WaitTimer`]; each wait sets its deadline, so `at` is any instant (one the
+/// caller has saves a clock read).
+pub(super) fn sleep(at: Instant) -> Sleep {
+    tokio::time::sleep_until(at)
+}
+
+impl<'a> WaitTimer<'a> {
+    pub(super) fn new(sleep: Pin<&'a mut Sleep>) -> Self {
+        WaitTimer { sleep, gate: None }
+    }
+
+    /// Runs `wait` until it ends, or until `until` (`None`). The timer is armed only if `wait`
+    /// does not end at once, as `tokio::time::timeout_at` would.
+    pub(super) async fn before<F: Future>(&mut self, until: Instant, wait: F) -> Option<F::Output> {
+        Before {
+            timer: self,
+            until,
+            wait: pin!(wait),
+            armed: false,
+        }
+        .await
+    }
+}
+
+/// A wait on a [`WaitTimer`].
+struct Before<'t, 'a, F> {
+    timer: &'t mut WaitTimer<'a>,
+    until: Instant,
+    wait: Pin<&'t mut F>,
+    armed: bool,
+}
+
+impl<F: Future> Future for Before<'_, '_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Poll::Ready(out) = self.wait.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        let this = &mut *self;
+        let (gate, waker) = this.timer.gate.get_or_insert_with(Gate::new);
+        gate.task.register(cx.waker());
+        if !this.armed {
+            this.armed = true;
+            gate.open.store(true, Ordering::Release);
+            // Later than its last deadline: a compare-and-swap. Earlier, or gone off: the
+            // wheel's lock, as a new timer would take.
+            this.timer.sleep.as_mut().reset(this.until);
+        }
+        let mut cx = Context::from_waker(waker);
+        this.timer.sleep.as_mut().poll(&mut cx).map(|()| None)
+    }
+}
+
+impl<F> Drop for Before<'_, '_, F> {
+    /// However the wait ended (a `select!` may drop it), what follows is not woken.
+    fn drop(&mut self) {
+        if let (true, Some((gate, _))) = (self.armed, &self.timer.gate) {
+            gate.open.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Passes the timer's wake on to the task while a wait is open.
+struct Gate {
+    open: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Gate {
+    fn new() -> (Arc<Gate>, Waker) {
+        let gate = Arc::new(Gate {
+            open: AtomicBool::new(false),
+            task: AtomicWaker::new(),
+        });
+        let waker = Waker::from(gate.clone());
+        (gate, waker)
+    }
+}
+
+impl Wake for Gate {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.open.load(Ordering::Acquire) {
+            self.task.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::{poll_fn, Future};
+    use std::pin::pin;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    /// A wait that ends before its timer leaves the timer unable to wake the task: an awaited
+    /// operation that outlasts the timer's deadline is polled only when it is ready.
+    #[tokio::test]
+    async fn a_timer_left_armed_wakes_nothing() {
+        let mut sleep = pin!(super::sleep(Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let now = Instant::now();
+        let ended = timer.before(now + Duration::from_millis(5), yielded_once()).await;
+        assert_eq!(ended, Some(()), "the wait ended first, with its timer armed");
+
+        // The exchange that follows: it outlasts the timer's deadline by far.
+        let mut done = pin!(tokio::time::sleep(Duration::from_millis(60)));
+        let mut polls = 0;
+        poll_fn(|cx| {
+            polls += 1;
+            done.as_mut().poll(cx)
+        })
+        .await;
+        assert_eq!(
+            polls, 2,
+            "polled once, then once when done: the kept timer woke nothing"
+        );
+    }
+
+    /// A timer moved later goes off at its new deadline, not at the one it had when armed.
+    #[tokio::test]
+    async fn a_timer_moved_later_goes_off_at_its_new_deadline() {
+        let mut sleep = pin!(super::sleep(Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let start = Instant::now();
+        let first = timer
+            .before(start + Duration::from_millis(10), yielded_once())
+            .await;
+        assert_eq!(first, Some(()));
+        let until = start + Duration::from_millis(80);
+        let second = timer.before(until, std::future::pending::<()>()).await;
+        assert_eq!(second, None, "the timer ended the wait");
+        assert!(Instant::now() >= until, "not before its new deadline");
+    }
+
+    /// A timer moved earlier, and one armed again after going off, end their waits on time.
+    #[tokio::test]
+    async fn a_timer_moved_earlier_or_gone_off_still_ends_its_wait() {
+        let mut sleep = pin!(super::sleep(Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let start = Instant::now();
+        let far = timer
+            .before(start + Duration::from_secs(60), yielded_once())
+            .await;
+        assert_eq!(far, Some(()));
+        let until = start + Duration::from_millis(20);
+        let earlier = timer.before(until, std::future::pending::<()>()).await;
+        assert_eq!(earlier, None);
+        assert!(Instant::now() >= until);
+        let again = Instant::now() + Duration::from_millis(20);
+        let after = timer.before(again, std::future::pending::<()>()).await;
+        assert_eq!(after, None, "armed again after going off");
+        assert!(Instant::now() >= again);
+    }
+
+    /// Ends on its second poll, so that `before` arms its timer.
+    async fn yielded_once() {
+        let mut polled = false;
+        poll_fn(|cx| {
+            if polled {
+                return Poll::Ready(());
+            }
+            polled = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+        .await
+    }
+}
