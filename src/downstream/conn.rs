@@ -525,8 +525,11 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
                 }));
                 await_response(stream, buf, &mut pump, respond, max_head).await
             };
-            // The request has gone up (an HTTP/1.1 upstream leaves its head here).
-            crate::spare::give_back_headers(std::mem::take(req.headers_mut()));
+            // The request has gone up (an HTTP/1.1 upstream leaves its head here). Taken
+            // apart, not `mem::take`n: that would leave an empty map to drop.
+            let (parts, body) = req.into_parts();
+            drop(body);
+            crate::spare::give_back_headers(parts.headers);
             resp
         };
         let Some(mut resp) = resp else {
@@ -603,7 +606,7 @@ fn request(head: RequestHead, peer: &Peer, ctx: &Context) -> (Request<RequestBod
     *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.version_mut() = version;
-    *req.headers_mut() = headers;
+    crate::spare::set_headers(req.headers_mut(), headers);
     if ctx.proxy.logs_access() {
         req.extensions_mut().insert(peer.log_source());
     }

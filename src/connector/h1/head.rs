@@ -215,7 +215,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     let mut resp = Response::new(());
     *resp.status_mut() = status;
     *resp.version_mut() = version;
-    *resp.headers_mut() = headers;
+    crate::spare::set_headers(resp.headers_mut(), headers);
     // `close` wins over `keep-alive` (as for requests); HTTP/1.0 closes unless it asks to stay.
     persistence.close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
     Ok(Some(Head {
