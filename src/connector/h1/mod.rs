@@ -388,7 +388,14 @@ impl Transfer {
                     .zip(&mut slices)
                     .map(|(b, s)| *s = IoSlice::new(b))
                     .count();
-                match Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..n]) {
+                // One slice (a request with no body bytes queued: most) goes by `send`, not
+                // `writev`, which costs the kernel about 0.1 µs more a call (loopback
+                // ping-pong in C, 2.33-2.41 µs a round trip against 2.42-2.49).
+                let wrote = match &slices[..n] {
+                    [one] => Pin::new(&mut *stream).poll_write(cx, one),
+                    all => Pin::new(&mut *stream).poll_write_vectored(cx, all),
+                };
+                match wrote {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(0)) => {
                         self.send_failed = true;
