@@ -4,10 +4,13 @@
 //! `proxy::upgrade`).
 //!
 //! # Memory while idle
-//! Between requests the task waits on socket readiness alone: the read buffer is released.
-//! The per-exchange state (about 2.3 KiB) lives in a box made when a request arrives, which a
-//! connection keeps while requests follow within `QUIET_AFTER` (a box per request cost two of
-//! malloc's slow paths each time). An idle connection therefore costs its task, its socket
+//! Between requests the task waits on socket readiness alone. The per-exchange state (about
+//! 2.3 KiB) lives in a box made when a request arrives, which a connection keeps while
+//! requests follow within `QUIET_AFTER` (a box per request cost two of malloc's slow paths
+//! each time), and the read buffer with it (given back to `spare` after each request, it
+//! went to a thread's few kept buffers, and with more connections than those the rest freed
+//! and allocated a buffer per request: 700 instructions each). Quiet for longer, the
+//! connection releases both. An idle connection therefore costs its task, its socket
 //! registration and a timer, not the ~16 KiB of buffers a general-purpose server keeps; and
 //! `park::PARK_AFTER` after going quiet the task ends and the connection waits in `park`,
 //! which costs less still.
@@ -233,12 +236,16 @@ async fn serve_requests<S: Stream>(
         let now = Instant::now();
         conn.idle_deadline = now + idle_limit(conn.leaky, ctx);
         if conn.buf.is_empty() {
-            // Waiting for the next request holds no buffer (see `spare`).
-            crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
             match wait_for_bytes(&mut conn, ctx, drain, timer, Some((now, QUIET_AFTER))).await {
                 Wake::Readable => {}
-                Wake::Quiet => return Stay::Quiet(conn),
-                wake => return Stay::Ended(ended(conn, wake, ctx)),
+                wake => {
+                    // Waiting on, or closing, it holds no buffer (see `spare`).
+                    crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
+                    return match wake {
+                        Wake::Quiet => Stay::Quiet(conn),
+                        wake => Stay::Ended(ended(conn, wake, ctx)),
+                    };
+                }
             }
         }
     }
@@ -325,7 +332,7 @@ async fn wait_for_bytes<S: Stream>(
     if ends > park_at {
         // Draining closes idle keep-alive connections.
         return tokio::select! {
-            read = timer.before(ends, first_bytes(conn, max_head)) => match read {
+            read = timer.before(ends, first_bytes(conn, max_head, false)) => match read {
                 Some(read) => wake(read),
                 None => Wake::TimedOut,
             },
@@ -335,7 +342,9 @@ async fn wait_for_bytes<S: Stream>(
     // Over within PARK_AFTER: it does not wait on the drain signal, whose registration cost
     // 630 instructions per request; whoever goes on from here sees the drain (`ended`, and
     // `serve` after a quiet one).
-    match timer.before(ends, first_bytes(conn, max_head)).await {
+    // A quiet wait keeps its read buffer, as it keeps the exchanges' box.
+    let hold = quiet_at.is_some();
+    match timer.before(ends, first_bytes(conn, max_head, hold)).await {
         Some(read) => wake(read),
         None if quiet_at.is_some() => Wake::Quiet,
         None if parks => Wake::Park,
@@ -345,18 +354,18 @@ async fn wait_for_bytes<S: Stream>(
 
 /// Waits until the next request's first bytes are in `conn.buf` (or the stream ended), with
 /// the read `read_head` would make: a stale readiness costs no extra call, the read finds
-/// nothing and the wait goes on; the buffer goes back while it does.
+/// nothing and the wait goes on; the buffer goes back while it does, unless `hold`.
 ///
 /// A poll of the stream's read, not `readable` then `try_read_buf`: a read through the poll
 /// interface that comes back short tells the runtime the socket is drained, and `try_read_buf`
 /// does not. The readiness it left set sent the next read on the connection (the close watch
 /// while the response is awaited) to the kernel for nothing: a failed `recvfrom` per request
 /// (strace).
-async fn first_bytes<S: Stream>(conn: &mut Session<S>, max_head: usize) -> io::Result<()> {
+async fn first_bytes<S: Stream>(conn: &mut Session<S>, max_head: usize, hold: bool) -> io::Result<()> {
     std::future::poll_fn(|cx| {
         reserve_head_buf(&mut conn.buf, max_head);
         let polled = std::pin::pin!(conn.stream.read_buf(&mut conn.buf)).poll(cx);
-        if polled.is_pending() {
+        if polled.is_pending() && !hold {
             // Waiting for the next request holds no buffer (see `spare`).
             crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
         }
@@ -767,7 +776,7 @@ mod tests {
         let idle_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
         let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
         client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-        super::first_bytes(&mut conn, 8192).await.unwrap();
+        super::first_bytes(&mut conn, 8192, false).await.unwrap();
         assert_eq!(&conn.buf[..], b"GET / HTTP/1.1\r\n\r\n");
         let mut asked_the_kernel = false;
         let read = conn.stream.try_io(tokio::io::Interest::READABLE, || {
@@ -799,6 +808,27 @@ mod tests {
         assert!(matches!(ended, super::Ended::Closed(_)), "closed, not parked");
     }
 
+    /// A quiet wait (between requests that follow closely) keeps the read buffer for the
+    /// next request; a wait without one (up to parking) gives it back.
+    #[tokio::test]
+    async fn only_a_quiet_wait_keeps_the_read_buffer() {
+        let (_client, stream) = crate::downstream::testing::tcp_pair().await;
+        let (ctx, mut drain) = context();
+        let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
+        let now = tokio::time::Instant::now();
+        let mut conn =
+            super::Session::resume(stream, peer, 1, false, now + std::time::Duration::from_secs(2));
+        let mut sleep = std::pin::pin!(super::wait_timer::sleep(now));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let quiet = Some((now, std::time::Duration::from_millis(5)));
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, quiet).await;
+        assert!(matches!(woke, super::Wake::Quiet));
+        assert!(conn.buf.capacity() > 0, "held through the quiet wait");
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None).await;
+        assert!(matches!(woke, super::Wake::Park));
+        assert_eq!(conn.buf.capacity(), 0, "given back while waiting to park");
+    }
+
     /// A connection just accepted over loopback, and its client's end.
     async fn new_session() -> (super::Session<tokio::net::TcpStream>, tokio::net::TcpStream) {
         let (stream, client) = crate::downstream::testing::tcp_pair().await;
@@ -827,6 +857,7 @@ mod tests {
             panic!("kept alive, then quiet: handed back, not ended");
         };
         assert_eq!(conn.requests, 1);
+        assert_eq!(conn.buf.capacity(), 0, "its read buffer went back");
         assert!(started.elapsed() < super::PARK_AFTER, "well before it would park");
         let mut answer = [0u8; 12];
         client.read_exact(&mut answer).await.unwrap();
