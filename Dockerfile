@@ -21,6 +21,9 @@ RUN mkdir src \
 # The real sources. touch: COPY keeps the files' old mtimes, which cargo would otherwise take
 # as older than the stub build and skip.
 COPY src ./src
+# build.rs: link settings (RELR, and the code layout of link/request-path.symbols).
+COPY build.rs ./
+COPY link ./link
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked \
     && cp target/release/egress-sidecar /egress-sidecar

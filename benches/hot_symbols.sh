@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# benches/hot_symbols.sh: writes link/request-path.symbols, the functions the release binary
+# runs once start-up is over, hottest first, for the linker to lay out together (see
+# link/README.md).
+#
+# Method: the sidecar (the given release build, TOKIO_WORKER_THREADS=1, route mode, pool 64)
+#   runs under valgrind --tool=callgrind in front of an nginx upstream. Two seconds after its
+#   listener opens the counters are zeroed (start-up is over: its pages are released), then
+#   it serves a check, 64 one-request connections and 2,000 keep-alive requests on 8, and idles
+#   7 s more (its periodic tasks: heap trim, config watch). Every function of the binary with
+#   instructions counted from the zero on is listed, by instructions, mangled.
+#
+# Usage (from the repo root):   benches/hot_symbols.sh [SIDECAR_BIN]
+#   Run it on a release build after a change of dependencies or of the compiler (symbol names
+#   carry a hash of both; names the build lacks are skipped, so a stale list costs only its
+#   benefit: `benches/callgrind.sh` and the RSS base show it).
+# Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
+
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+# shellcheck source=benches/common.sh
+source benches/common.sh
+
+ensure_tools valgrind:valgrind callgrind_control:valgrind nginx:nginx h2load:nghttp2-client curl:curl
+SIDECAR_BIN=${1:-${SIDECAR_BIN:-}}
+build_sidecar
+make_scratch hot-symbols
+trap cleanup EXIT
+
+read -r UP_PORT < <(free_ports 1)
+nginx_upstream_conf upstream "$UP_PORT" >"$TMP/upstream.conf"
+start_nginx upstream "$LOAD_CPU"
+wait_port "$UP_PORT"
+
+read -r fwd admin port < <(free_ports 3)
+sidecar_conf "$fwd" "$admin" "$port" "$UP_PORT" 64 300s 6000 6000 >"$TMP/sidecar.yaml"
+TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind --demangle=no --compress-strings=no \
+    --callgrind-out-file="$TMP/callgrind.out" "$BIN" run --config "$TMP/sidecar.yaml" \
+    2>"$TMP/valgrind.log" &
+vg=$!
+PIDS+=("$vg")
+wait_port "$port" 600
+sleep 2
+callgrind_control -z "$vg" >/dev/null
+check sidecar "http://127.0.0.1:$port/"
+h2load --h1 -n 64 -c 64 "http://127.0.0.1:$port/" >/dev/null
+h2load --h1 -n 2000 -c 8 "http://127.0.0.1:$port/" >/dev/null
+sleep 7
+stop_pid "$vg"
+
+# Exclusive instructions per function of the executable (not libc's), from the callgrind
+# output's fn= blocks; a cost line right after calls= belongs to the call, not the function.
+python3 - "$TMP/callgrind.out" "$(basename "$BIN")" >link/request-path.symbols <<'PY'
+import collections, sys
+cost, fn, obj, call = collections.Counter(), None, None, False
+for line in open(sys.argv[1]):
+    line = line.rstrip("\n")
+    if line.startswith("ob="):
+        obj = line[3:]
+    elif line.startswith("fn="):
+        fn, call = (obj, line[3:]), False
+    elif line.startswith("calls="):
+        call = True
+    elif line and (line[0].isdigit() or line[0] in "+-*"):
+        if call:
+            call = False
+        elif fn and fn[0] and fn[0].endswith(sys.argv[2]):
+            cost[fn[1]] += int(line.split()[-1])
+for name, n in sorted(cost.items(), key=lambda kv: -kv[1]):
+    # Functions without a symbol show as their address: nothing to order by.
+    if n > 0 and not name.startswith("0x"):
+        print(name)
+PY
+log "link/request-path.symbols: $(wc -l <link/request-path.symbols) functions"
