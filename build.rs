@@ -21,7 +21,10 @@ fn main() {
         && std::env::var_os("RUSTC_LINKER").is_none()
         && order.exists()
     {
-        println!("cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}", order.display());
+        println!(
+            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+            order.display()
+        );
         println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
     }
     println!("cargo:rerun-if-changed=build.rs");
