@@ -75,7 +75,11 @@ pub fn header_map(fields: usize) -> HeaderMap {
 /// Keeps `map`, emptied, for the next head parsed on this thread, unless it is too large or
 /// enough are kept. Its values go now (they may share a head's bytes).
 pub fn give_back_headers(mut map: HeaderMap) {
-    if map.capacity() == 0 || map.capacity() > HEADER_MAP_LARGEST {
+    if map.capacity() == 0 {
+        // One an HTTP/2 upstream emptied (it takes the fields): nothing to keep or free.
+        return forget_empty(map);
+    }
+    if map.capacity() > HEADER_MAP_LARGEST {
         return;
     }
     map.clear();
@@ -94,7 +98,7 @@ pub fn set_headers(slot: &mut HeaderMap, map: HeaderMap) {
 /// Drops `map`, or, if it has no room, forgets it: a map that never grew its table holds no
 /// memory (`HeaderMap::new`, which `Request::new` and `Response::new` use, does not allocate:
 /// its documentation says so), so there is nothing to free.
-pub fn forget_empty(map: HeaderMap) {
+fn forget_empty(map: HeaderMap) {
     if map.capacity() == 0 {
         std::mem::forget(map);
     }

@@ -9,7 +9,7 @@
 //! requests follow within `QUIET_AFTER` (a box per request cost two of malloc's slow paths
 //! each time), and the read buffer with it (given back to `spare` after each request, it
 //! went to a thread's few kept buffers, and with more connections than those the rest freed
-//! and allocated a buffer per request: 700 instructions each). Quiet for longer, the
+//! and allocated a buffer per request: about 750 instructions each). Quiet for longer, the
 //! connection releases both. An idle connection therefore costs its task, its socket
 //! registration and a timer, not the ~16 KiB of buffers a general-purpose server keeps; and
 //! `park::PARK_AFTER` after going quiet the task ends and the connection waits in `park`,
@@ -346,7 +346,7 @@ async fn wait_for_bytes<S: Stream>(
     let hold = quiet_at.is_some();
     match timer.before(ends, first_bytes(conn, max_head, hold)).await {
         Some(read) => wake(read),
-        None if quiet_at.is_some() => Wake::Quiet,
+        None if hold => Wake::Quiet,
         None if parks => Wake::Park,
         None => Wake::TimedOut,
     }
