@@ -96,9 +96,9 @@ impl Context {
             config: Live::new(config),
             proxy,
             drain,
+            parking: park::Parking::new(metrics.families().downstream_parked.clone()),
             metrics,
             clients,
-            parking: Default::default(),
             budget,
         }
     }

@@ -4,7 +4,7 @@
 //! that never comes. Waiting in a task costs the task, its future, a timer entry and the
 //! runtime's socket registration: about 2 KiB each. So after [`PARK_AFTER`] idle a connection's
 //! task ends, and what remains is its socket, registered with an epoll instance of this module's
-//! own, and a record of about a hundred bytes in the lot.
+//! own, and a record of 96 bytes in the lot.
 //!
 //! One task, started with the first parked connection, wakes for all of them:
 //! - a readable socket (the next request, or the client closing) gets a fresh connection task;
@@ -27,13 +27,14 @@ use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Token};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::Session;
 use super::stream::{Peer, Stream};
-use super::{finish, spawn_connection, Context, Held, OpenGuard, Served};
+use super::{finish, spawn_connection, Context, Held, Served};
 use crate::routing::Arrival;
 
 /// How long a connection idles in its task before it is parked: under load connections idle
@@ -58,14 +59,25 @@ pub struct Parking {
     resumed: AtomicU64,
 }
 
-#[derive(Debug, Default)]
+/// The records, in two B-trees. A B-tree's leaves fill to 6 of their 11 entries when keys
+/// only grow (a full leaf splits 6 + 5), so each byte of a record costs about two in memory:
+/// the record and the deadline are kept small for it (`benches/compare.sh`, workload 3).
+#[derive(Debug)]
 struct Lot {
     next: u64,
     /// By sequence number, which is the order they were parked in: longest idle first.
     parked: BTreeMap<u64, Parked>,
-    deadlines: BTreeSet<(Instant, u64)>,
+    /// (deadline, sequence number).
+    deadlines: BTreeSet<(Deadline, u64)>,
+    /// The instant deadlines count from.
+    epoch: Instant,
+    /// `egress_downstream_parked_connections`, kept equal to `parked.len()`.
+    counted: Gauge,
     task: TaskState,
 }
+
+/// An idle deadline, in nanoseconds after the lot's epoch: half the size of an `Instant`.
+type Deadline = u64;
 
 #[derive(Debug, Default, PartialEq, Eq)]
 enum TaskState {
@@ -76,22 +88,42 @@ enum TaskState {
     Closed,
 }
 
-/// What a parked connection keeps.
+/// What a parked connection keeps: 96 bytes.
 #[derive(Debug)]
 struct Parked {
     stream: OwnedFd,
+    tally: Tally,
     peer: Peer,
-    requests: u64,
-    leaky: bool,
-    deadline: Instant,
+    deadline: Deadline,
     held: Held,
     arrival: Arrival,
-    /// Counts it in `egress_downstream_parked_connections` until it leaves the lot, however.
-    _counted: OpenGuard,
 }
 
-impl Default for Parking {
-    fn default() -> Self {
+/// A connection's requests (saturating at 2^31 - 1) and, in the top bit, whether its source
+/// leaks: one word where the two took two.
+#[derive(Debug, Clone, Copy)]
+struct Tally(u32);
+
+impl Tally {
+    const LEAKY: u32 = 1 << 31;
+
+    fn new(requests: u64, leaky: bool) -> Self {
+        let requests = requests.min(u64::from(Self::LEAKY - 1)) as u32;
+        Tally(requests | if leaky { Self::LEAKY } else { 0 })
+    }
+
+    fn requests(self) -> u64 {
+        u64::from(self.0 & !Self::LEAKY)
+    }
+
+    fn leaky(self) -> bool {
+        self.0 & Self::LEAKY != 0
+    }
+}
+
+impl Parking {
+    /// `counted` is `egress_downstream_parked_connections`.
+    pub(super) fn new(counted: Gauge) -> Self {
         let poll = mio::Poll::new()
             .and_then(|poll| Ok((poll.registry().try_clone()?, poll)))
             .inspect_err(|e| tracing::warn!(error = %e, "cannot create an epoll instance: idle connections stay in their tasks"))
@@ -100,14 +132,19 @@ impl Default for Parking {
         Parking {
             registry,
             poll: Mutex::new(poll),
-            lot: Mutex::default(),
+            lot: Mutex::new(Lot {
+                next: 0,
+                parked: BTreeMap::new(),
+                deadlines: BTreeSet::new(),
+                epoch: Instant::now(),
+                counted,
+                task: TaskState::default(),
+            }),
             rearm: Notify::new(),
             resumed: AtomicU64::new(0),
         }
     }
-}
 
-impl Parking {
     /// Whether idle connections can be parked.
     pub(super) fn available(&self) -> bool {
         self.registry.is_some()
@@ -164,18 +201,16 @@ impl Parking {
             return not_parked(held);
         }
         lot.next += 1;
+        let deadline = lot.deadline(deadline);
         let parked = Parked {
             stream,
+            tally: Tally::new(requests, leaky),
             peer,
-            requests,
-            leaky,
             deadline,
             held,
             arrival,
-            _counted: OpenGuard::new(&ctx.metrics.families().downstream_parked),
         };
-        lot.deadlines.insert((deadline, seq));
-        lot.parked.insert(seq, parked);
+        lot.insert(seq, parked);
         let mut evicted = Vec::new();
         while lot.parked.len() > max_idle {
             evicted.extend(lot.pop_first());
@@ -202,7 +237,9 @@ impl Parking {
     /// leaking client that exits closes thousands at once, and a task for each would be the
     /// very memory spike the budget guards against.
     fn wake(&self, seq: u64, read_closed: bool, ctx: &Arc<Context>) {
-        let Some(parked) = self.lock().remove(seq) else {
+        // Uncounted (by the lot) before its task can answer, so a client never sees it counted
+        // as parked.
+        let Some((parked, deadline)) = self.lock().remove_with_instant(seq) else {
             return;
         };
         if let Some(registry) = &self.registry {
@@ -213,21 +250,17 @@ impl Parking {
         }
         let Parked {
             stream,
+            tally,
             peer,
-            requests,
-            leaky,
-            deadline,
             held,
             arrival,
-            _counted: counted,
+            ..
         } = parked;
-        // Uncounted before its task can answer, so a client never sees it counted as parked.
-        drop(counted);
         self.resumed.fetch_add(1, Ordering::Relaxed);
         let woken = Woken {
             peer,
-            requests,
-            leaky,
+            requests: tally.requests(),
+            leaky: tally.leaky(),
             deadline,
             held,
             arrival,
@@ -263,7 +296,7 @@ impl Parking {
             let expired = {
                 let mut lot = self.lock();
                 match lot.deadlines.first() {
-                    Some(&(deadline, seq)) if deadline <= now => lot.remove(seq),
+                    Some(&(deadline, seq)) if lot.instant(deadline) <= now => lot.remove(seq),
                     _ => return,
                 }
             };
@@ -293,6 +326,7 @@ impl Parking {
             let mut lot = self.lock();
             lot.task = TaskState::Closed;
             lot.deadlines.clear();
+            lot.counted.set(0);
             std::mem::take(&mut lot.parked)
         };
         for (_, parked) in parked {
@@ -301,7 +335,8 @@ impl Parking {
     }
 
     fn earliest_deadline(&self) -> Option<Instant> {
-        self.lock().deadlines.first().map(|&(deadline, _)| deadline)
+        let lot = self.lock();
+        lot.deadlines.first().map(|&(deadline, _)| lot.instant(deadline))
     }
 
     fn lock(&self) -> MutexGuard<'_, Lot> {
@@ -310,16 +345,44 @@ impl Parking {
 }
 
 impl Lot {
+    fn insert(&mut self, seq: u64, parked: Parked) {
+        self.deadlines.insert((parked.deadline, seq));
+        self.parked.insert(seq, parked);
+        self.counted.inc();
+    }
+
     fn remove(&mut self, seq: u64) -> Option<Parked> {
         let parked = self.parked.remove(&seq)?;
         self.deadlines.remove(&(parked.deadline, seq));
+        self.counted.dec();
         Some(parked)
+    }
+
+    /// [`Lot::remove`], with the record's deadline as an instant.
+    fn remove_with_instant(&mut self, seq: u64) -> Option<(Parked, Instant)> {
+        let parked = self.remove(seq)?;
+        let deadline = self.instant(parked.deadline);
+        Some((parked, deadline))
     }
 
     fn pop_first(&mut self) -> Option<Parked> {
         let (seq, parked) = self.parked.pop_first()?;
         self.deadlines.remove(&(parked.deadline, seq));
+        self.counted.dec();
         Some(parked)
+    }
+
+    /// `at` as a [`Deadline`]; an instant before the epoch (none is: deadlines lie ahead) as
+    /// the epoch.
+    fn deadline(&self, at: Instant) -> Deadline {
+        at.saturating_duration_since(self.epoch)
+            .as_nanos()
+            .try_into()
+            .unwrap_or(u64::MAX)
+    }
+
+    fn instant(&self, deadline: Deadline) -> Instant {
+        self.epoch + Duration::from_nanos(deadline)
     }
 }
 
@@ -373,7 +436,7 @@ impl Woken {
 
 /// Closes a connection that stayed idle too long or was evicted, counted as an idle close.
 fn close_idle(parked: Parked, ctx: &Context) {
-    ctx.count_idle_close(parked.requests);
+    ctx.count_idle_close(parked.tally.requests());
     parked.close(ctx, true);
 }
 
@@ -381,13 +444,13 @@ impl Parked {
     fn close(self, ctx: &Context, idle_closed: bool) {
         let Parked {
             stream,
+            tally,
             peer,
-            requests,
             held,
             ..
         } = self;
         drop(stream);
-        ended(ctx, &peer, requests, idle_closed, held);
+        ended(ctx, &peer, tally.requests(), idle_closed, held);
     }
 }
 
@@ -493,13 +556,25 @@ mod tests {
         got
     }
 
-    /// A parked connection costs this record (120 bytes) plus its share of two B-tree nodes:
-    /// keep it from creeping up unnoticed. 104 until issue 20: an arrival can be a CONNECT
-    /// served as plain HTTP, which takes the enum a tag of its own.
+    /// A parked connection costs this record plus its share of two B-tree nodes, about twice
+    /// its size: keep it from creeping up unnoticed. 120 bytes until issue 25 (a 64-bit
+    /// deadline, the requests and leak flag in one word, the gauge kept by the lot).
     #[test]
     fn a_parked_connection_record_stays_small() {
         let size = std::mem::size_of::<super::Parked>();
-        assert!(size <= 120, "a parked connection grew to {size} bytes");
+        assert!(size <= 96, "a parked connection grew to {size} bytes");
+        let deadline = std::mem::size_of::<(super::Deadline, u64)>();
+        assert!(deadline <= 16, "a deadline entry grew to {deadline} bytes");
+    }
+
+    #[test]
+    fn a_tally_keeps_requests_and_the_leak_flag_apart() {
+        for (requests, leaky) in [(0, false), (0, true), (7, true), ((1 << 31) - 1, false)] {
+            let tally = super::Tally::new(requests, leaky);
+            assert_eq!((tally.requests(), tally.leaky()), (requests, leaky));
+        }
+        let saturated = super::Tally::new(u64::MAX, false);
+        assert_eq!((saturated.requests(), saturated.leaky()), ((1 << 31) - 1, false));
     }
 
     #[tokio::test]
