@@ -357,8 +357,9 @@ impl Parking {
             let mut lot = self.lock();
             lot.task = TaskState::Closed;
             lot.deadlines.clear();
-            lot.counted.set(0);
-            std::mem::take(&mut lot.parked)
+            let parked = std::mem::take(&mut lot.parked);
+            lot.counted.dec_by(parked.len() as i64);
+            parked
         };
         for (_, parked) in parked {
             parked.close(ctx, false);
