@@ -8,15 +8,17 @@
 #   listener opens the counters are zeroed (start-up is over: its pages are released), then
 #   it serves a check, 64 one-request connections, 300 connections left idle (parked, the
 #   first 100 evicted past max_idle_connections, then some woken by a request, some closed,
-#   the rest timed out; the leak detector warns about their source), 2,000 keep-alive requests on 8, and idles 7 s more (its periodic tasks: heap
-#   trim, config watch). Every function of the binary with instructions counted from the zero
-#   on is listed, by instructions, mangled: what runs after start-up, however rarely, is laid
-#   out together.
+#   the rest timed out; the leak detector warns about their source), 2,000 keep-alive
+#   requests on 8, and idles 7 s more (its periodic tasks: heap trim, config watch). Every
+#   function of the binary with instructions counted from the zero on is listed, by
+#   instructions, mangled: what runs after start-up, however rarely, is laid out together.
 #
 # Usage (from the repo root):   benches/hot_symbols.sh [SIDECAR_BIN]
 #   Run it on a release build after a change of dependencies or of the compiler (symbol names
-#   carry a hash of both; names the build lacks are skipped, so a stale list costs only its
-#   benefit: `benches/callgrind.sh` and the RSS base show it).
+#   carry a hash of both), and after a change that adds or renames functions on these paths
+#   (a new one lands in the cold text, and the first time it runs maps a folio of its own).
+#   Names the build lacks are skipped, so a stale list costs only its benefit: the RSS base,
+#   and the RSS after workloads 3 and 5 of `benches/compare.sh`, show it.
 # Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
 
 set -euo pipefail
@@ -49,8 +51,9 @@ callgrind_control -z "$vg" >/dev/null
 check sidecar "http://127.0.0.1:$port/"
 h2load --h1 -n 64 -c 64 "http://127.0.0.1:$port/" >/dev/null
 # Idle connections: parked, evicted past max_idle_connections (200: the 100 parked first),
-# woken by a request, closed while parked, timed out in the lot; with the 64 before, 365 connections of 1.3 requests each, so the leak detector warns (and
-# looks for the processes behind the source on a blocking thread) at the first close.
+# woken by a request, closed while parked, timed out in the lot. With the 64 before, 365
+# connections of 1.3 requests each, so the leak detector warns (and looks for the processes
+# behind the source on a blocking thread) at the first close.
 python3 - "$port" <<'PY'
 import socket, sys, time
 port = int(sys.argv[1])

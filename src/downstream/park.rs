@@ -326,8 +326,9 @@ impl Parking {
         loop {
             let expired = {
                 let mut lot = self.lock();
+                let now = lot.deadline(now);
                 match lot.deadlines.first() {
-                    Some(&(deadline, seq)) if lot.instant(deadline) <= now => lot.remove(seq),
+                    Some(&(deadline, seq)) if deadline <= now => lot.remove(seq),
                     _ => return,
                 }
             };
