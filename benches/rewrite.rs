@@ -114,6 +114,7 @@ fn bench_rewrite(c: &mut Criterion) {
                 upstream_response.status(),
                 None,
                 black_box(upstream_response.headers()),
+                b"",
                 ResponseFraming::Length,
                 true,
                 Version::HTTP_11,

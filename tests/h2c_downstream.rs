@@ -135,8 +135,19 @@ async fn h2c_streams_on_a_route_listener_go_to_its_upstream_over_http11() {
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body.len(), 1000 + i);
     }
+    // The HTTP/1.1 upstream's fields, which the sidecar keeps as their lines for HTTP/1.1
+    // clients, reach an h2c client too (hyper would not add this one of its own).
+    let req = Request::get(format!("http://{route}/sse/1"))
+        .body(
+            http_body_util::Empty::<Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .unwrap();
+    let resp = client.send_request(req).await.unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let seen = upstream.seen();
-    assert_eq!(seen.len(), 20);
+    assert_eq!(seen.len(), 21);
     assert!(seen.iter().all(|s| s.version == http::Version::HTTP_11));
     assert_eq!(seen[0].headers["host"], upstream.addr.to_string().as_str());
 }

@@ -550,7 +550,8 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
         }
         let abandoned = pump.abandon_unstarted();
         let keep_alive = keep_alive && !abandoned && !ctx.draining();
-        encode_response(resp, head_only, version, keep_alive)
+        let wire = resp.body_mut().take_wire_fields();
+        encode_response(resp, wire, head_only, version, keep_alive)
     };
     let written = send_response(stream, buf, &mut pump, &mut body, outgoing, max_head).await;
     match written {

@@ -69,7 +69,9 @@ pub(super) async fn serve<S: Stream>(
             if let Some(source) = source {
                 req.extensions_mut().insert(source);
             }
-            Ok::<_, Infallible>(ctx.proxy.handle(&mut req, &arrival).await)
+            let mut resp = ctx.proxy.handle(&mut req, &arrival).await;
+            crate::proxy::map_wire_fields(&mut resp);
+            Ok::<_, Infallible>(resp)
         }
     });
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());

@@ -13,15 +13,23 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::spare::WriteBuf;
 use crate::wire::codec::{self, ResponseFraming};
+use crate::wire::WireFields;
 
 /// Body data up to this size is copied next to its framing to save a write.
 const COALESCE_LIMIT: usize = 16 * 1024;
 
-fn response_framing<B: Body>(resp: &Response<B>, head_only: bool, client: Version) -> ResponseFraming {
+fn response_framing<B: Body>(
+    resp: &Response<B>,
+    wire: Option<&WireFields>,
+    head_only: bool,
+    client: Version,
+) -> ResponseFraming {
     let status = resp.status();
     if head_only || status.is_informational() || status == 204 || status == 304 {
         ResponseFraming::None
-    } else if resp.headers().contains_key(http::header::CONTENT_LENGTH) {
+    } else if wire.is_some_and(WireFields::has_content_length)
+        || resp.headers().contains_key(http::header::CONTENT_LENGTH)
+    {
         ResponseFraming::Length
     } else if client == Version::HTTP_11 {
         ResponseFraming::Chunked
@@ -40,13 +48,15 @@ pub(super) struct Outgoing {
 
 /// Encodes `resp`'s head (no await: the head and its fields are gone before the body is
 /// written, so the writing future holds only the body's progress); returns it with the body.
+/// `wire`: fields the upstream's head left as lines (`wire::fields`), written after the map's.
 pub(super) fn encode_response<B: Body>(
     resp: Response<B>,
+    wire: Option<WireFields>,
     head_only: bool,
     client: Version,
     keep_alive: bool,
 ) -> (Outgoing, B) {
-    let mut framing = response_framing(&resp, head_only, client);
+    let mut framing = response_framing(&resp, wire.as_ref(), head_only, client);
     let (mut parts, body) = resp.into_parts();
     if framing == ResponseFraming::Chunked && body.is_end_stream() {
         parts
@@ -64,6 +74,7 @@ pub(super) fn encode_response<B: Body>(
         parts.status,
         reason,
         &parts.headers,
+        wire.as_ref().map_or(&[][..], WireFields::lines),
         framing,
         keep_alive,
         client,
@@ -90,7 +101,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let (outgoing, mut body) = encode_response(resp, head_only, client, keep_alive);
+    let (outgoing, mut body) = encode_response(resp, None, head_only, client, keep_alive);
     write_body(wr, &mut body, outgoing).await
 }
 

@@ -14,7 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::Lease;
 use crate::connector::{h1, h2};
-use crate::wire::BoxError;
+use crate::wire::{BoxError, WireFields};
 
 /// The body of a response as [`Lease::send`] returns it, before it is tied to its lease.
 #[derive(Debug)]
@@ -49,6 +49,8 @@ struct Pooled {
     inner: UpstreamBody,
     lease: Option<Lease>,
     info: Served,
+    /// Taken off the connection before the lease can go back to the pool.
+    wire: Option<WireFields>,
 }
 
 /// How a response was served, as the access log shows it: read at the head, since the lease
@@ -67,11 +69,13 @@ impl PooledBody {
     /// Ties `inner` to `lease`, which returns to the pool when the body ends.
     /// `served` is the lease's as it was before the request went out (a connection counts the
     /// request it carries, so reuse is read before).
-    pub fn new(inner: UpstreamBody, lease: Lease, info: Served) -> Self {
+    pub fn new(inner: UpstreamBody, mut lease: Lease, info: Served) -> Self {
+        let wire = lease.h1_mut().and_then(h1::Connection::take_wire_fields);
         let mut body = Box::new(Pooled {
             inner,
             lease: Some(lease),
             info,
+            wire,
         });
         body.release_if_done();
         PooledBody(body)
@@ -80,6 +84,11 @@ impl PooledBody {
     /// How the response was served.
     pub fn served(&self) -> Served {
         self.0.info
+    }
+
+    /// The response's fields as their lines, when its head's map was left empty for them.
+    pub fn take_wire_fields(&mut self) -> Option<WireFields> {
+        self.0.wire.take()
     }
 
     /// The endpoint the response came from, if known.

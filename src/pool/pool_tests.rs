@@ -266,7 +266,11 @@ async fn exchange_head_address(pool: &Arc<Pool>) -> usize {
         .body(RequestBody::Empty)
         .unwrap();
     let resp = lease.send(&mut req).await.expect("response");
-    let (parts, body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    let wire = lease
+        .h1_mut()
+        .and_then(crate::connector::h1::Connection::take_wire_fields);
+    crate::wire::fields::into_map(wire, &mut parts.headers);
     let date = parts.headers.get(http::header::DATE).expect("hyper sends Date");
     let address = date.as_bytes().as_ptr() as usize;
     drop(parts);

@@ -114,6 +114,12 @@ pub struct Logged {
     log: Arc<AccessLog>,
 }
 
+impl Logged {
+    pub(super) fn take_wire_fields(&mut self) -> Option<crate::wire::WireFields> {
+        self.inner.take_wire_fields()
+    }
+}
+
 impl Body for Logged {
     type Data = Bytes;
     type Error = BoxError;

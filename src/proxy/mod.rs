@@ -34,7 +34,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::routing::{Arrival, Router};
 use crate::upstream::TimedBody;
 use crate::wire::codec::{self, ResponseFraming};
-use crate::wire::{BoxError, RequestBody};
+use crate::wire::{BoxError, RequestBody, WireFields};
 
 /// Handles downstream requests.
 #[derive(Debug)]
@@ -86,6 +86,10 @@ impl Proxy {
     }
 
     /// Forwards `req`; failures become sidecar-made error responses.
+    ///
+    /// An HTTP/1.1 upstream's fields may come as lines in the body, the map left empty
+    /// ([`ResponseBody::take_wire_fields`]): a caller that reads or writes the map calls
+    /// [`map_wire_fields`] first.
     ///
     /// The request is lent (it is left spent), not moved: each level of the path that owned it
     /// would hold a copy of it in its future, and move it once more on the way down.
@@ -187,6 +191,7 @@ pub(crate) fn error_bytes(err: &ProxyError) -> Vec<u8> {
         resp.status(),
         None,
         resp.headers(),
+        b"",
         ResponseFraming::Length,
         false,
         Version::HTTP_11,
@@ -210,6 +215,25 @@ pub enum ResponseBody {
     Full(Option<Bytes>),
     /// Any of the above, under the access log.
     Logged(Box<logged::Logged>),
+}
+
+impl ResponseBody {
+    /// The fields of an HTTP/1.1 upstream's response as their lines, when its map was left
+    /// empty for them (`wire::fields`); taken once.
+    pub fn take_wire_fields(&mut self) -> Option<WireFields> {
+        match self {
+            ResponseBody::Upstream(body) => body.take_wire_fields(),
+            ResponseBody::Logged(body) => body.take_wire_fields(),
+            ResponseBody::Direct(_) | ResponseBody::Full(_) => None,
+        }
+    }
+}
+
+/// Puts the fields `resp` carries as lines into its map, for a writer that reads the map (the
+/// h2c server) rather than writing the lines as they are.
+pub fn map_wire_fields(resp: &mut Response<ResponseBody>) {
+    let wire = resp.body_mut().take_wire_fields();
+    crate::wire::fields::into_map(wire, resp.headers_mut());
 }
 
 impl From<Bytes> for ResponseBody {

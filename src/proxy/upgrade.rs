@@ -170,6 +170,7 @@ pub async fn switch(
         resp.status(),
         reason,
         resp.headers(),
+        b"",
         ResponseFraming::None,
         true,
         Version::HTTP_11,

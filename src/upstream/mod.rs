@@ -642,8 +642,8 @@ impl Upstream {
                     None => break,
                 },
             };
-            let wait = match &result {
-                Ok(resp) => match retry::retry_after(resp.headers(), std::time::SystemTime::now()) {
+            let wait = match &mut result {
+                Ok(resp) => match retry::asked_wait(resp) {
                     Some(asked) if asked > policy.retry_after_max => break,
                     Some(asked) => asked,
                     None => self.retries.backoff(policy.backoff, retry),

@@ -160,6 +160,14 @@ pub(super) fn is_idempotent<B>(req: &http::Request<B>) -> bool {
     ) || req.headers().contains_key("idempotency-key")
 }
 
+/// How long `resp` asks to wait before the next request ([`retry_after`]). Its fields go into
+/// its map first: an HTTP/1.1 head leaves them as lines.
+pub(super) fn asked_wait(resp: &mut http::Response<PooledBody>) -> Option<Duration> {
+    let wire = resp.body_mut().take_wire_fields();
+    crate::wire::fields::into_map(wire, resp.headers_mut());
+    retry_after(resp.headers(), SystemTime::now())
+}
+
 /// How long a response asks to wait before the next request: `retry-after-ms` (milliseconds,
 /// as OpenAI and Azure send it), else `Retry-After` in seconds or as an HTTP date (RFC 9110
 /// §10.2.3). `None` when there is none or it does not parse.

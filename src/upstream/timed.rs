@@ -22,7 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Instant, Sleep};
 
 use crate::pool::{PooledBody, Served};
-use crate::wire::BoxError;
+use crate::wire::{BoxError, WireFields};
 
 /// The counters a cut body adds to (one handle per upstream, shared by its responses).
 #[derive(Debug)]
@@ -74,6 +74,11 @@ impl TimedBody {
     /// How the response was served (endpoint, reuse, protocol).
     pub fn served(&self) -> Served {
         self.inner.as_ref().map(PooledBody::served).unwrap_or_default()
+    }
+
+    /// The response's fields as their lines, when its head's map was left empty for them.
+    pub fn take_wire_fields(&mut self) -> Option<WireFields> {
+        self.inner.as_mut().and_then(PooledBody::take_wire_fields)
     }
 
     /// Times the request was sent again before this response.

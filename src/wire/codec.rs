@@ -580,10 +580,13 @@ pub enum ResponseFraming {
 }
 
 /// Writes the status line and header fields, framing headers and `Connection` included.
+/// `lines`: more fields, already `name: value\r\n` lines (`super::WireFields`).
+#[allow(clippy::too_many_arguments)]
 pub fn encode_head(
     status: http::StatusCode,
     reason: Option<&[u8]>,
     headers: &HeaderMap,
+    lines: &[u8],
     framing: ResponseFraming,
     keep_alive: bool,
     client_version: Version,
@@ -601,6 +604,7 @@ pub fn encode_head(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    out.extend_from_slice(lines);
     if framing == ResponseFraming::Chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }

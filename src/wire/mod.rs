@@ -1,18 +1,21 @@
 //! What both sides of the proxy share about HTTP messages: the HTTP/1.1 codec, the request body
 //! handed from the downstream connection to the upstream client, the error type of bodies, the
-//! common header names recognised by their bytes, and which fields carry credentials.
+//! common header names recognised by their bytes, response fields passed on as their lines,
+//! and which fields carry credentials.
 //!
 //! These sit at the bottom of the request path because the downstream server, the request path,
 //! the pool and the upstream HTTP/1.1 client all speak them; none of them owns the format.
 
 pub mod body;
 pub mod codec;
+pub mod fields;
 pub mod names;
 
 use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use http::{HeaderMap, HeaderName};
 
 pub use body::{BodySender, KeptCopy, RequestBody, StreamingBody, REQUEST_BODY_IDLE};
+pub use fields::WireFields;
 
 /// Takes a lent request (the request path lends it, see `proxy::Proxy::handle`) for a step
 /// that must own it, leaving an empty one behind; the empty one allocates nothing.

@@ -2,22 +2,23 @@
 //! its fields say about the body's framing and about the connection.
 //!
 //! The fields that decide framing and reuse (`Transfer-Encoding`, `Content-Length`,
-//! `Connection`) are recognised by their bytes while httparse's slices are at hand, and
-//! `Keep-Alive` by its name as the map is filled: looking them up again in the header map cost
-//! a hash and a probe each (callgrind), and most heads carry none of them but `Content-Length`.
+//! `Connection`, `Keep-Alive`), and those the hop-by-hop rewrite removes, are recognised by
+//! their bytes while httparse's slices are at hand: looking them up again in a header map cost a
+//! hash and a probe each (callgrind). Most heads then need no rewriting, and their fields are
+//! kept as lines (`wire::fields`) with no map built at all.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use bytes::BytesMut;
-use http::header::{CONNECTION, CONTENT_LENGTH};
-use http::{HeaderValue, Response, StatusCode, Version};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 use smallvec::SmallVec;
 
 use super::Error;
 use crate::spare;
 use crate::wire::codec::ConnectionTokens;
-use crate::wire::names::{self, KEEP_ALIVE};
+use crate::wire::names;
+use crate::wire::WireFields;
 
 /// Most header fields in a response head.
 pub(super) const MAX_RESPONSE_HEADERS: usize = 128;
@@ -28,6 +29,19 @@ pub(super) struct Head {
     pub(super) resp: Response<()>,
     pub(super) persistence: Persistence,
     pub(super) framing: Framing,
+    /// The fields as their lines, when they go on unchanged; `resp`'s map is then empty.
+    pub(super) wire: Option<WireFields>,
+}
+
+#[cfg(test)]
+impl Head {
+    /// The response with every field in its map, wherever `parse` left them.
+    pub(super) fn mapped(mut self) -> Response<()> {
+        if let Some(wire) = self.wire.take() {
+            wire.into_map(self.resp.headers_mut()).expect("valid lines");
+        }
+        self.resp
+    }
 }
 
 /// What a response head says about its connection (`Connection` and `Keep-Alive`), read
@@ -145,6 +159,10 @@ impl Field {
 /// `Keep-Alive` are read into [`Persistence`] and left out of the head: they are hop-by-hop,
 /// and every later step (reuse, the hop-by-hop rewrite) would otherwise look them up again. A
 /// `Connection` naming other fields stays, for the rewrite to remove them.
+///
+/// When nothing else in the head needs rewriting, the fields are kept as their lines
+/// ([`WireFields`], with `Transfer-Encoding` left out too: the client's framing is the
+/// sidecar's) and the response's map stays empty.
 pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     // Uninitialised: filling 128 empty slots (4 KiB) cost more than parsing a small head.
     let mut slots = [const { MaybeUninit::uninit() }; MAX_RESPONSE_HEADERS];
@@ -164,8 +182,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let mut tokens = ConnectionTokens::default();
-    let mut framing = Framing::default();
+    let mut read = Read::default();
     // Offsets, not slices: the fields are read again from the head's frozen bytes below.
     let base = buf.as_ptr() as usize;
     let span = |part: &[u8]| {
@@ -175,54 +192,162 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     // Not zero-filled, unlike an array: clearing 128 slots (2 KiB) per head showed in callgrind.
     let mut fields: SmallVec<[Field; MAX_RESPONSE_HEADERS]> = SmallVec::new();
     for h in parsed.headers.iter() {
-        let name = h.name.as_bytes();
-        match name.len() {
-            10 if name.eq_ignore_ascii_case(b"connection") => tokens.read(h.value),
-            14 if name.eq_ignore_ascii_case(b"content-length") => framing.content_length(h.value),
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => framing.transfer_encoding(h.value),
-            _ => {}
-        }
+        read.field(fields.len(), h.name.as_bytes(), h.value);
         fields.push(Field {
-            name: span(name),
+            name: span(h.name.as_bytes()),
             value: span(h.value),
         });
     }
     let head = buf.split_to(len).freeze();
 
-    let coded = matches!(framing, Framing::TransferCoded { .. });
-    let mut persistence = Persistence::default();
-    let mut headers = spare::header_map(fields.len());
-    for field in &fields {
-        let name = names::from_wire(&head[field.name()]).map_err(|_| {
-            let name = String::from_utf8_lossy(&head[field.name()]);
-            Error::Invalid(format!("header name {name:?}"))
-        })?;
-        if coded && name == CONTENT_LENGTH {
-            // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3); passing both on
-            // would let the application frame the body differently.
-            continue;
-        }
-        let value = HeaderValue::from_maybe_shared(head.slice(field.value()))
-            .map_err(|_| Error::Invalid(format!("value of {name}")))?;
-        if name == KEEP_ALIVE {
-            persistence.keep_alive(value.as_bytes());
-        }
-        if !tokens.names_fields && (name == CONNECTION || name == KEEP_ALIVE) {
-            continue;
-        }
-        headers.append(name, value);
-    }
+    let Read {
+        tokens,
+        framing,
+        mut persistence,
+        persistence_fields,
+        coding,
+        lengths,
+        rewritten,
+    } = read;
+    // `close` wins over `keep-alive` (as for requests); HTTP/1.0 closes unless it asks to stay.
+    persistence.close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
+    // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3); passing both on would let
+    // the application frame the body differently.
+    let overridden = if matches!(framing, Framing::TransferCoded { .. }) {
+        lengths
+    } else {
+        0
+    };
     let mut resp = Response::new(());
     *resp.status_mut() = status;
     *resp.version_mut() = version;
-    crate::spare::set_headers(resp.headers_mut(), headers);
-    // `close` wins over `keep-alive` (as for requests); HTTP/1.0 closes unless it asks to stay.
-    persistence.close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
+    let wire = if tokens.names_fields || rewritten {
+        None
+    } else {
+        let left_out = persistence_fields | coding | overridden;
+        wire_fields(&head, &fields, left_out, matches!(framing, Framing::Length(_)))
+    };
+    if wire.is_none() {
+        let read_here = if tokens.names_fields {
+            0
+        } else {
+            persistence_fields
+        };
+        let headers = header_map(&head, &fields, read_here | overridden)?;
+        crate::spare::set_headers(resp.headers_mut(), headers);
+    }
     Ok(Some(Head {
         resp,
         persistence,
         framing,
+        wire,
     }))
+}
+
+/// What the fields of a head say, read by their bytes in httparse's pass.
+#[derive(Default)]
+struct Read {
+    tokens: ConnectionTokens,
+    framing: Framing,
+    persistence: Persistence,
+    /// Bit n: field n is `Connection` or `Keep-Alive`.
+    persistence_fields: u128,
+    /// Bit n: field n is `Transfer-Encoding`.
+    coding: u128,
+    /// Bit n: field n is `Content-Length`.
+    lengths: u128,
+    /// A field the hop-by-hop rewrite removes and this pass does not read: `Proxy-Connection`,
+    /// `Upgrade`, `TE`, `Proxy-Authenticate`.
+    rewritten: bool,
+}
+
+const _: () = assert!(MAX_RESPONSE_HEADERS <= 128, "one bit per field in a u128");
+
+impl Read {
+    fn field(&mut self, n: usize, name: &[u8], value: &[u8]) {
+        let bit = 1u128 << n;
+        match name.len() {
+            2 if name.eq_ignore_ascii_case(b"te") => self.rewritten = true,
+            7 if name.eq_ignore_ascii_case(b"upgrade") => self.rewritten = true,
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                self.tokens.read(value);
+                self.persistence_fields |= bit;
+            }
+            10 if name.eq_ignore_ascii_case(b"keep-alive") => {
+                self.persistence.keep_alive(value);
+                self.persistence_fields |= bit;
+            }
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                self.framing.content_length(value);
+                self.lengths |= bit;
+            }
+            16 if name.eq_ignore_ascii_case(b"proxy-connection") => self.rewritten = true,
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                self.framing.transfer_encoding(value);
+                self.coding |= bit;
+            }
+            18 if name.eq_ignore_ascii_case(b"proxy-authenticate") => self.rewritten = true,
+            _ => {}
+        }
+    }
+}
+
+/// The lines of the fields not in `left_out`, when every line ends in CRLF; `None` when one
+/// does not (httparse takes a bare LF), since a client may read such a line differently.
+///
+/// A field's line runs from its name to the next field's name: httparse refuses folded lines,
+/// so nothing else lies between. Kept lines in one run share the head's memory; lines around a
+/// left-out one are copied together.
+fn wire_fields(head: &Bytes, fields: &[Field], left_out: u128, content_length: bool) -> Option<WireFields> {
+    if !head.ends_with(b"\r\n\r\n") {
+        return None;
+    }
+    let end = head.len() - 2;
+    let mut runs: SmallVec<[Range<usize>; 2]> = SmallVec::new();
+    for (n, field) in fields.iter().enumerate() {
+        let start = field.name.0 as usize;
+        if &head[start - 2..start] != b"\r\n" {
+            return None;
+        }
+        if left_out & (1 << n) != 0 {
+            continue;
+        }
+        let stop = fields.get(n + 1).map_or(end, |next| next.name.0 as usize);
+        match runs.last_mut() {
+            Some(run) if run.end == start => run.end = stop,
+            _ => runs.push(start..stop),
+        }
+    }
+    let lines = match runs.as_slice() {
+        [] => Bytes::new(),
+        [run] => head.slice(run.clone()),
+        runs => {
+            let mut lines = BytesMut::with_capacity(runs.iter().map(ExactSizeIterator::len).sum());
+            for run in runs {
+                lines.extend_from_slice(&head[run.clone()]);
+            }
+            lines.freeze()
+        }
+    };
+    Some(WireFields::new(lines, content_length))
+}
+
+/// The fields not in `left_out` as a header map.
+fn header_map(head: &Bytes, fields: &[Field], left_out: u128) -> Result<HeaderMap, Error> {
+    let mut headers = spare::header_map(fields.len());
+    for (n, field) in fields.iter().enumerate() {
+        if left_out & (1 << n) != 0 {
+            continue;
+        }
+        let name = names::from_wire(&head[field.name()]).map_err(|_| {
+            let name = String::from_utf8_lossy(&head[field.name()]);
+            Error::Invalid(format!("header name {name:?}"))
+        })?;
+        let value = HeaderValue::from_maybe_shared(head.slice(field.value()))
+            .map_err(|_| Error::Invalid(format!("value of {name}")))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
 }
 
 #[cfg(test)]
@@ -239,9 +364,11 @@ mod tests {
 
     #[test]
     fn connection_and_keep_alive_are_read_and_left_out_when_they_name_nothing_else() {
-        let Head { resp, persistence, .. } = complete(
+        let head = complete(
             "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5, max=9\r\nContent-Length: 0\r\n\r\n",
         );
+        let persistence = head.persistence;
+        let resp = head.mapped();
         assert!(!persistence.close);
         assert_eq!((persistence.timeout_secs, persistence.max), (Some(5), Some(9)));
         assert!(resp.headers().get("connection").is_none());
@@ -263,9 +390,12 @@ mod tests {
 
     #[test]
     fn a_connection_naming_other_fields_stays_for_the_hop_by_hop_rewrite() {
-        let Head { resp, persistence, .. } = complete(
+        let head = complete(
             "HTTP/1.1 200 OK\r\nConnection: close, x-private\r\nX-Private: 1\r\nKeep-Alive: timeout=3\r\n\r\n",
         );
+        assert!(head.wire.is_none(), "the rewrite needs the map");
+        let persistence = head.persistence;
+        let resp = head.mapped();
         assert!(persistence.close);
         assert_eq!((persistence.timeout_secs, persistence.max), (Some(3), None));
         assert_eq!(resp.headers().get("connection").unwrap(), "close, x-private");
@@ -348,7 +478,7 @@ mod tests {
             let fields: String = (0..n).map(|i| format!("x-f{i}: {i}\r\n")).collect();
             format!("HTTP/1.1 200 OK\r\n{fields}\r\n")
         };
-        let resp = complete(&with_fields(MAX_RESPONSE_HEADERS)).resp;
+        let resp = complete(&with_fields(MAX_RESPONSE_HEADERS)).mapped();
         assert_eq!(resp.headers().len(), MAX_RESPONSE_HEADERS);
         assert_eq!(resp.headers()["x-f127"], "127");
         assert!(matches!(
@@ -359,16 +489,99 @@ mod tests {
 
     #[test]
     fn chunked_response_drops_content_length() {
-        let Head { resp, .. } =
-            complete("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n");
-        assert!(!resp.headers().contains_key(CONTENT_LENGTH));
+        let head =
+            complete("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nA: b\r\n\r\n");
+        let wire = head.wire.expect("lines");
+        assert_eq!(wire.lines(), b"A: b\r\n", "the client's framing is the sidecar's");
+        assert!(!wire.has_content_length());
+        // Kept in the map, for the hop-by-hop rewrite, when the map is built.
+        let head = complete(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nUpgrade: x\r\n\r\n",
+        );
+        assert!(head.wire.is_none());
+        let resp = head.mapped();
+        assert!(!resp.headers().contains_key(http::header::CONTENT_LENGTH));
         assert_eq!(resp.headers()["transfer-encoding"], "chunked");
+    }
+
+    /// What upstreams send (nginx's order here) goes on as its lines, sharing the head's memory,
+    /// and no map is built.
+    #[test]
+    fn plain_fields_stay_lines_and_leave_the_map_empty() {
+        let text = "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Wed, 25 Nov 2026 10:00:00 GMT\r\n\
+                    content-type: text/plain\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\nok\n";
+        let mut buf = BytesMut::from(text);
+        let read = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+        let head = parse(&mut buf).unwrap().unwrap();
+        assert_eq!(&buf[..], b"ok\n");
+        assert!(head.resp.headers().is_empty());
+        let wire = head.wire.expect("lines");
+        assert_eq!(
+            wire.lines(),
+            b"Server: nginx\r\nDate: Wed, 25 Nov 2026 10:00:00 GMT\r\ncontent-type: text/plain\r\nContent-Length: 3\r\n"
+        );
+        assert!(wire.has_content_length());
+        assert!(read.contains(&(wire.lines().as_ptr() as usize)), "not copied");
+
+        // No fields at all.
+        let head = complete("HTTP/1.1 204 No Content\r\n\r\n");
+        assert_eq!(head.wire.expect("lines").lines(), b"");
+    }
+
+    #[test]
+    fn lines_around_a_left_out_field_are_joined() {
+        let head = complete(
+            "HTTP/1.1 200 OK\r\nServer: up\r\nConnection: keep-alive\r\nETag: \"x\"\r\n\
+             Keep-Alive: timeout=5\r\nTransfer-Encoding: chunked\r\nVary: a\r\n\r\n",
+        );
+        assert_eq!(head.persistence.timeout_secs, Some(5));
+        let wire = head.wire.expect("lines");
+        assert_eq!(wire.lines(), b"Server: up\r\nETag: \"x\"\r\nVary: a\r\n");
+        assert!(!wire.has_content_length());
+    }
+
+    /// Fields the hop-by-hop rewrite must remove, a `Connection` naming fields, or a line that
+    /// ends in a bare LF: the map is built, as before lines were kept.
+    #[test]
+    fn heads_that_need_rewriting_get_a_map() {
+        for fields in [
+            "TE: trailers\r\n",
+            "Upgrade: h2c\r\n",
+            "Proxy-Connection: keep-alive\r\n",
+            "Proxy-Authenticate: Basic\r\n",
+            "Connection: x-private\r\nX-Private: 1\r\n",
+        ] {
+            let head = complete(&format!("HTTP/1.1 200 OK\r\nServer: up\r\n{fields}\r\n"));
+            assert!(head.wire.is_none(), "{fields:?}");
+            assert_eq!(head.resp.headers()["server"], "up", "{fields:?}");
+        }
+        for text in [
+            "HTTP/1.1 200 OK\r\nServer: up\nDate: x\r\n\r\n",
+            "HTTP/1.1 200 OK\nServer: up\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nServer: up\r\n\n",
+        ] {
+            let head = complete(text);
+            assert!(head.wire.is_none(), "{text:?}");
+            assert_eq!(head.resp.headers()["server"], "up", "{text:?}");
+        }
+    }
+
+    /// The lines, read back into a map, give what the map would have held.
+    #[test]
+    fn lines_read_back_give_the_map_the_head_would_have_had() {
+        let fields = "Server: up\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\nX-Odd:  spaced  \r\n\
+                      Content-Length: 0\r\nCache-Control: no-store\r\n";
+        let lines = complete(&format!("HTTP/1.1 200 OK\r\n{fields}\r\n")).mapped();
+        let map = complete(&format!("HTTP/1.1 200 OK\r\n{fields}Upgrade: x\r\n\r\n")).mapped();
+        let mut map = map.headers().clone();
+        map.remove("upgrade");
+        assert_eq!(lines.headers(), &map);
     }
 
     #[test]
     fn values_share_the_head_and_the_rest_of_the_buffer_stays() {
         let mut buf = BytesMut::from("HTTP/1.1 200 OK\r\nA: b\r\nA: c\r\nServer: up\r\n\r\nBODY");
-        let Head { resp, .. } = parse(&mut buf).unwrap().unwrap();
+        let resp = parse(&mut buf).unwrap().unwrap().mapped();
         assert_eq!(&buf[..], b"BODY");
         let values: Vec<_> = resp.headers().get_all("a").iter().collect();
         assert_eq!(values, ["b", "c"]);
