@@ -3,7 +3,7 @@
 //!
 //! The fields that decide framing and reuse (`Transfer-Encoding`, `Content-Length`,
 //! `Connection`, `Keep-Alive`), and those the hop-by-hop rewrite removes, are recognised by
-//! their bytes while httparse's slices are at hand: looking them up again in a header map cost a
+//! their bytes where the scan (`scan`, or httparse) found them: looking them up in a map cost a
 //! hash and a probe each (callgrind). Most heads then need no rewriting, and their fields are
 //! kept as lines (`wire::fields`) with no map built at all.
 
@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 use smallvec::SmallVec;
 
+use super::scan::{self, Field, Fields, Found};
 use super::Error;
 use crate::spare;
 use crate::wire::codec::ConnectionTokens;
@@ -135,23 +136,6 @@ fn parse_length(digits: &[u8]) -> Option<u64> {
         .try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
 }
 
-/// Where a field's name and value lie in the head.
-#[derive(Clone, Copy)]
-struct Field {
-    name: (u32, u32),
-    value: (u32, u32),
-}
-
-impl Field {
-    fn name(&self) -> Range<usize> {
-        self.name.0 as usize..self.name.1 as usize
-    }
-
-    fn value(&self) -> Range<usize> {
-        self.value.0 as usize..self.value.1 as usize
-    }
-}
-
 /// Parses a response head off the front of `buf`; `Ok(None)`: incomplete. Header values share
 /// the head's memory instead of being copied one by one.
 ///
@@ -164,40 +148,29 @@ impl Field {
 /// ([`WireFields`], with `Transfer-Encoding` left out too: the client's framing is the
 /// sidecar's) and the response's map stays empty.
 pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
-    // Uninitialised: filling 128 empty slots (4 KiB) cost more than parsing a small head.
-    let mut slots = [const { MaybeUninit::uninit() }; MAX_RESPONSE_HEADERS];
-    let mut parsed = httparse::Response::new(&mut []);
-    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-        &mut parsed,
-        buf,
-        &mut slots,
-    ) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(Error::Invalid(e.to_string())),
+    // Not zero-filled, unlike an array: clearing 128 slots (2 KiB) per head showed in callgrind.
+    let mut fields: Fields<MAX_RESPONSE_HEADERS> = SmallVec::new();
+    let found = match scan::plain_head(buf, &mut fields) {
+        Some(found) => found,
+        None => {
+            fields.clear();
+            match httparse_head(buf, &mut fields)? {
+                Some(found) => found,
+                None => return Ok(None),
+            }
+        }
     };
-    let code = parsed.code.unwrap_or(0);
+    let code = found.code;
     let status = StatusCode::from_u16(code).map_err(|_| Error::Invalid(format!("status {code}")))?;
-    let version = match parsed.version {
-        Some(0) => Version::HTTP_10,
+    let version = match found.version {
+        0 => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
     let mut read = Read::default();
-    // Offsets, not slices: the fields are read again from the head's frozen bytes below.
-    let base = buf.as_ptr() as usize;
-    let span = |part: &[u8]| {
-        let start = part.as_ptr() as usize - base;
-        (start as u32, (start + part.len()) as u32)
-    };
-    // Not zero-filled, unlike an array: clearing 128 slots (2 KiB) per head showed in callgrind.
-    let mut fields: SmallVec<[Field; MAX_RESPONSE_HEADERS]> = SmallVec::new();
-    for h in parsed.headers.iter() {
-        read.field(fields.len(), h.name.as_bytes(), h.value);
-        fields.push(Field {
-            name: span(h.name.as_bytes()),
-            value: span(h.value),
-        });
+    for (n, field) in fields.iter().enumerate() {
+        read.field(n, &buf[field.name()], &buf[field.value()]);
     }
+    let len = found.len;
     let head = buf.split_to(len).freeze();
 
     let Read {
@@ -244,7 +217,37 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     }))
 }
 
-/// What the fields of a head say, read by their bytes in httparse's pass.
+/// httparse's reading of a head the plain scan did not take; `Ok(None)`: incomplete.
+fn httparse_head(buf: &[u8], fields: &mut Fields<MAX_RESPONSE_HEADERS>) -> Result<Option<Found>, Error> {
+    // Uninitialised: filling 128 empty slots (4 KiB) cost more than parsing a small head.
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_RESPONSE_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut slots,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(Error::Invalid(e.to_string())),
+    };
+    let base = buf.as_ptr() as usize;
+    let span = |part: &[u8]| {
+        let start = part.as_ptr() as usize - base;
+        (start as u32, (start + part.len()) as u32)
+    };
+    fields.extend(parsed.headers.iter().map(|h| Field {
+        name: span(h.name.as_bytes()),
+        value: span(h.value),
+    }));
+    Ok(Some(Found {
+        len,
+        version: parsed.version.unwrap_or(1),
+        code: parsed.code.unwrap_or(0),
+    }))
+}
+
+/// What the fields of a head say, read by their bytes.
 #[derive(Default)]
 struct Read {
     tokens: ConnectionTokens,
