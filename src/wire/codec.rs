@@ -11,6 +11,7 @@
 
 use std::io::Write as _;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
@@ -19,6 +20,7 @@ use http_body::Frame;
 use smallvec::SmallVec;
 
 use super::is_credential;
+use super::scan::{self, Field, Fields};
 
 /// Most header fields accepted in one request head.
 pub const MAX_HEADERS: usize = 128;
@@ -75,6 +77,81 @@ fn has_bare_lf(head: &[u8]) -> bool {
 /// Parses a request head from the front of `buf`; `Ok(None)` = incomplete. On success the head's
 /// bytes are removed from `buf`.
 pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<RequestHead>, HeadError> {
+    // Not zero-filled, unlike an array: clearing every slot per head showed in callgrind.
+    let mut fields: Fields<MAX_HEADERS> = SmallVec::new();
+    let line = match scan::request_head(buf, &mut fields) {
+        // Plain: CRLF line endings, so no bare LF to look for.
+        Some(line) => Line {
+            method: Method::from_bytes(&buf[line.method]).map_err(|_| invalid_method())?,
+            len: line.len,
+            target: line.target,
+            version: line.version,
+        },
+        None => {
+            fields.clear();
+            match httparse_head(buf, &mut fields, max_header_bytes)? {
+                Some(line) => line,
+                None => return Ok(None),
+            }
+        }
+    };
+    let len = line.len;
+    if len > max_header_bytes {
+        return Err(HeadError::TooLarge(format!(
+            "max_header_bytes ({max_header_bytes})"
+        )));
+    }
+    let method = line.method;
+    let version = if line.version == 0 {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let target = line.target;
+    let head = buf.split_to(len).freeze();
+
+    // httparse hands out the target and names as `str`: these bytes are UTF-8.
+    let text = |at: Range<usize>| std::str::from_utf8(&head[at]).unwrap_or("");
+    let raw_target = text(target.clone());
+    let uri = Uri::from_maybe_shared(head.slice(target))
+        .map_err(|e| HeadError::Invalid(format!("invalid request target {:?}: {e}", truncate(raw_target))))?;
+    check_target_form(&method, &uri, raw_target)?;
+    // Room for the fields `proxy::headers` sets on the way up (`Host`, `TE`): http's `insert`
+    // reserves a slot even when it replaces, and a map filled to capacity rehashes into one
+    // twice the size (a third of the request path's header work in callgrind).
+    let mut headers = crate::spare::header_map(fields.len() + 2);
+    let mut present = Present::default();
+    for field in &fields {
+        let name = super::names::from_wire(&head[field.name()]).map_err(|_| {
+            HeadError::Invalid(format!("invalid header name {:?}", truncate(text(field.name()))))
+        })?;
+        let mut value = HeaderValue::from_maybe_shared(head.slice(field.value()))
+            .map_err(|_| HeadError::Invalid(format!("invalid value in header {name}")))?;
+        value.set_sensitive(is_credential(&name));
+        present.note(&name);
+        headers.append(name, value);
+    }
+    finish_head(method, uri, version, headers, present).map(Some)
+}
+
+/// A request line, by where its target lies in the head.
+struct Line {
+    len: usize,
+    method: Method,
+    target: Range<usize>,
+    version: u8,
+}
+
+fn invalid_method() -> HeadError {
+    HeadError::Invalid("invalid method".into())
+}
+
+/// httparse's reading of a request head the plain scan did not take; `Ok(None)`: incomplete.
+fn httparse_head(
+    buf: &[u8],
+    fields: &mut Fields<MAX_HEADERS>,
+    max_header_bytes: usize,
+) -> Result<Option<Line>, HeadError> {
     // Uninitialised: filling 128 empty slots (4 KiB) cost more than parsing a small head.
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
@@ -93,78 +170,34 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
         }
         Err(e) => return Err(HeadError::Invalid(format!("malformed request head: {e}"))),
     };
-    if len > max_header_bytes {
-        return Err(HeadError::TooLarge(format!(
-            "max_header_bytes ({max_header_bytes})"
-        )));
-    }
-    if has_bare_lf(&buf[..len]) {
+    if len <= max_header_bytes && has_bare_lf(&buf[..len]) {
         return Err(HeadError::Invalid(
             "request head has a line ending in LF without CR".into(),
         ));
     }
-    let method = Method::from_bytes(req.method.unwrap_or("").as_bytes())
-        .map_err(|_| HeadError::Invalid("invalid method".into()))?;
-    let version = if req.version == Some(0) {
-        Version::HTTP_10
-    } else {
-        Version::HTTP_11
-    };
-    // Where the target and each field lie in the head: they are read again from the head's
-    // frozen bytes below, so that the URI and the values share its memory instead of each
-    // copying itself out (an allocation apiece).
+    // Where the parts lie in the head: they are read again from the head's frozen bytes, so
+    // that the URI and the values share its memory instead of each copying itself out.
     let base = buf.as_ptr() as usize;
-    let span = |part: &[u8]| {
-        // A head is at most `max_header_bytes`, far below 4 GiB.
-        let start = (part.as_ptr() as usize - base) as u32;
-        Span {
-            start,
-            end: start + part.len() as u32,
-        }
+    let range = |part: &[u8]| {
+        let start = part.as_ptr() as usize - base;
+        start..start + part.len()
     };
-    let target = span(req.path.unwrap_or("").as_bytes());
-    // Not zero-filled, unlike an array: clearing every slot per head showed in callgrind.
-    // Pushed in place: collected, the 2 KiB vector was built apart and copied in.
-    let mut fields: SmallVec<[(Span, Span); MAX_HEADERS]> = SmallVec::new();
-    for h in req.headers.iter() {
-        fields.push((span(h.name.as_bytes()), span(h.value)));
-    }
-    let head = buf.split_to(len).freeze();
-
-    // httparse hands out the target and names as `str`: these bytes are UTF-8.
-    let text = |at: &Span| std::str::from_utf8(&head[at.range()]).unwrap_or("");
-    let raw_target = text(&target);
-    let uri = Uri::from_maybe_shared(head.slice(target.range()))
-        .map_err(|e| HeadError::Invalid(format!("invalid request target {:?}: {e}", truncate(raw_target))))?;
-    check_target_form(&method, &uri, raw_target)?;
-    // Room for the fields `proxy::headers` sets on the way up (`Host`, `TE`): http's `insert`
-    // reserves a slot even when it replaces, and a map filled to capacity rehashes into one
-    // twice the size (a third of the request path's header work in callgrind).
-    let mut headers = crate::spare::header_map(fields.len() + 2);
-    let mut present = Present::default();
-    for (name, value) in &fields {
-        let name = super::names::from_wire(&head[name.range()])
-            .map_err(|_| HeadError::Invalid(format!("invalid header name {:?}", truncate(text(name)))))?;
-        let mut value = HeaderValue::from_maybe_shared(head.slice(value.range()))
-            .map_err(|_| HeadError::Invalid(format!("invalid value in header {name}")))?;
-        value.set_sensitive(is_credential(&name));
-        present.note(&name);
-        headers.append(name, value);
-    }
-    finish_head(method, uri, version, headers, present).map(Some)
-}
-
-/// Where a part of a request head lies in it.
-#[derive(Debug, Clone, Copy)]
-struct Span {
-    start: u32,
-    end: u32,
-}
-
-impl Span {
-    fn range(&self) -> std::ops::Range<usize> {
-        self.start as usize..self.end as usize
-    }
+    // A head is at most `max_header_bytes`, far below 4 GiB.
+    let span = |part: &[u8]| {
+        let at = range(part);
+        (at.start as u32, at.end as u32)
+    };
+    fields.extend(req.headers.iter().map(|h| Field {
+        name: span(h.name.as_bytes()),
+        value: span(h.value),
+    }));
+    Ok(Some(Line {
+        len,
+        // Not by where it lies: httparse answers the common methods with a `&'static str`.
+        method: Method::from_bytes(req.method.unwrap_or("").as_bytes()).map_err(|_| invalid_method())?,
+        target: range(req.path.unwrap_or("").as_bytes()),
+        version: req.version.unwrap_or(1),
+    }))
 }
 
 fn truncate(text: &str) -> &str {

@@ -14,11 +14,11 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version};
 use smallvec::SmallVec;
 
-use super::scan::{self, Field, Fields, Found};
 use super::Error;
 use crate::spare;
 use crate::wire::codec::ConnectionTokens;
 use crate::wire::names;
+use crate::wire::scan::{self, Field, Fields, Found};
 use crate::wire::WireFields;
 
 /// Most header fields in a response head.
@@ -150,7 +150,7 @@ fn parse_length(digits: &[u8]) -> Option<u64> {
 pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     // Not zero-filled, unlike an array: clearing 128 slots (2 KiB) per head showed in callgrind.
     let mut fields: Fields<MAX_RESPONSE_HEADERS> = SmallVec::new();
-    let found = match scan::plain_head(buf, &mut fields) {
+    let found = match scan::response_head(buf, &mut fields) {
         Some(found) => found,
         None => {
             fields.clear();

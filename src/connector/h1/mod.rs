@@ -45,7 +45,6 @@ use crate::wire::codec::{self, BodyFraming, Decoder};
 use crate::wire::{RequestBody, WireFields};
 
 mod head;
-mod scan;
 
 /// Largest response head (and trailer section) accepted: the read buffer's cap.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
