@@ -18,7 +18,9 @@
 #        callgrind_annotate), UPSTREAM_EXTRA (YAML keys added to the upstream, one flow-style
 #        line such as 'retry: { attempts: 3 }': the same run with a feature configured),
 #        TOP_EXTRA (a top-level YAML line, such as 'access_log: { enabled: true, path: /tmp/a.log }'),
-#        CLIENTS (8: h2load's connections; 64 is compare.sh's workload 1)
+#        CLIENTS (8: h2load's connections; 64 is compare.sh's workload 1), UPSTREAM (h1: nginx;
+#        h2c: nghttpd with 100 streams a connection and the sidecar's `protocol: http2`, the
+#        path of compare.sh's workload 4, with CLIENTS=32 as in benches/RESULTS.md)
 # Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
 
 set -euo pipefail
@@ -36,16 +38,30 @@ ensure_tools valgrind:valgrind nginx:nginx h2load:nghttp2-client curl:curl
 build_sidecar
 make_scratch egress-callgrind
 
+UPSTREAM=${UPSTREAM:-h1}
 read -r UP_PORT STATUS_PORT < <(free_ports 2)
-nginx_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
-start_nginx upstream "${LOAD_CPU:-0}"
+case $UPSTREAM in
+    h1)
+        nginx_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
+        start_nginx upstream "${LOAD_CPU:-0}"
+        ;;
+    h2c)
+        ensure_tools nghttpd:nghttp2-server
+        start_nghttpd "$UP_PORT" 100
+        ;;
+    *) die "UPSTREAM: h1 or h2c, not $UPSTREAM" ;;
+esac
 wait_port "$UP_PORT"
 
 # Prints the instructions the sidecar executed while serving $1 requests.
 instructions_for() { # requests
     local fwd admin port vg
     read -r fwd admin port < <(free_ports 3)
-    sidecar_conf "$fwd" "$admin" "$port" "$UP_PORT" 64 5s 10000 >"$TMP/sidecar.yaml"
+    if [[ $UPSTREAM == h2c ]]; then
+        sidecar_h2_conf "$fwd" "$admin" "$port" "$UP_PORT" 100 >"$TMP/sidecar.yaml"
+    else
+        sidecar_conf "$fwd" "$admin" "$port" "$UP_PORT" 64 5s 10000 >"$TMP/sidecar.yaml"
+    fi
     [[ -z ${UPSTREAM_EXTRA:-} ]] || printf '    %s\n' "$UPSTREAM_EXTRA" >>"$TMP/sidecar.yaml"
     [[ -z ${TOP_EXTRA:-} ]] || printf '%s\n' "$TOP_EXTRA" >>"$TMP/sidecar.yaml"
     TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind \
@@ -66,5 +82,5 @@ low=$(instructions_for "$LOW")
 log "callgrind: $HIGH requests"
 high=$(instructions_for "$HIGH")
 [[ -n $low && -n $high ]] || die "no instruction count (logs in $TMP)"
-echo "sidecar $("$BIN" --version | awk '{print $2}') ($BIN${UPSTREAM_EXTRA:+, $UPSTREAM_EXTRA}${TOP_EXTRA:+, $TOP_EXTRA}): $(( (high - low) / (HIGH - LOW) )) instructions per request" \
+echo "sidecar $("$BIN" --version | awk '{print $2}') ($BIN, $UPSTREAM upstream, ${CLIENTS:-8} clients${UPSTREAM_EXTRA:+, $UPSTREAM_EXTRA}${TOP_EXTRA:+, $TOP_EXTRA}): $(( (high - low) / (HIGH - LOW) )) instructions per request" \
     "(Ir $low at $LOW requests, $high at $HIGH)"
