@@ -1,31 +1,27 @@
 # syntax=docker/dockerfile:1
-# The egress-sidecar image: a release build (the same `cargo build --release --locked` that
-# deploy/validate.sh runs and tests), on distroless cc (glibc, libgcc, CA certificates for TLS
-# origination, no shell), running as the distroless nonroot user.
+# The egress-sidecar image: the profile-guided release build (deploy/pgo/build.sh, the same that
+# deploy/validate.sh runs and tests and benches/ measure), on distroless cc (glibc, libgcc, CA
+# certificates for TLS origination, no shell), running as the distroless nonroot user.
 #
 #   docker build -t egress-sidecar:0.1.0 .
 #   docker run --rm egress-sidecar:0.1.0 --version
 
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
+# llvm-profdata, of this rustc's LLVM, merges the training run's profile.
+RUN rustup component add llvm-tools
 
-# Dependencies first, in their own layer: it is rebuilt only when Cargo.toml or Cargo.lock
-# change. Stub sources stand in for src/ so cargo can build the dependency graph.
-COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
-    && echo 'fn main() {}' > src/main.rs \
-    && echo '' > src/lib.rs \
-    && cargo build --release --locked \
-    && rm -rf src
-
-# The real sources. touch: COPY keeps the files' old mtimes, which cargo would otherwise take
-# as older than the stub build and skip.
+# Two release builds and a training run between them: the instrumented sidecar is driven
+# through the request paths by the trainer (deploy/pgo/train.rs, built with the dev
+# dependencies), then built again with the profile. No dependency layer of its own: both
+# builds compile the dependencies with their own flags, and the second with the profile.
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
-# build.rs: link settings (RELR, and the code layout of link/request-path.symbols).
-COPY build.rs ./
+COPY benches ./benches
+# The code layout (link/request-path.symbols), read by build.rs.
 COPY link ./link
-RUN touch src/main.rs src/lib.rs \
-    && cargo build --release --locked \
+COPY deploy/pgo ./deploy/pgo
+RUN bash deploy/pgo/build.sh \
     && cp target/release/egress-sidecar /egress-sidecar
 
 # bookworm on both sides: the binary needs no newer glibc than the runtime image has.

@@ -25,15 +25,15 @@ ensure_tools() { # command:package ...
     (($(nproc) >= 2)) || die "needs at least 2 CPUs (proxy on core $PROXY_CPU, load on core $LOAD_CPU)"
 }
 
-# Sets BIN: $SIDECAR_BIN, or a release build in $CARGO_TARGET_DIR (default target/bench).
+# Sets BIN: $SIDECAR_BIN, or the build the image ships (deploy/pgo/build.sh, profile-guided)
+# in $CARGO_TARGET_DIR (default target/bench).
 build_sidecar() {
     if [[ -n ${SIDECAR_BIN:-} ]]; then
         BIN=$SIDECAR_BIN
     else
-        export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target/bench}
-        log "building the sidecar (release, CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-        cargo build --release --locked --quiet --bin egress-sidecar
-        BIN=$CARGO_TARGET_DIR/release/egress-sidecar
+        local out=${CARGO_TARGET_DIR:-$REPO/target/bench}
+        log "building the sidecar (deploy/pgo/build.sh, release builds in $out)"
+        BIN=$(PGO_TARGET_DIR=$out bash "$REPO/deploy/pgo/build.sh")
     fi
     [[ -x $BIN ]] || die "no sidecar binary at $BIN"
 }

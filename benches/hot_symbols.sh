@@ -14,7 +14,9 @@
 #   instructions, mangled: what runs after start-up, however rarely, is laid out together.
 #
 # Usage (from the repo root):   benches/hot_symbols.sh [SIDECAR_BIN]
-#   Run it on a release build after a change of dependencies or of the compiler (symbol names
+#   Run it on the build the image ships (deploy/pgo/build.sh, which it runs when given no
+#   binary: profile-guided builds inline differently, so their functions are named apart from
+#   a plain release build's) after a change of dependencies or of the compiler (symbol names
 #   carry a hash of both), and after a change that adds or renames functions on these paths
 #   (a new one lands in the cold text, and the first time it runs maps a folio of its own).
 #   Names the build lacks are skipped, so a stale list costs only its benefit: the RSS base,

@@ -12,7 +12,8 @@
 #   4. the injector's output: the pods tests/inject.rs patches, at 1.33 (native) and 1.28
 #                      (classic) through kubernetes-validate --strict.
 #   5. check_service.py deploy/cloudrun/service.yaml.
-#   6. the release binary, built with the Dockerfile's cargo flags: `egress-sidecar check` on
+#   6. the release binary, built as the Dockerfile builds it (deploy/pgo/build.sh, whose
+#                      training run checks every answer it gets): `egress-sidecar check` on
 #                      every sidecar config under deploy/, then tests/deploy.rs against it.
 #
 # Every validator is also shown a broken input and must reject it, so a validator that
@@ -82,9 +83,9 @@ must_reject "a Dockerfile with :latest, unpinned apt and a shell-form ENTRYPOINT
 grep -q '^ENTRYPOINT \["/usr/local/bin/egress-sidecar"\]$' Dockerfile || die "Dockerfile: ENTRYPOINT must be exec-form /usr/local/bin/egress-sidecar"
 grep -q '^USER 65532:65532$' Dockerfile || die "Dockerfile: must run as USER 65532:65532 (distroless nonroot)"
 grep -q 'CMD \["/usr/local/bin/egress-sidecar", "healthcheck"\]' Dockerfile || die "Dockerfile: HEALTHCHECK must exec egress-sidecar healthcheck"
-# The cargo flags of the final build step; step 6 builds with exactly these.
-CARGO_FLAGS=$(grep -o 'cargo build [^&\\]*' Dockerfile | tail -n1 | sed 's/^cargo build //; s/ *$//')
-[[ $CARGO_FLAGS == *--release* && $CARGO_FLAGS == *--locked* ]] || die "Dockerfile: the build must be cargo build --release --locked (found: $CARGO_FLAGS)"
+# The image's binary is the profile-guided build; step 6 builds it the same way.
+grep -q '^RUN bash deploy/pgo/build.sh' Dockerfile || die "Dockerfile: the build must be deploy/pgo/build.sh"
+grep -q -- '--release --locked' deploy/pgo/build.sh || die "deploy/pgo/build.sh: its builds must be --release --locked"
 
 # === 2. docker compose ===
 
@@ -144,10 +145,10 @@ must_reject "a container dependency on a container that does not exist" python3 
 # Its own target dir (the tests above and below keep the default one, already built by
 # `cargo test`), shared with benches/ so a bench run after CI reuses the build.
 RELEASE_TARGET=${CARGO_TARGET_DIR:-$REPO/target/bench}
-log "cargo build $CARGO_FLAGS (the Dockerfile's flags; target dir $RELEASE_TARGET)"
-# shellcheck disable=SC2086 # the flags are words
-CARGO_TARGET_DIR=$RELEASE_TARGET cargo build $CARGO_FLAGS --quiet
-BIN=$RELEASE_TARGET/release/egress-sidecar
+log "deploy/pgo/build.sh (the Dockerfile's build; target dir $RELEASE_TARGET)"
+BIN=$(PGO_TARGET_DIR=$RELEASE_TARGET bash deploy/pgo/build.sh 2>"$TMP/pgo.log") \
+    || { cat "$TMP/pgo.log" >&2; die "deploy/pgo/build.sh failed"; }
+grep '^pgo-train' "$TMP/pgo.log" >&2
 
 log "egress-sidecar check: every sidecar config under deploy/"
 python3 - "$TMP/configs" $K8S/native-sidecar.yaml $K8S/classic-sidecar.yaml $K8S/injector/example.yaml <<'PY'

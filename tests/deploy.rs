@@ -4,9 +4,9 @@
 //! serves requests.
 //!
 //! `cargo test` runs this against the debug binary. `deploy/validate.sh` runs it again with
-//! `EGRESS_SIDECAR_BIN` set to the release binary built with the Dockerfile's
-//! `cargo build --release --locked`, so the image's build is what gets tested without making
-//! every `cargo test` pay for an LTO build.
+//! `EGRESS_SIDECAR_BIN` set to the release binary built as the Dockerfile builds it
+//! (`deploy/pgo/build.sh`, profile-guided), so the image's build is what gets tested without
+//! making every `cargo test` pay for two LTO builds and a training run.
 
 mod support;
 
