@@ -9,9 +9,15 @@
 #   it serves a check, 64 one-request connections, 300 connections left idle (parked, the
 #   first 100 evicted past max_idle_connections, then some woken by a request, some closed,
 #   the rest timed out; the leak detector warns about their source), 2,000 keep-alive
-#   requests on 8, and idles 7 s more (its periodic tasks: heap trim, config watch). Every
-#   function of the binary with instructions counted from the zero on is listed, by
-#   instructions, mangled: what runs after start-up, however rarely, is laid out together.
+#   requests on 8, and idles 7 s more (its periodic tasks: heap trim, config watch). A
+#   second sidecar, with the downstream bounds at their defaults, takes benches/compare.sh's
+#   workload 2: the Go leaky client of tests/leaky, 5,000 requests each on a new connection,
+#   held past the idle timeout (parked, evicted past 1,024, closed by the leak detector). The
+#   storm runs paths the first workload misses: Notify's waiter path, and the blocking pool's
+#   queue growing; unlisted, they lie in the cold text, and the storm mapped 440 KiB of it.
+#   Every function of the binary with instructions counted from the zero on, in either run,
+#   is listed, by instructions, mangled: what runs after start-up, however rarely, is laid
+#   out together.
 #
 # Usage (from the repo root):   benches/hot_symbols.sh [SIDECAR_BIN]
 #   Run it on the build the image ships (deploy/pgo/build.sh, which it runs when given no
@@ -29,7 +35,7 @@ REPO=$(pwd)
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
-ensure_tools valgrind:valgrind callgrind_control:valgrind nginx:nginx h2load:nghttp2-client curl:curl
+ensure_tools valgrind:valgrind callgrind_control:valgrind nginx:nginx h2load:nghttp2-client curl:curl go:golang-go
 SIDECAR_BIN=${1:-${SIDECAR_BIN:-}}
 build_sidecar
 make_scratch hot-symbols
@@ -40,16 +46,21 @@ nginx_upstream_conf upstream "$UP_PORT" >"$TMP/upstream.conf"
 start_nginx upstream "$LOAD_CPU"
 wait_port "$UP_PORT"
 
+# Starts the sidecar under callgrind with config $1, writing $2; its counters are zeroed once
+# start-up is over. Sets vg and port.
+start_profiled() { # config-file callgrind-out
+    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind --demangle=no --compress-strings=no \
+        --callgrind-out-file="$2" "$BIN" run --config "$1" 2>"$2.log" &
+    vg=$!
+    PIDS+=("$vg")
+    wait_port "$port" 600
+    sleep 2
+    callgrind_control -z "$vg" >/dev/null
+}
+
 read -r fwd admin port < <(free_ports 3)
 sidecar_conf "$fwd" "$admin" "$port" "$UP_PORT" 64 3s 6000 200 >"$TMP/sidecar.yaml"
-TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind --demangle=no --compress-strings=no \
-    --callgrind-out-file="$TMP/callgrind.out" "$BIN" run --config "$TMP/sidecar.yaml" \
-    2>"$TMP/valgrind.log" &
-vg=$!
-PIDS+=("$vg")
-wait_port "$port" 600
-sleep 2
-callgrind_control -z "$vg" >/dev/null
+start_profiled "$TMP/sidecar.yaml" "$TMP/callgrind.out"
 check sidecar "http://127.0.0.1:$port/"
 h2load --h1 -n 64 -c 64 "http://127.0.0.1:$port/" >/dev/null
 # Idle connections: parked, evicted past max_idle_connections (200: the 100 parked first),
@@ -81,12 +92,22 @@ h2load --h1 -n 2000 -c 8 "http://127.0.0.1:$port/" >/dev/null
 sleep 7
 stop_pid "$vg"
 
+# compare.sh's workload 2, as it runs it: sidecar_conf without the downstream bounds lifted.
+CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS= GOWORK=off go build -o "$TMP/leaky" tests/leaky/main.go
+read -r fwd admin port < <(free_ports 3)
+sidecar_conf "$fwd" "$admin" "$port" "$UP_PORT" 64 5s 6000 >"$TMP/storm.yaml"
+start_profiled "$TMP/storm.yaml" "$TMP/callgrind.storm.out"
+check sidecar "http://127.0.0.1:$port/"
+"$TMP/leaky" -n 5000 -url "http://127.0.0.1:$port/" -wait 8s >/dev/null
+stop_pid "$vg"
+
 # Exclusive instructions per function of the executable (not libc's), from the callgrind
 # output's fn= blocks; a cost line right after calls= belongs to the call, not the function.
-python3 - "$TMP/callgrind.out" "$(basename "$BIN")" >link/request-path.symbols <<'PY'
-import collections, sys
+python3 - "$(basename "$BIN")" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" >link/request-path.symbols <<'PY'
+import collections, fileinput, sys
+binary = sys.argv.pop(1)
 cost, fn, obj, call = collections.Counter(), None, None, False
-for line in open(sys.argv[1]):
+for line in fileinput.input():
     line = line.rstrip("\n")
     if line.startswith("ob="):
         obj = line[3:]
@@ -97,7 +118,7 @@ for line in open(sys.argv[1]):
     elif line and (line[0].isdigit() or line[0] in "+-*"):
         if call:
             call = False
-        elif fn and fn[0] and fn[0].endswith(sys.argv[2]):
+        elif fn and fn[0] and fn[0].endswith(binary):
             cost[fn[1]] += int(line.split()[-1])
 for name, n in sorted(cost.items(), key=lambda kv: -kv[1]):
     # Functions without a symbol show as their address: nothing to order by.
