@@ -48,8 +48,8 @@ RUSTFLAGS="$FLAGS -Cprofile-generate=$RAW" CARGO_TARGET_DIR=$PGO/instrumented \
 rm -rf "$RAW"
 
 log "2/4 training"
-cargo build --locked --example pgo-train >&2
-trainer=$(cargo build --locked --example pgo-train --message-format=json 2>/dev/null |
+# One build: its progress and diagnostics go to stderr, its JSON names the binary.
+trainer=$(cargo build --locked --example pgo-train --message-format=json-render-diagnostics |
     sed -n 's/.*"executable":"\([^"]*pgo-train\)".*/\1/p' | tail -n1)
 [[ -x $trainer ]] || die "no trainer binary"
 "$trainer" "$PGO/instrumented/release/egress-sidecar" >&2
