@@ -63,7 +63,8 @@ fn main() {
 
 // === the upstreams ===
 
-/// The upstreams this process serves, by port, and the CA that signed the TLS ones' certificate.
+/// The upstreams this process serves, by port, and the scratch directory that holds the CA of
+/// the TLS one (`ca.pem`) and the sidecar's config files.
 struct Upstreams {
     h1: u16,
     h2c: u16,
