@@ -20,7 +20,8 @@
 #        TOP_EXTRA (a top-level YAML line, such as 'access_log: { enabled: true, path: /tmp/a.log }'),
 #        CLIENTS (8: h2load's connections; 64 is compare.sh's workload 1), UPSTREAM (h1: nginx;
 #        h2c: nghttpd with 100 streams a connection and the sidecar's `protocol: http2`, the
-#        path of compare.sh's workload 4, with CLIENTS=32 as in benches/RESULTS.md)
+#        path of compare.sh's workload 4, with CLIENTS=32 as in benches/RESULTS.md),
+#        DUMP_INSTR=1 (callgrind counts each instruction, for benches/cg_per_request.py)
 # Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
 
 set -euo pipefail
@@ -64,7 +65,7 @@ instructions_for() { # requests
     fi
     [[ -z ${UPSTREAM_EXTRA:-} ]] || printf '    %s\n' "$UPSTREAM_EXTRA" >>"$TMP/sidecar.yaml"
     [[ -z ${TOP_EXTRA:-} ]] || printf '%s\n' "$TOP_EXTRA" >>"$TMP/sidecar.yaml"
-    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind \
+    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind ${DUMP_INSTR:+--dump-instr=yes} \
         --callgrind-out-file="$TMP/callgrind.$1.out" "$BIN" run --config "$TMP/sidecar.yaml" \
         2>"$TMP/valgrind.$1.log" &
     vg=$!
