@@ -200,7 +200,9 @@ fn serve(args: &RunArgs, startup: resident::StartupMappings) -> ExitCode {
             });
         };
         tokio::spawn(release_startup_pages(startup));
-        tokio::spawn(resident::trim_heap_periodically());
+        tokio::spawn(resident::trim_heap_periodically(
+            egress_sidecar::spare::release_surplus,
+        ));
         egress_sidecar::run_with_reload(config, listeners, first_signal, Some(watcher)).await;
         ExitCode::SUCCESS
     })

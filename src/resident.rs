@@ -53,12 +53,15 @@ pub fn trim_heap() -> bool {
 }
 
 /// Runs [`trim_heap`] every [`TRIM_EVERY`], for the life of the runtime, and logs (debug)
-/// how much anonymous memory each trim that released some gave back.
-pub async fn trim_heap_periodically() {
+/// how much anonymous memory each trim that released some gave back. `before_each` runs
+/// first, on the same thread: what frees memory the allocator holds for it (`spare`'s
+/// surplus), so that the trim can hand it back.
+pub async fn trim_heap_periodically(before_each: fn()) {
     let mut every = tokio::time::interval(TRIM_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
+        before_each();
         let before = anonymous_kib();
         if trim_heap() {
             let after = anonymous_kib();

@@ -228,7 +228,7 @@ pub struct Lease {
 
 #[derive(Debug)]
 pub(super) enum LeaseKind {
-    H1(Option<Conn>),
+    H1(Option<Box<Conn>>),
     H2(Option<H2Stream>),
 }
 

@@ -109,7 +109,7 @@ pub enum Negotiated {
 /// What a request is given: an HTTP/1.1 connection of its own, or a stream slot.
 #[derive(Debug)]
 enum Grant {
-    H1(Conn),
+    H1(Box<Conn>),
     H2(H2Stream),
 }
 
@@ -452,7 +452,7 @@ impl Pool {
         avoid: &Arc<Endpoint>,
         retire_after: Option<std::time::Duration>,
         now: Instant,
-    ) -> Option<Conn> {
+    ) -> Option<Box<Conn>> {
         let index = st.idle.iter_mut().rposition(|idle| {
             let elsewhere = idle.conn.track.endpoint().is_some_and(|e| !Arc::ptr_eq(e, avoid));
             elsewhere
@@ -516,7 +516,7 @@ impl Pool {
                 if st.protocol == Negotiated::Unknown {
                     st.protocol = Negotiated::Http1;
                 }
-                let conn = Conn {
+                let conn = Box::new(Conn {
                     io,
                     track,
                     id,
@@ -524,7 +524,7 @@ impl Pool {
                     idle_limit: None,
                     remaining_hint: None,
                     retire: false,
-                };
+                });
                 let closing = self.hand_over(&mut st, conn, Some(now));
                 // Requests that arrived while every allowed dial was in flight still wait.
                 self.start_dials(&mut st);
