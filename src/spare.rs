@@ -60,7 +60,7 @@ pub fn release_surplus() {
                 kept.split_off(floor)
             })
             .unwrap_or_default();
-        // Freed outside the borrow: a value's drop never reaches back, but need not be trusted to.
+        // Freed once the borrow has ended.
         drop(surplus);
     }
     truncate(&REQUEST_HEADS);
@@ -89,7 +89,7 @@ fn keep<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>, value: T, most: us
 /// thread, glibc's per-thread cache (7 chunks per size) overflows and each of those four
 /// mallocs and frees took its slow path (~100 instructions each at 64 connections, callgrind).
 /// Sixty-four, a thread's share of a busy pool's exchanges: with 16, at 64 keep-alive
-/// connections 69% of the maps were still made anew (callgrind's call counts).
+/// connections 43-69% of the maps were still made anew (callgrind's call counts).
 const HEADER_MAPS_PER_THREAD: usize = 64;
 /// A map whose table grew past this many fields (a rare large head) is freed, not kept.
 const HEADER_MAP_LARGEST: usize = 64;
@@ -147,8 +147,8 @@ fn forget_empty(map: HeaderMap) {
 #[derive(Debug, Default)]
 pub struct WriteBuf(Vec<u8>);
 
-/// Write buffers kept per thread: as many as header maps, for the same reason (with 16, 69% of
-/// the exchanges at 64 connections allocated one).
+/// Write buffers kept per thread: as many as header maps, for the same reason (with 16, 68% of
+/// the exchanges at 64 connections allocated one, on the profile-guided build).
 const WRITE_BUFS_PER_THREAD: usize = 64;
 /// A write buffer grown past this (a large head, or body bytes coalesced) is freed, not kept:
 /// a thread keeps at most 256 KiB of them, and most hold one head (a few hundred bytes).
@@ -199,7 +199,7 @@ pub static DOWNSTREAM: Spares = Spares {
 /// Pooled HTTP/1.1 upstream connections' read buffers. With four, at 8 requests in flight on
 /// a thread about half the exchanges found none and allocated 16 KiB (and freed one at their
 /// end): 281 instructions per request at 8 connections, 761 at 64 (callgrind). With sixteen,
-/// at 64 connections 55% of the exchanges still did, through malloc's slow path (290
+/// at 64 connections 55-69% of the exchanges still did, through malloc's slow path (290
 /// instructions for the malloc alone). What a thread keeps after a burst is at most 64 x
 /// `largest` (2 MiB), 1 MiB when the buffers are as allocated, until [`release_surplus`]
 /// leaves 16 (256 KiB).
