@@ -13,7 +13,11 @@
 //! A thread keeps as many as a busy pool has exchanges in flight (64 of each kind), so that
 //! 64 keep-alive connections allocate nothing per request; what a burst left beyond
 //! [`KEPT_WHEN_QUIET`] goes at the next heap trim ([`release_surplus`], every few seconds),
-//! on the thread that runs it.
+//! on the thread that runs it. That holds on one worker thread (`current_thread` runtime),
+//! where every value given back returns to the thread that takes the next. On several, values
+//! drift to the threads that give them back and the trim reaches one of them: each thread
+//! there keeps at most [`KEPT_WHEN_QUIET`] (two threads: 50-100 B more per idle client
+//! connection with 64, `benches/RESULTS.md`).
 
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
@@ -76,12 +80,32 @@ fn pop<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>) -> Option<T> {
 
 /// Keeps `value` for this thread unless it keeps `most` already (or is exiting).
 fn keep<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>, value: T, most: usize) {
+    let most = most.min(thread_cap());
     let _ = kept.try_with(|kept| {
         let mut kept = kept.borrow_mut();
         if kept.len() < most {
             kept.push(value);
         }
     });
+}
+
+thread_local! {
+    /// This thread's cap on each kind, worked out at its first keep (see the module doc).
+    static CAP: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many of a kind this thread may keep: any number on a `current_thread` runtime's thread
+/// (or outside a runtime), [`KEPT_WHEN_QUIET`] on a multi-threaded runtime's worker.
+fn thread_cap() -> usize {
+    CAP.try_with(|cap| {
+        if cap.get() == 0 {
+            let several = tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
+            cap.set(if several { KEPT_WHEN_QUIET } else { usize::MAX });
+        }
+        cap.get()
+    })
+    .unwrap_or(KEPT_WHEN_QUIET)
 }
 
 /// Header maps kept per thread. Each request parses two (its own head and the upstream's
@@ -332,6 +356,27 @@ mod tests {
         );
         release_surplus();
         assert_eq!(counts(), (KEPT_WHEN_QUIET, KEPT_WHEN_QUIET, KEPT_WHEN_QUIET, 1));
+    }
+
+    /// A multi-threaded runtime's worker keeps the quiet count: values drift between its
+    /// threads, and the trim reaches one.
+    #[test]
+    fn a_worker_of_several_keeps_only_the_quiet_count() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let kept = runtime.block_on(async {
+            tokio::spawn(async {
+                for _ in 0..KEPT_WHEN_QUIET * 2 {
+                    UPSTREAM.give_back(BytesMut::with_capacity(1024));
+                }
+                UPSTREAM.kept()
+            })
+            .await
+            .unwrap()
+        });
+        assert_eq!(kept, KEPT_WHEN_QUIET);
     }
 
     #[test]
