@@ -45,6 +45,9 @@ thread_local! {
     static UPSTREAM_READS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
     static HEADER_MAPS: RefCell<Vec<HeaderMap>> = const { RefCell::new(Vec::new()) };
     static WRITE_BUFS: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    /// This thread's cap on each kind, worked out at its first keep (0: not yet; see the
+    /// module doc).
+    static CAP: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// What a thread keeps of each kind once [`release_surplus`] has run: what steady light traffic
@@ -87,11 +90,6 @@ fn keep<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>, value: T, most: us
             kept.push(value);
         }
     });
-}
-
-thread_local! {
-    /// This thread's cap on each kind, worked out at its first keep (see the module doc).
-    static CAP: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// How many of a kind this thread may keep: any number on a `current_thread` runtime's thread
