@@ -44,7 +44,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::proxy::connect::{Established, TunnelEnd};
 use crate::proxy::{upgrade, ResponseBody};
 use crate::routing::{Arrival, Tunneled};
-use crate::wire::codec::{self, Decoder, HeadError, RequestHead};
+use crate::wire::codec::{self, Decoder, HeadError, HeadFacts};
 use crate::wire::RequestBody;
 
 /// First read buffer for a request head; grows up to `max_header_bytes`. (1 KiB, within
@@ -398,20 +398,22 @@ fn served<S>(conn: &Session<S>, idle_closed: bool) -> Ended<S> {
     })
 }
 
-/// Reads a request head of at most `max` bytes, within `timeout` once a read must wait.
-/// `None`: the connection closed, timed out or failed, or sent a head refused here (answered
-/// with its error); either way it is to be closed.
+/// Reads a request head of at most `max` bytes into `req`, within `timeout` once a read must
+/// wait. `None`: the connection closed, timed out or failed, or sent a head refused here
+/// (answered with its error); either way it is to be closed.
 ///
-/// The head is not boxed: `exchange` holds it across no await, and at 64 connections its box
+/// Into the caller's request, neither boxed nor returned: at 64 connections a box per head
 /// (232 bytes) outran glibc's per-thread cache, a malloc and a free through their slow paths
-/// on every request (~400 instructions, callgrind).
+/// on every request (~400 instructions, callgrind), and a head returned by value was copied
+/// whole at each level on its way up (see `codec::parse_head_into`).
 async fn read_head<S: Stream>(
     conn: &mut Session<S>,
+    req: &mut Request<RequestBody>,
     max: usize,
     timeout: Duration,
     ctx: &Context,
-) -> Option<RequestHead> {
-    let err = match read_head_or_refusal(conn, max, timeout).await {
+) -> Option<HeadFacts> {
+    let err = match read_head_or_refusal(conn, req, max, timeout).await {
         Ok(head) => return head,
         Err(err) => err,
     };
@@ -424,21 +426,22 @@ async fn read_head<S: Stream>(
 /// the error to answer with.
 async fn read_head_or_refusal<S: Stream>(
     conn: &mut Session<S>,
+    req: &mut Request<RequestBody>,
     max: usize,
     timeout: Duration,
-) -> Result<Option<RequestHead>, ProxyError> {
+) -> Result<Option<HeadFacts>, ProxyError> {
     // Read from the clock only for a head that did not come in whole with its first bytes.
     let mut deadline = None;
     loop {
         if !conn.buf.is_empty() {
-            match codec::parse_head(&mut conn.buf, max) {
-                Ok(Some(head)) => {
-                    if head.body == codec::BodyFraming::Chunked && !conn.buf.is_empty() {
+            match codec::parse_head_into(&mut conn.buf, max, req) {
+                Ok(Some(facts)) => {
+                    if facts.body == codec::BodyFraming::Chunked && !conn.buf.is_empty() {
                         if let Err(why) = codec::check_buffered_chunks(&conn.buf, max) {
                             return Err(ProxyError::new(ErrorKind::BadRequest, why.0));
                         }
                     }
-                    return Ok(Some(head));
+                    return Ok(Some(facts));
                 }
                 Ok(None) => {}
                 Err(HeadError::TooLarge(what)) => {
@@ -503,10 +506,10 @@ struct Switching {
 
 /// One request and its response; returns what the connection does next.
 ///
-/// The request, its head and the response head live in blocks of their own: a local's room in
-/// a future lasts to the end of its scope even once moved out, so at function scope they would
-/// be carried, unused, while the body is written. The head's block holds no await after the
-/// head is read, so the head is carried by none.
+/// The request and the response head live in a block of their own: a local's room in a future
+/// lasts to the end of its scope even once moved out, so at function scope they would be
+/// carried, unused, while the body is written. Each is made where it is worked on, and lent
+/// down: moved by value (176 to 256 bytes) it was a `memcpy` call at every level.
 async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Context) -> Next {
     // One read of the live config for the exchange (a lock apiece, three times per request).
     let (max_head, head_timeout) = {
@@ -515,55 +518,60 @@ async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Con
     };
     let span;
     let (version, keep_alive, head_only);
-    let mut pump;
+    // Set for a request with a body; a bodyless one's is all `None`s, cheaper to write than
+    // to move.
+    let mut pump = BodyPump::finished();
     let (outgoing, mut body) = {
-        let mut req;
+        let mut req = Request::new(RequestBody::Empty);
         {
-            let Some(head) = read_head(conn, max_head, head_timeout, ctx).await else {
+            let Some(facts) = read_head(conn, &mut req, max_head, head_timeout, ctx).await else {
                 return Next::Close;
             };
             conn.requests += 1;
-            if head.method == Method::CONNECT {
+            if req.method() == Method::CONNECT {
                 // A tunnel ends HTTP on this connection whatever happens; it is served once
                 // this exchange's (large) future is gone.
-                let RequestHead { uri, body, .. } = head;
-                return Next::Connect(Box::new((uri, body)));
+                let uri = std::mem::take(req.uri_mut());
+                return Next::Connect(Box::new((uri, facts.body)));
             }
-            span = tracing::debug_span!("request", method = %head.method, uri = %head.uri);
-            (version, keep_alive) = (head.version, head.keep_alive);
-            head_only = head.method == Method::HEAD;
-            (req, pump) = request(head, &conn.peer, ctx);
+            span = tracing::debug_span!("request", method = %req.method(), uri = %req.uri());
+            (version, keep_alive) = (req.version(), facts.keep_alive);
+            head_only = req.method() == Method::HEAD;
+            request_body(&mut req, &mut pump, facts, &conn.peer, ctx);
         }
         // Pinned here and lent, in a block of its own: moved into `await_response` it would be
         // stored twice in this future's state. The span is entered around each poll rather
         // than wrapping the future (`Instrumented`), which would move the whole future again.
-        let resp = {
-            let resp = {
-                let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, arrival));
-                let respond = std::pin::pin!(std::future::poll_fn(|cx| {
-                    let _entered = span.enter();
-                    handling.as_mut().poll(cx)
-                }));
-                await_response(&mut conn.stream, &mut conn.buf, &mut pump, respond, max_head).await
-            };
-            // The request has gone up (an HTTP/1.1 upstream leaves its head here). Taken
-            // apart, not `mem::take`n: that would leave an empty map to drop.
-            let (parts, body) = req.into_parts();
-            drop(body);
-            crate::spare::give_back_headers(parts.headers);
-            resp
-        };
-        let Some(mut resp) = resp else {
+        let mut resp = None;
+        {
+            let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, arrival));
+            let respond = std::pin::pin!(std::future::poll_fn(|cx| {
+                let _entered = span.enter();
+                handling.as_mut().poll(cx).map(|answer| resp = Some(answer))
+            }));
+            await_response(&mut conn.stream, &mut conn.buf, &mut pump, respond, max_head).await;
+        }
+        // The request has gone up (an HTTP/1.1 upstream leaves its head here). Taken apart,
+        // not `mem::take`n: that would leave an empty map to drop.
+        let (parts, body) = req.into_parts();
+        drop(body);
+        crate::spare::give_back_headers(parts.headers);
+        let Some(response) = resp.as_mut() else {
             return Next::Close;
         };
-        if let Some(pending) = resp.extensions_mut().remove::<upgrade::Switch>() {
+        if let Some(pending) = response.extensions_mut().remove::<upgrade::Switch>() {
             // Spliced once this exchange's (large) future is gone.
+            let resp = resp.take().expect("matched above");
             return Next::Switch(Box::new(Switching { resp, pending, span }));
         }
         let abandoned = pump.abandon_unstarted();
         let keep_alive = keep_alive && !abandoned && !ctx.draining();
-        let wire = resp.body_mut().take_wire_fields();
-        encode_response(resp, wire, head_only, version, keep_alive)
+        let wire = response.body_mut().take_wire_fields();
+        let outgoing = encode_response(response, wire, head_only, version, keep_alive);
+        (
+            outgoing,
+            std::mem::replace(response.body_mut(), ResponseBody::Full(None)),
+        )
     };
     let Session { stream, buf, .. } = conn;
     let written = send_response(stream, buf, &mut pump, &mut body, outgoing, max_head).await;
@@ -597,49 +605,37 @@ async fn refuse<S: Stream>(conn: &mut Session<S>, err: ProxyError, ctx: &Context
     linger(&mut conn.stream).await;
 }
 
-/// The request a parsed head describes, and the pump that feeds its body from the socket.
-fn request(head: RequestHead, peer: &Peer, ctx: &Context) -> (Request<RequestBody>, BodyPump) {
-    let RequestHead {
-        method,
-        uri,
-        version,
-        headers,
+/// Gives `req`, as its head was parsed, its body, and `pump` what feeds the body from the
+/// socket.
+fn request_body(
+    req: &mut Request<RequestBody>,
+    pump: &mut BodyPump,
+    facts: HeadFacts,
+    peer: &Peer,
+    ctx: &Context,
+) {
+    let HeadFacts {
         body: framing,
-        keep_alive: _,
         expect_continue,
-    } = head;
-    let (body, pump) = match framing {
-        codec::BodyFraming::Empty => (RequestBody::Empty, BodyPump::finished()),
-        codec::BodyFraming::Length(n) => {
-            let (body, sender) = RequestBody::channel(Some(n));
-            (
-                body,
-                BodyPump::new(Decoder::new(framing), sender, expect_continue),
-            )
-        }
-        codec::BodyFraming::Chunked => {
-            let (body, sender) = RequestBody::channel(None);
-            (
-                body,
-                BodyPump::new(Decoder::new(framing), sender, expect_continue),
-            )
-        }
-    };
-    let mut req = Request::new(body);
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.version_mut() = version;
-    crate::spare::set_headers(req.headers_mut(), headers);
+        ..
+    } = facts;
+    if framing != codec::BodyFraming::Empty {
+        let (body, sender) = match framing {
+            codec::BodyFraming::Length(n) => RequestBody::channel(Some(n)),
+            _ => RequestBody::channel(None),
+        };
+        *req.body_mut() = body;
+        *pump = BodyPump::new(Decoder::new(framing), sender, expect_continue);
+    }
     if ctx.proxy.logs_access() {
         req.extensions_mut().insert(peer.log_source());
     }
-    (req, pump)
 }
 
-/// Until the response head is ready, feeds the request body (answering
-/// `Expect: 100-continue` once the upstream asks for it); once the body is in, watches for the
-/// client going away, which abandons the upstream exchange (as nginx does) instead of letting a
-/// long upstream call run for nobody. `None`: the client left.
+/// Until `respond` has put the response head where the caller wants it, feeds the request body
+/// (answering `Expect: 100-continue` once the upstream asks for it); once the body is in,
+/// watches for the client going away, which abandons the upstream exchange (as nginx does)
+/// instead of letting a long upstream call run for nobody; then returns without it.
 ///
 /// This and [`send_response`] are separate functions so that their states, which are never
 /// alive together, share memory in the caller's future.
@@ -647,18 +643,18 @@ async fn await_response<S: Stream>(
     stream: &mut S,
     buf: &mut BytesMut,
     pump: &mut BodyPump,
-    mut respond: Pin<&mut impl Future<Output = Response<ResponseBody>>>,
+    mut respond: Pin<&mut impl Future<Output = ()>>,
     max_head: usize,
-) -> Option<Response<ResponseBody>> {
+) {
     let (mut rd, mut wr) = stream.split();
     loop {
         tokio::select! {
-            resp = &mut respond => return Some(resp),
+            () = &mut respond => return,
             step = pump.step_or_watch(&mut rd, buf, &mut wr, max_head, max_head) => match step {
                 Ok(()) => {}
                 Err(_) if !pump.is_active() => {
                     tracing::debug!("client went away before the response");
-                    return None;
+                    return;
                 }
                 Err(e) => pump.fail(e),
             }
@@ -740,8 +736,10 @@ mod tests {
         let size = std::mem::size_of_val(&serving);
         // 2,808 bytes in a test build when first boxed apart (issue 25); release builds lay
         // it out smaller. 2,584 since the request head is held across no await and a lease
-        // holds its pooled connection boxed.
-        assert!(size <= 2_584, "the exchanges' state grew to {size} bytes");
+        // holds its pooled connection boxed. 2,768 since the response is put in its place as
+        // it comes (176 bytes held while it is awaited), not moved there through each level,
+        // a `memcpy` call apiece.
+        assert!(size <= 2_768, "the exchanges' state grew to {size} bytes");
     }
 
     /// A readiness event can arrive after the read that took its bytes (the read cleared the

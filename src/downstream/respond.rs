@@ -47,46 +47,44 @@ pub(super) struct Outgoing {
 }
 
 /// Encodes `resp`'s head (no await: the head and its fields are gone before the body is
-/// written, so the writing future holds only the body's progress); returns it with the body.
+/// written, so the writing future holds only the body's progress). Its fields are given back
+/// to the thread's spares, leaving the map empty; the caller takes the body.
 /// `wire`: fields the upstream's head left as lines (`wire::fields`), written after the map's.
 pub(super) fn encode_response<B: Body>(
-    resp: Response<B>,
+    resp: &mut Response<B>,
     wire: Option<WireFields>,
     head_only: bool,
     client: Version,
     keep_alive: bool,
-) -> (Outgoing, B) {
-    let mut framing = response_framing(&resp, wire.as_ref(), head_only, client);
-    let (mut parts, body) = resp.into_parts();
-    if framing == ResponseFraming::Chunked && body.is_end_stream() {
-        parts
-            .headers
+) -> Outgoing {
+    let mut framing = response_framing(resp, wire.as_ref(), head_only, client);
+    if framing == ResponseFraming::Chunked && resp.body().is_end_stream() {
+        resp.headers_mut()
             .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from_static("0"));
         framing = ResponseFraming::Length;
     }
     let keep_alive = keep_alive && framing != ResponseFraming::Close;
-    let reason = parts
-        .extensions
+    let reason = resp
+        .extensions()
         .get::<hyper::ext::ReasonPhrase>()
         .map(|r| r.as_bytes());
     let mut out = WriteBuf::take(512);
     codec::encode_head(
-        parts.status,
+        resp.status(),
         reason,
-        &parts.headers,
+        resp.headers(),
         wire.as_ref().map_or(&[][..], WireFields::lines),
         framing,
         keep_alive,
         client,
         &mut out,
     );
-    crate::spare::give_back_headers(parts.headers);
-    let outgoing = Outgoing {
+    crate::spare::give_back_headers(std::mem::take(resp.headers_mut()));
+    Outgoing {
         out,
         framing,
         keep_alive,
-    };
-    (outgoing, body)
+    }
 }
 
 /// Writes a response; returns whether the connection may be reused afterwards.
@@ -101,7 +99,9 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let (outgoing, mut body) = encode_response(resp, None, head_only, client, keep_alive);
+    let mut resp = resp;
+    let outgoing = encode_response(&mut resp, None, head_only, client, keep_alive);
+    let (_, mut body) = resp.into_parts();
     write_body(wr, &mut body, outgoing).await
 }
 
