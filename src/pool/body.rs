@@ -71,14 +71,19 @@ impl PooledBody {
     /// request it carries, so reuse is read before).
     pub fn new(inner: UpstreamBody, mut lease: Lease, info: Served) -> Self {
         let wire = lease.h1_mut().and_then(h1::Connection::take_wire_fields);
-        let mut body = Box::new(Pooled {
+        // A body that came whole with its head (or none) frees the connection at once.
+        let lease = if inner.is_end_stream() {
+            lease.release_with_head();
+            None
+        } else {
+            Some(lease)
+        };
+        PooledBody(Box::new(Pooled {
             inner,
-            lease: Some(lease),
+            lease,
             info,
             wire,
-        });
-        body.release_if_done();
-        PooledBody(body)
+        }))
     }
 
     /// How the response was served.
@@ -104,12 +109,18 @@ impl PooledBody {
     }
 }
 
-impl Pooled {
+impl UpstreamBody {
     fn is_end_stream(&self) -> bool {
-        match &self.inner {
+        match self {
             UpstreamBody::Http1(transfer) => transfer.is_end_stream(),
             UpstreamBody::Http2(body) => body.is_end_stream(),
         }
+    }
+}
+
+impl Pooled {
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 
     fn release_if_done(&mut self) {

@@ -121,10 +121,11 @@ impl Pool {
         }
     }
 
-    /// Returns a connection whose exchange completed.
-    pub(super) fn check_in(self: &Arc<Self>, conn: Box<Conn>) {
-        // Read once, for the lifetime check and as the time the connection goes idle.
-        let mut now = None;
+    /// Returns a connection whose exchange completed; `now`, if the caller has read the clock
+    /// as it did.
+    pub(super) fn check_in(self: &Arc<Self>, conn: Box<Conn>, now: Option<Instant>) {
+        // Read once at most, for the lifetime check and as the time the connection goes idle.
+        let mut now = now;
         let mut st = self.lock();
         let cfg = st.config;
         let spent = cfg
@@ -138,7 +139,8 @@ impl Pool {
         } else if spent {
             Some("max_requests")
         // The clock is read only when a lifetime is set: most pools have none.
-        } else if cfg.max_lifetime.is_some() && past_lifetime(&cfg, conn.created, *now.insert(Instant::now()))
+        } else if cfg.max_lifetime.is_some()
+            && past_lifetime(&cfg, conn.created, *now.get_or_insert_with(Instant::now))
         {
             Some("max_lifetime")
         } else {

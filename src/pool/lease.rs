@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 #[cfg(any(test, feature = "test-support"))]
 use std::task::Poll;
-use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -165,7 +164,7 @@ impl Drop for Waiting {
     fn drop(&mut self) {
         // Handed over to a request that went away: keep it for the next one.
         match self.leave() {
-            Some(Ok(Grant::H1(conn))) => self.pool.check_in(conn),
+            Some(Ok(Grant::H1(conn))) => self.pool.check_in(conn, None),
             Some(Ok(Grant::H2(stream))) => self.pool.stream_done(stream.conn_id),
             _ => {}
         }
@@ -224,6 +223,8 @@ pub struct Lease {
     kind: LeaseKind,
     /// When the checkout ended.
     granted: Instant,
+    /// When the response head arrived, once it has.
+    arrived: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -234,7 +235,12 @@ pub(super) enum LeaseKind {
 
 impl Lease {
     pub(super) fn new(pool: Arc<Pool>, kind: LeaseKind, granted: Instant) -> Self {
-        Lease { pool, kind, granted }
+        Lease {
+            pool,
+            kind,
+            granted,
+            arrived: None,
+        }
     }
 
     /// When the checkout ended: where the exchange's response time starts. A lease granted at
@@ -345,9 +351,11 @@ impl Lease {
         self.endpoint_ref().cloned()
     }
 
-    /// A response head came back after `took`: the endpoint's failure run ends, and p2c_ewma
-    /// hears its latency.
-    pub fn response_arrived(&self, took: Duration) {
+    /// The response head came back `at` (since the grant: its latency): the endpoint's failure
+    /// run ends, and p2c_ewma hears the latency.
+    pub fn response_arrived(&mut self, at: Instant) {
+        self.arrived = Some(at);
+        let took = at.saturating_duration_since(self.granted);
         if let Some(endpoint) = self.endpoint_ref() {
             endpoint.succeeded();
             if self.pool.endpoints.wants_latency() {
@@ -380,11 +388,23 @@ impl Lease {
 
     /// Gives the connection (or stream slot) back after its exchange completed (response body
     /// fully read).
-    pub fn release(mut self) {
+    pub fn release(self) {
+        self.release_at(None);
+    }
+
+    /// [`Lease::release`] just as its response head arrived: the exchange ended with the head
+    /// (a body that came whole with it, or none), and the connection is idle from that instant
+    /// on, which spares the pool a read of the clock.
+    pub(super) fn release_with_head(self) {
+        let arrived = self.arrived;
+        self.release_at(arrived);
+    }
+
+    fn release_at(mut self, now: Option<Instant>) {
         match &mut self.kind {
             LeaseKind::H1(conn) => {
                 if let Some(conn) = conn.take() {
-                    self.pool.check_in(conn);
+                    self.pool.check_in(conn, now);
                 }
             }
             LeaseKind::H2(stream) => {

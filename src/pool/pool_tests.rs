@@ -320,3 +320,22 @@ async fn a_retired_pool_reports_no_learned_idle_timeout() {
         "its successor's gauge must not show the old backend's timeout"
     );
 }
+
+/// A connection given back as its response head arrived (its body came whole with the head)
+/// is idle from that arrival, the clock read the exchange made, not from a read of its own.
+#[tokio::test(start_paused = true)]
+async fn a_lease_released_with_its_head_is_idle_from_the_heads_arrival() {
+    let connector = Arc::new(GatedConnector::new());
+    connector.gate.add_permits(1);
+    let pool = pool(config(1, 1), &connector);
+    let mut lease = pool.checkout().await.unwrap();
+    use_once(&mut lease).await;
+    lease.response_arrived(tokio::time::Instant::now());
+    tokio::time::advance(Duration::from_secs(20)).await;
+    lease.release_with_head();
+    assert_eq!(pool.snapshot().idle, 1);
+    // The 30 s idle timeout runs from the arrival: 10 s after the release, not 30.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    settle().await;
+    assert_eq!(pool.snapshot().open, 0, "closed at its idle timeout");
+}

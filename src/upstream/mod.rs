@@ -867,9 +867,9 @@ impl Upstream {
             None => sending.await,
         };
         if result.is_ok() {
-            let took = started.elapsed();
-            self.metrics.duration.observe(took.as_secs_f64());
-            lease.response_arrived(took);
+            let arrived = tokio::time::Instant::now();
+            self.metrics.duration.observe((arrived - started).as_secs_f64());
+            lease.response_arrived(arrived);
         }
         result.map_err(|e| match e {
             SendError::Http1(e) => Failure::Sent(self.classify_h1(&e)),
