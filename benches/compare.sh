@@ -179,7 +179,7 @@ median() { # printf-format numbers...
 # ROUNDS rounds, the targets in turn within each (drift on a shared VM spreads over all of them);
 # each run on a fresh process. The table shows medians over the rounds and every round's value.
 W1="1 keep-alive, $CONNECTIONS conns:"
-declare -A RPS CPU SYS P99 ERR TICKS
+declare -A RPS CPU SYS USR P99 ERR TICKS
 for ((round = 1; round <= ROUNDS; round++)); do
     for t in "${TARGETS[@]}"; do
         log "workload 1, round $round/$ROUNDS, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
@@ -191,6 +191,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
         CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
         SYS[$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
+        USR[$t]+=" $(calc "\"%.2f\", ($W_CPU - $W_SYS) / $CLK_TCK * 1e6 / $W_REQUESTS")"
         P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
         ERR[$t]=$(( ${ERR[$t]:-0} + W_ERRORS ))
         read -r a b c d <<<"${TICKS[$t]:-0 0 0 0}"
@@ -210,6 +211,11 @@ for t in "${TARGETS[@]}"; do
         ((ROUNDS == 1)) || put "$W1 proxy CPU µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${CPU[$t]}")"
         # The kernel's part (stime): what trimming our own code cannot reach.
         put "$W1 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${SYS[$t]})"
+        # User space, each round's own (not the difference of two rounded medians): the part
+        # that is ours to trim. The kernel splits a process's CPU time by sampling at its tick,
+        # so a 10 s round's figure is good to a few percent.
+        put "$W1 in user space (µs/request, median)" "$t" "$(median %.2f ${USR[$t]})"
+        ((ROUNDS == 1)) || put "$W1 in user space µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${USR[$t]}")"
         put "$W1 $BUSY" "$t" "$(busy_cell ${TICKS[$t]})"
     }
 done
@@ -377,6 +383,23 @@ targets_report() {
         "$(awk -v d="$dialed" 'BEGIN { print (d != "" && d <= 1) }')"
 }
 
+# Issue 25's targets that this run measures: CPU per keep-alive request against the better
+# of nginx and HAProxy, user space against nginx, req/s against nginx, and HTTP/1.1 clients
+# through an h2c upstream against HAProxy.
+issue25_report() {
+    local cpu="$W1 proxy CPU µs/request (median)" better
+    better=$(awk -v n="$(num "$cpu" nginx)" -v h="$(num "$cpu" haproxy)" \
+        'BEGIN { print (h != "" && (n == "" || h < n)) ? "haproxy" : "nginx" }')
+    ratio_line "keep-alive CPU per request, against the better peer (workload 1, medians)" "$cpu" "$cpu" \
+        "$better" "<=" 0.95
+    ratio_line "keep-alive user-space CPU per request (workload 1, medians)" \
+        "$W1 in user space (µs/request, median)" "$W1 in user space (µs/request, median)" nginx "<=" 0.8
+    ratio_line "keep-alive requests/s (workload 1, medians)" "$W1 requests/s (median)" "$W1 requests/s (median)" \
+        nginx ">=" 1.0
+    ratio_line "CPU per request through an h2c upstream (workload 4)" "$W4 proxy CPU µs/request" \
+        "$W4 proxy CPU µs/request" haproxy "<=" 1.0
+}
+
 report() {
     local row t
     cat <<EOF
@@ -405,6 +428,10 @@ EOF
 
 Issue 6 targets, sidecar against nginx in this run:
 $(targets_report)
+
+Issue 25 targets measured here (its memory targets are issue 6's above, and
+\`benches/idle_memory.sh\`'s tunnels):
+$(issue25_report)
 
 CPU = utime+stime of the proxy (nginx: master + worker) during the measured run, per request.
 RSS = VmRSS summed over the proxy's processes; peak = VmHWM, same sum. busy = share of the run
