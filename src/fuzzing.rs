@@ -60,11 +60,11 @@ pub fn request_head(data: &[u8]) {
         lengths == 0 || codings == 0,
         "Content-Length with Transfer-Encoding accepted"
     );
-    if head.body == BodyFraming::Chunked {
+    if head.facts.body == BodyFraming::Chunked {
         let _ = codec::check_buffered_chunks(&buf, MAX_HEAD);
     }
     let given = buf.len();
-    let mut decoder = Decoder::new(head.body);
+    let mut decoder = Decoder::new(head.facts.body);
     let mut decoded = 0;
     while let Ok(Some(frame)) = decoder.decode(&mut buf, MAX_HEAD) {
         decoded += frame.data_ref().map_or(0, |d| d.len());

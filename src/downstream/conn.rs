@@ -619,11 +619,12 @@ fn request_body(
         expect_continue,
         ..
     } = facts;
-    if framing != codec::BodyFraming::Empty {
-        let (body, sender) = match framing {
-            codec::BodyFraming::Length(n) => RequestBody::channel(Some(n)),
-            _ => RequestBody::channel(None),
-        };
+    let channel = match framing {
+        codec::BodyFraming::Empty => None,
+        codec::BodyFraming::Length(n) => Some(RequestBody::channel(Some(n))),
+        codec::BodyFraming::Chunked => Some(RequestBody::channel(None)),
+    };
+    if let Some((body, sender)) = channel {
         *req.body_mut() = body;
         *pump = BodyPump::new(Decoder::new(framing), sender, expect_continue);
     }

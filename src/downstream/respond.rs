@@ -90,7 +90,7 @@ pub(super) fn encode_response<B: Body>(
 /// Writes a response; returns whether the connection may be reused afterwards.
 pub(super) async fn write_response<B, W: AsyncWrite + Unpin>(
     wr: &mut W,
-    resp: Response<B>,
+    mut resp: Response<B>,
     head_only: bool,
     client: Version,
     keep_alive: bool,
@@ -99,7 +99,6 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let mut resp = resp;
     let outgoing = encode_response(&mut resp, None, head_only, client, keep_alive);
     let (_, mut body) = resp.into_parts();
     write_body(wr, &mut body, outgoing).await

@@ -119,12 +119,8 @@ impl UpstreamBody {
 }
 
 impl Pooled {
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
     fn release_if_done(&mut self) {
-        if self.is_end_stream() {
+        if self.inner.is_end_stream() {
             if let Some(lease) = self.lease.take() {
                 lease.release();
             }
@@ -168,7 +164,7 @@ impl Body for PooledBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        self.0.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

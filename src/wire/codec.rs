@@ -38,12 +38,8 @@ pub struct RequestHead {
     pub version: Version,
     /// Header fields.
     pub headers: HeaderMap,
-    /// How the body is delimited.
-    pub body: BodyFraming,
-    /// Whether the client wants the connection kept open.
-    pub keep_alive: bool,
-    /// `Expect: 100-continue`.
-    pub expect_continue: bool,
+    /// Its framing and what it asks of the connection.
+    pub facts: HeadFacts,
 }
 
 /// What a request head says beyond the request it describes: how its body is delimited and
@@ -99,9 +95,7 @@ pub fn parse_head(buf: &mut BytesMut, max_header_bytes: usize) -> Result<Option<
         uri: parts.uri,
         version: parts.version,
         headers: parts.headers,
-        body: facts.body,
-        keep_alive: facts.keep_alive,
-        expect_continue: facts.expect_continue,
+        facts,
     }))
 }
 
@@ -757,13 +751,13 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(h.uri.authority().unwrap().as_str(), "up.example:8080");
-        assert_eq!(h.body, BodyFraming::Length(5));
-        assert!(h.keep_alive);
+        assert_eq!(h.facts.body, BodyFraming::Length(5));
+        assert!(h.facts.keep_alive);
     }
 
     #[test]
     fn persistence_and_expect_come_from_the_fields_present() {
-        let h = |text: &str| head(text).unwrap().unwrap();
+        let h = |text: &str| head(text).unwrap().unwrap().facts;
         assert!(h("GET / HTTP/1.1\r\nHost: a\r\n\r\n").keep_alive);
         assert!(!h("GET / HTTP/1.1\r\nHost: a\r\nCONNECTION: Close\r\n\r\n").keep_alive);
         assert!(!h("GET / HTTP/1.0\r\n\r\n").keep_alive);
