@@ -650,6 +650,10 @@ async fn await_response<S: Stream>(
     let (mut rd, mut wr) = stream.split();
     loop {
         tokio::select! {
+            // In order: an unbiased select draws a random starting branch at each poll (a
+            // thread-local generator), twice or more per request, for no fairness either
+            // branch needs (each ends the loop or only watches).
+            biased;
             () = &mut respond => return,
             step = pump.step_or_watch(&mut rd, buf, &mut wr, max_head, max_head) => match step {
                 Ok(()) => {}
@@ -678,6 +682,8 @@ async fn send_response<S: Stream>(
     tokio::pin!(write);
     loop {
         tokio::select! {
+            // In order, as in `await_response`.
+            biased;
             written = &mut write => return written,
             step = pump.step(&mut rd, buf, None::<&mut S::Write<'_>>, max_trailer), if pump.is_active() => {
                 if let Err(e) = step {

@@ -355,11 +355,10 @@ impl Lease {
     /// run ends, and p2c_ewma hears the latency.
     pub fn response_arrived(&mut self, at: Instant) {
         self.arrived = Some(at);
-        let took = at.saturating_duration_since(self.granted);
         if let Some(endpoint) = self.endpoint_ref() {
             endpoint.succeeded();
             if self.pool.endpoints.wants_latency() {
-                endpoint.observe_latency(took);
+                endpoint.observe_latency(at.saturating_duration_since(self.granted));
             }
         }
     }

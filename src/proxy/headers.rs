@@ -232,24 +232,31 @@ struct Strip {
     /// over without comparing names. Worked out once: it cost a name lookup per candidate on
     /// every message.
     lengths: u32,
+    /// Each name's length, by the same index.
+    lens: Vec<usize>,
 }
 
 impl Strip {
     fn with(own: &[HeaderName]) -> Strip {
         let names: Vec<HeaderName> = HOP_BY_HOP.iter().chain(own).cloned().collect();
         assert!(names.len() <= 16, "one bit per name in a u16");
-        let lengths = names.iter().fold(0, |bits, name| bits | length_bit(name));
-        Strip { names, lengths }
+        let lens: Vec<usize> = names.iter().map(|name| name.as_str().len()).collect();
+        let lengths = lens.iter().fold(0, |bits, len| bits | length_bit(*len));
+        Strip { names, lengths, lens }
     }
 
     /// Bit i: the i-th name is in `headers`.
     fn present(&self, headers: &HeaderMap) -> u16 {
         let mut present = 0;
         for name in headers.keys() {
-            if self.lengths & length_bit(name) == 0 {
+            let len = name.as_str().len();
+            if self.lengths & length_bit(len) == 0 {
                 continue;
             }
-            if let Some(i) = self.names.iter().position(|candidate| candidate == name) {
+            // Only names of its length are compared (`User-Agent` is as long as `Connection`).
+            let found =
+                (self.names.iter().zip(&self.lens)).position(|(candidate, l)| *l == len && candidate == name);
+            if let Some(i) = found {
                 present |= 1 << i;
             }
         }
@@ -278,16 +285,18 @@ impl Strip {
                 headers.remove(name);
             }
         }
-        for (i, name) in self.names.iter().enumerate() {
-            if present & (1 << i) != 0 {
-                headers.remove(name);
-            }
+        // By the bits set, not over every name: most messages carry none of them, and the
+        // loop over 7 or 8 names cost 13 instructions a name, each message (callgrind).
+        let mut bits = present;
+        while bits != 0 {
+            headers.remove(&self.names[bits.trailing_zeros() as usize]);
+            bits &= bits - 1;
         }
     }
 }
 
-fn length_bit(name: &HeaderName) -> u32 {
-    1 << name.as_str().len().min(31)
+fn length_bit(len: usize) -> u32 {
+    1 << len.min(31)
 }
 
 #[cfg(test)]

@@ -270,26 +270,26 @@ impl Read {
     fn field(&mut self, n: usize, name: &[u8], value: &[u8]) {
         let bit = 1u128 << n;
         match name.len() {
-            2 if name.eq_ignore_ascii_case(b"te") => self.rewritten = true,
-            7 if name.eq_ignore_ascii_case(b"upgrade") => self.rewritten = true,
-            10 if name.eq_ignore_ascii_case(b"connection") => {
+            2 if names::folded_eq(name, b"te") => self.rewritten = true,
+            7 if names::folded_eq(name, b"upgrade") => self.rewritten = true,
+            10 if names::folded_eq(name, b"connection") => {
                 self.tokens.read(value);
                 self.persistence_fields |= bit;
             }
-            10 if name.eq_ignore_ascii_case(b"keep-alive") => {
+            10 if names::folded_eq(name, b"keep-alive") => {
                 self.persistence.keep_alive(value);
                 self.persistence_fields |= bit;
             }
-            14 if name.eq_ignore_ascii_case(b"content-length") => {
+            14 if names::folded_eq(name, b"content-length") => {
                 self.framing.content_length(value);
                 self.lengths |= bit;
             }
-            16 if name.eq_ignore_ascii_case(b"proxy-connection") => self.rewritten = true,
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+            16 if names::folded_eq(name, b"proxy-connection") => self.rewritten = true,
+            17 if names::folded_eq(name, b"transfer-encoding") => {
                 self.framing.transfer_encoding(value);
                 self.coding |= bit;
             }
-            18 if name.eq_ignore_ascii_case(b"proxy-authenticate") => self.rewritten = true,
+            18 if names::folded_eq(name, b"proxy-authenticate") => self.rewritten = true,
             _ => {}
         }
     }
