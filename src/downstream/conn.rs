@@ -39,8 +39,9 @@ use super::stream::{Peer, Stream};
 use super::tunnel::Inside;
 use super::wait_timer::{self, WaitTimer};
 use super::{Context, Served};
-use crate::config::Authority;
+use crate::config::{Authority, DownstreamConfig};
 use crate::error::{ErrorKind, ProxyError};
+use crate::live::Seen;
 use crate::proxy::connect::{Established, TunnelEnd};
 use crate::proxy::{upgrade, ResponseBody};
 use crate::routing::{Arrival, Tunneled};
@@ -118,7 +119,8 @@ pub(super) async fn serve<S: Stream>(
     let mut timer = WaitTimer::new(sleep.as_mut());
     loop {
         if conn.buf.is_empty() {
-            match wait_for_bytes(&mut conn, ctx, &mut drain, &mut timer, None).await {
+            let max_head = ctx.config.get().max_header_bytes;
+            match wait_for_bytes(&mut conn, ctx, &mut drain, &mut timer, None, max_head).await {
                 Wake::Readable => {}
                 wake => return ended(conn, wake, ctx),
             }
@@ -187,8 +189,15 @@ async fn serve_requests<S: Stream>(
     drain: &mut watch::Receiver<bool>,
     timer: &mut WaitTimer<'_>,
 ) -> Stay<S> {
+    // The live settings through a copy of this task's (see `live`): a lock per read was two
+    // atomic read-modify-writes, three times per request.
+    let mut settings = Seen::default();
     loop {
-        let mut next = exchange(&mut conn, arrival, ctx).await;
+        let (max_head, head_timeout) = {
+            let cfg = ctx.config.read(&mut settings);
+            (cfg.max_header_bytes, cfg.header_read_timeout)
+        };
+        let mut next = exchange(&mut conn, arrival, ctx, max_head, head_timeout).await;
         if matches!(next, Next::Connect(_) | Next::Switch(_)) {
             // Boxed: a tunnel's state should not weigh on every connection's future.
             next = Box::pin(beyond_http(&mut conn, next, ctx)).await;
@@ -234,9 +243,14 @@ async fn serve_requests<S: Stream>(
             return Stay::Ended(served(&conn, false));
         }
         let now = Instant::now();
-        conn.idle_deadline = now + idle_limit(conn.leaky, ctx);
+        let (idle, max_head) = {
+            let cfg = ctx.config.read(&mut settings);
+            (idle_limit(conn.leaky, cfg), cfg.max_header_bytes)
+        };
+        conn.idle_deadline = now + idle;
         if conn.buf.is_empty() {
-            match wait_for_bytes(&mut conn, ctx, drain, timer, Some((now, QUIET_AFTER))).await {
+            let quiet = Some((now, QUIET_AFTER));
+            match wait_for_bytes(&mut conn, ctx, drain, timer, quiet, max_head).await {
                 Wake::Readable => {}
                 wake => {
                     // Waiting on, or closing, it holds no buffer (see `spare`).
@@ -312,6 +326,7 @@ async fn wait_for_bytes<S: Stream>(
     drain: &mut watch::Receiver<bool>,
     timer: &mut WaitTimer<'_>,
     quiet: Option<(Instant, Duration)>,
+    max_head: usize,
 ) -> Wake {
     if conn.requests == 0 {
         // A new connection gets its first request served even while draining (apps finishing
@@ -328,7 +343,6 @@ async fn wait_for_bytes<S: Stream>(
     let until = if parks { park_at } else { conn.idle_deadline };
     let quiet_at = quiet.map(|(_, after)| now + after).filter(|at| *at < until);
     let ends = quiet_at.unwrap_or(until);
-    let max_head = ctx.config.get().max_header_bytes;
     if ends > park_at {
         // Draining closes idle keep-alive connections.
         return tokio::select! {
@@ -375,8 +389,7 @@ async fn first_bytes<S: Stream>(conn: &mut Session<S>, max_head: usize, hold: bo
 }
 
 /// The idle timeout for a kept-alive connection.
-pub(super) fn idle_limit(leaky: bool, ctx: &Context) -> Duration {
-    let cfg = ctx.config.get();
+fn idle_limit(leaky: bool, cfg: &DownstreamConfig) -> Duration {
     if leaky {
         cfg.leaky_idle_timeout.min(cfg.idle_timeout)
     } else {
@@ -510,12 +523,13 @@ struct Switching {
 /// lasts to the end of its scope even once moved out, so at function scope they would be
 /// carried, unused, while the body is written. Each is made where it is worked on, and lent
 /// down: moved by value (176 to 256 bytes) it was a `memcpy` call at every level.
-async fn exchange<S: Stream>(conn: &mut Session<S>, arrival: &Arrival, ctx: &Context) -> Next {
-    // One read of the live config for the exchange (a lock apiece, three times per request).
-    let (max_head, head_timeout) = {
-        let cfg = ctx.config.get();
-        (cfg.max_header_bytes, cfg.header_read_timeout)
-    };
+async fn exchange<S: Stream>(
+    conn: &mut Session<S>,
+    arrival: &Arrival,
+    ctx: &Context,
+    max_head: usize,
+    head_timeout: Duration,
+) -> Next {
     let span;
     let (version, keep_alive, head_only);
     // Set for a request with a body; a bodyless one's is all `None`s, cheaper to write than
@@ -726,8 +740,9 @@ mod tests {
         // 20: the arrival is the connection's own (a CONNECT can turn it into a tunnel's) and
         // the sniff of what a tunnel carries. 928 since issue 25: the loop that takes a
         // connection back from its exchanges' box when it goes quiet. 1,008 since the task
-        // keeps one timer for all its waits (`wait_timer`), until it parks.
-        assert!(size <= 1_008, "idle connection future grew to {size} bytes");
+        // keeps one timer for all its waits (`wait_timer`), until it parks. 1,016 since the
+        // wait is given `max_header_bytes` (read through the exchanges' copy of the settings).
+        assert!(size <= 1_016, "idle connection future grew to {size} bytes");
     }
 
     /// The state boxed for a connection's exchanges, held from its first request until it
@@ -746,8 +761,10 @@ mod tests {
         // holds its pooled connection boxed. 2,768 since the response is put in its place as
         // it comes (176 bytes held while it is awaited), not moved there through each level,
         // a `memcpy` call apiece; 2,784 since a lease keeps when its response head arrived
-        // (the idle start of a connection freed with its head).
-        assert!(size <= 2_784, "the exchanges' state grew to {size} bytes");
+        // (the idle start of a connection freed with its head). 2,888 since the exchanges
+        // read the live settings through a copy of their own (`live::Seen`, 88 bytes), not a
+        // lock apiece.
+        assert!(size <= 2_888, "the exchanges' state grew to {size} bytes");
     }
 
     /// A readiness event can arrive after the read that took its bytes (the read cleared the
@@ -772,14 +789,14 @@ mod tests {
         let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
         let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
         let mut timer = super::WaitTimer::new(sleep.as_mut());
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, MAX_HEAD).await;
         assert!(
             matches!(woke, super::Wake::Park),
             "idle for PARK_AFTER with nothing to read: parked, not served"
         );
 
         client.write_all(b"GET").await.unwrap();
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, MAX_HEAD).await;
         assert!(matches!(woke, super::Wake::Readable), "a real request wakes it");
         assert_eq!(&conn.buf[..], b"GET", "read once, for read_head to parse");
     }
@@ -823,7 +840,7 @@ mod tests {
         start_draining.send(true).unwrap();
         let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
         let mut timer = super::WaitTimer::new(sleep.as_mut());
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, MAX_HEAD).await;
         assert!(matches!(woke, super::Wake::Park), "over at PARK_AFTER");
         let ended = super::ended(conn, woke, &ctx);
         assert!(matches!(ended, super::Ended::Closed(_)), "closed, not parked");
@@ -842,10 +859,10 @@ mod tests {
         let mut sleep = std::pin::pin!(super::wait_timer::sleep(now));
         let mut timer = super::WaitTimer::new(sleep.as_mut());
         let quiet = Some((now, std::time::Duration::from_millis(5)));
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, quiet).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, quiet, MAX_HEAD).await;
         assert!(matches!(woke, super::Wake::Quiet));
         assert!(conn.buf.capacity() > 0, "held through the quiet wait");
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, MAX_HEAD).await;
         assert!(matches!(woke, super::Wake::Park));
         assert_eq!(conn.buf.capacity(), 0, "given back while waiting to park");
     }
@@ -887,6 +904,9 @@ mod tests {
         assert!(matches!(ended, super::Ended::Idle(_)), "then parked, as before");
         assert!(started.elapsed() >= super::PARK_AFTER);
     }
+
+    /// The default `max_header_bytes`, which [`context`] has.
+    const MAX_HEAD: usize = 64 * 1024;
 
     /// A downstream context with the default config, and the draining signal it watches.
     fn context() -> (Arc<super::Context>, tokio::sync::watch::Receiver<bool>) {

@@ -139,7 +139,8 @@ impl Proxy {
                 "CONNECT cannot be forwarded as a request",
             ));
         }
-        let upgrade = upgrade::requested(req);
+        let scanned = headers::scan(req.headers());
+        let upgrade = scanned.upgrade() && upgrade::requested(req);
         let target = self.router.route(arrival, req.uri(), req.headers())?;
         if self.access_log.is_some() {
             routed.upstream = Some(target.upstream.label().into());
@@ -149,7 +150,8 @@ impl Proxy {
             return Ok(headers::last_hop_answer(req).map(|body| ResponseBody::Full(Some(body))));
         }
         // Read (and removed) before anything goes upstream; an upgrade ignores them.
-        let asked = headers::take_asked(req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
+        let asked =
+            headers::take_asked(req, scanned).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
             target.upstream.rewrite_headers(req.headers_mut());
@@ -164,7 +166,7 @@ impl Proxy {
             }
             return Ok(resp);
         }
-        headers::to_upstream(req, target.upstream.host_header());
+        headers::to_upstream_scanned(req, target.upstream.host_header(), scanned);
         target.upstream.rewrite_headers(req.headers_mut());
         let resp = target.upstream.send(req, asked).await?;
         let mut resp = resp.map(ResponseBody::Upstream);
