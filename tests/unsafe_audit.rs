@@ -10,6 +10,7 @@ const AUDITED: &[(&str, usize)] = &[
     ("src/downstream/park.rs", 1),
     ("src/downstream/stream.rs", 1),
     ("src/resident.rs", 2),
+    ("src/wire/codec.rs", 1),
 ];
 
 /// How far above an `unsafe` block its `SAFETY:` comment may start (it may run several lines,

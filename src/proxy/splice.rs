@@ -19,14 +19,16 @@
 //! [`ActiveGuard`]).
 
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// The most one read moves, on the stack of the poll that reads.
 const SPLICE_BUF: usize = 8 * 1024;
@@ -63,34 +65,46 @@ pub(crate) struct Spliced {
 }
 
 /// Copies both ways between `client` and `upstream` until both are done, an error, or
-/// `idle_timeout` without traffic. `early` goes to the upstream first, and is dropped once
-/// written: it is usually the connection's read buffer, not to be held by an idle tunnel.
-pub(crate) async fn splice<A, B, E>(
+/// `idle_timeout` without traffic. `early` goes to the upstream first, and is emptied (its
+/// memory freed) once written: it is usually the connection's read buffer, not to be held by
+/// an idle tunnel.
+///
+/// Lent, not moved: an async function keeps its arguments for its whole life, and an idle
+/// tunnel's task is mostly this function's state (`benches/idle_memory.sh`). For the same
+/// reason one timer serves the whole splice, moved on when it fires.
+pub(crate) async fn splice<A, B>(
     client: &mut A,
-    early: E,
+    early: &mut BytesMut,
     upstream: &mut B,
     idle_timeout: Duration,
 ) -> Spliced
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    E: AsRef<[u8]>,
 {
     let activity = Activity::new();
     let mut client = Watched::new(client, &activity);
     let mut upstream = Watched::new(upstream, &activity);
+    let mut idle = std::pin::pin!(tokio::time::sleep(idle_timeout));
     let end = 'end: {
-        if !early.as_ref().is_empty() {
-            match tokio::time::timeout(idle_timeout, upstream.write_all(early.as_ref())).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => break 'end SpliceEnd::Error(e),
-                Err(_) => break 'end SpliceEnd::Idle,
+        if !early.is_empty() {
+            let write = std::pin::pin!(upstream.write_all(early));
+            let until = UntilIdle {
+                work: write,
+                idle: idle.as_mut(),
+                activity: &activity,
+                idle_timeout,
+            };
+            match until.await {
+                Some(Ok(())) => {}
+                Some(Err(e)) => break 'end SpliceEnd::Error(e),
+                None => break 'end SpliceEnd::Idle,
             }
         }
-        drop(early);
+        *early = BytesMut::new();
         let mut up = Direction::default();
         let mut down = Direction::default();
-        let mut copy = std::future::poll_fn(|cx| {
+        let copy = std::pin::pin!(std::future::poll_fn(|cx| {
             let up = up.poll_copy(cx, &mut client, &mut upstream)?;
             let down = down.poll_copy(cx, &mut upstream, &mut client)?;
             if up.is_ready() && down.is_ready() {
@@ -98,29 +112,53 @@ where
             } else {
                 Poll::Pending
             }
-        });
-        // Re-armed only when it fires, so busy tunnels do not touch the timer wheel per read.
-        let mut deadline = Instant::now() + idle_timeout;
-        loop {
-            tokio::select! {
-                done = &mut copy => break 'end match done {
-                    Ok(_) => SpliceEnd::Closed,
-                    Err(e) => SpliceEnd::Error(e),
-                },
-                () = tokio::time::sleep_until(deadline) => {
-                    let next = activity.last() + idle_timeout;
-                    if next <= Instant::now() {
-                        break 'end SpliceEnd::Idle;
-                    }
-                    deadline = next;
-                }
-            }
+        }));
+        let until = UntilIdle {
+            work: copy,
+            idle: idle.as_mut(),
+            activity: &activity,
+            idle_timeout,
+        };
+        match until.await {
+            Some(Ok(())) => SpliceEnd::Closed,
+            Some(Err(e)) => SpliceEnd::Error(e),
+            None => SpliceEnd::Idle,
         }
     };
     Spliced {
         up: upstream.written,
         down: client.written,
         end,
+    }
+}
+
+/// Polls `work` until it ends (`Some`), or until nothing has moved for `idle_timeout`
+/// (`None`). The timer is moved on only when it fires, so busy tunnels do not touch the timer
+/// wheel per read. A future of its own rather than an async function, which would hold `work`
+/// twice (its argument, and the pinned local).
+struct UntilIdle<'a, F> {
+    work: Pin<&'a mut F>,
+    idle: Pin<&'a mut Sleep>,
+    activity: &'a Activity,
+    idle_timeout: Duration,
+}
+
+impl<F: Future> Future for UntilIdle<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Poll::Ready(out) = this.work.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        while this.idle.as_mut().poll(cx).is_ready() {
+            let next = this.activity.last() + this.idle_timeout;
+            if next <= Instant::now() {
+                return Poll::Ready(None);
+            }
+            this.idle.as_mut().reset(next);
+        }
+        Poll::Pending
     }
 }
 
@@ -303,13 +341,19 @@ mod tests {
         let (mut client, mut client_end) = tokio::io::duplex(64);
         let (mut upstream, mut upstream_end) = tokio::io::duplex(64);
         let task = tokio::spawn(async move {
-            splice(
+            let mut early = BytesMut::from(&b"early "[..]);
+            let spliced = splice(
                 &mut client_end,
-                *b"early ",
+                &mut early,
                 &mut upstream_end,
                 Duration::from_secs(5),
             )
-            .await
+            .await;
+            assert!(
+                early.is_empty() && early.capacity() == 0,
+                "early bytes freed once written"
+            );
+            spliced
         });
         client.write_all(b"late").await.unwrap();
         client.shutdown().await.unwrap();
@@ -331,7 +375,13 @@ mod tests {
         let (client, mut client_end) = tokio::io::duplex(1000);
         let (upstream, mut upstream_end) = tokio::io::duplex(700);
         let task = tokio::spawn(async move {
-            splice(&mut client_end, [], &mut upstream_end, Duration::from_secs(5)).await
+            splice(
+                &mut client_end,
+                &mut BytesMut::new(),
+                &mut upstream_end,
+                Duration::from_secs(5),
+            )
+            .await
         });
         let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let (up, down) = (sent.clone(), sent.clone());
@@ -387,7 +437,13 @@ mod tests {
         let (mut upstream, mut upstream_end) = tokio::io::duplex(64);
         let started = Instant::now();
         let task = tokio::spawn(async move {
-            splice(&mut client_end, [], &mut upstream_end, Duration::from_millis(300)).await
+            splice(
+                &mut client_end,
+                &mut BytesMut::new(),
+                &mut upstream_end,
+                Duration::from_millis(300),
+            )
+            .await
         });
         let mut byte = [0u8; 1];
         for _ in 0..5 {
