@@ -78,6 +78,8 @@ pub struct Context {
     pub parking: park::Parking,
     /// The memory budget, if there is one: accepting waits for its credit.
     pub budget: Option<Arc<Budget>>,
+    /// `drain`'s value when it was handed over: the value until the channel's version moves.
+    drain_at_start: bool,
 }
 
 impl Context {
@@ -91,10 +93,12 @@ impl Context {
         clients: Arc<Clients>,
         budget: Option<Arc<Budget>>,
     ) -> Self {
+        let drain_at_start = *drain.borrow();
         Context {
             limit: Arc::new(Semaphore::new(config.max_connections)),
             config: Live::new(config),
             proxy,
+            drain_at_start,
             drain,
             parking: park::Parking::new(metrics.families().downstream_parked.clone()),
             metrics,
@@ -132,8 +136,14 @@ impl Context {
     }
 
     /// Whether the sidecar is draining.
+    ///
+    /// Asked twice per request: reading the value takes the channel's read lock (two atomic
+    /// read-modify-writes), where whether it changed since the receiver was made is a load.
     pub fn draining(&self) -> bool {
-        *self.drain.borrow()
+        match self.drain.has_changed() {
+            Ok(false) => self.drain_at_start,
+            Ok(true) | Err(_) => *self.drain.borrow(),
+        }
     }
 
     /// Counts a keep-alive connection closed for idling (timeout or `max_idle_connections`).
