@@ -357,12 +357,13 @@ impl Pool {
         started: Instant,
         avoid: Option<&Arc<Endpoint>>,
     ) -> Result<Lease, ProxyError> {
-        let deadline = started + self.config().pending_timeout;
         // Only worth the set's lock when there is somewhere else to go.
         let avoid = avoid.filter(|_| self.endpoints.counts().active > 1);
         let (grant, granted) = match self.take_or_enqueue(avoid, started)? {
             Ok(grant) => (grant, started),
             Err(waiting) => {
+                // Read only for a wait: the pool's lock again, for every checkout.
+                let deadline = started + self.config().pending_timeout;
                 let grant = waiting.wait(deadline).await?;
                 (grant, Instant::now())
             }
