@@ -271,9 +271,11 @@ impl Router {
     /// Routes a request by its target URI and `Host` header (looked up only for an origin-form
     /// request on the main listener, the one case that reads it).
     pub fn route(&self, arrival: &Arrival, uri: &Uri, headers: &HeaderMap) -> Result<Route, ProxyError> {
-        let routes = self.routes.get();
         if let (Arrival::Route(name), None) = (arrival, uri.scheme()) {
-            let upstream = routes.by_name.get(name).cloned().ok_or_else(|| {
+            // In place: the routes' count taken and given back was two atomic
+            // read-modify-writes per request.
+            let upstream = self.routes.with(|routes| routes.by_name.get(name).cloned());
+            let upstream = upstream.ok_or_else(|| {
                 ProxyError::new(
                     ErrorKind::UnknownUpstream,
                     "this listener's upstream left the config",
@@ -282,6 +284,7 @@ impl Router {
             })?;
             return Ok(Route { upstream });
         }
+        let routes = self.routes.get();
         let (scheme, authority) = match (arrival, uri.scheme_str(), uri.authority()) {
             (Arrival::Tunnel(tunnel), _, _) => {
                 check_tunnel_target(&tunnel.authority, uri)?;
