@@ -336,6 +336,15 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
+    /// A splice with no early bytes.
+    async fn without_early<A, B>(client: &mut A, upstream: &mut B, idle_timeout: Duration) -> Spliced
+    where
+        A: AsyncRead + AsyncWrite + Unpin,
+        B: AsyncRead + AsyncWrite + Unpin,
+    {
+        splice(client, &mut BytesMut::new(), upstream, idle_timeout).await
+    }
+
     #[tokio::test]
     async fn early_bytes_go_first_and_half_close_passes_through() {
         let (mut client, mut client_end) = tokio::io::duplex(64);
@@ -375,13 +384,7 @@ mod tests {
         let (client, mut client_end) = tokio::io::duplex(1000);
         let (upstream, mut upstream_end) = tokio::io::duplex(700);
         let task = tokio::spawn(async move {
-            splice(
-                &mut client_end,
-                &mut BytesMut::new(),
-                &mut upstream_end,
-                Duration::from_secs(5),
-            )
-            .await
+            without_early(&mut client_end, &mut upstream_end, Duration::from_secs(5)).await
         });
         let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let (up, down) = (sent.clone(), sent.clone());
@@ -437,13 +440,7 @@ mod tests {
         let (mut upstream, mut upstream_end) = tokio::io::duplex(64);
         let started = Instant::now();
         let task = tokio::spawn(async move {
-            splice(
-                &mut client_end,
-                &mut BytesMut::new(),
-                &mut upstream_end,
-                Duration::from_millis(300),
-            )
-            .await
+            without_early(&mut client_end, &mut upstream_end, Duration::from_millis(300)).await
         });
         let mut byte = [0u8; 1];
         for _ in 0..5 {
