@@ -179,13 +179,15 @@ def pids_of(root):
     return pids
 
 
-def rss_bytes(root):
+def rss_bytes(root, field="VmRSS"):
+    """`field` of /proc/PID/status (VmRSS; RssAnon: the part that is not file pages), in
+    bytes, summed over `root` and its children."""
     total = 0
     for pid in pids_of(root):
         try:
             with open(f"/proc/{pid}/status") as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(field + ":"):
                         total += int(line.split()[1]) * 1024
         except OSError:
             pass
@@ -425,17 +427,22 @@ async def measure_tunnels(args, up_port, kind):
         await close_all(warm)
         await settle()
         base, base_up = rss_bytes(proc.pid), established(dport=up_port)
+        base_anon = rss_bytes(proc.pid, "RssAnon")
         tunnels, failed = await open_tunnels(proc, route, up_port, args.tunnels, kind)
         await asyncio.sleep(3.0)
         after, held = rss_bytes(proc.pid), established(dport=up_port) - base_up
         per = (after - base) / max(held, 1)
+        # RSS also counts the binary's pages read for the first time, once, not per tunnel;
+        # anonymous memory is the tunnels' own state and the heap's slack around it.
+        anon = (rss_bytes(proc.pid, "RssAnon") - base_anon) / max(held, 1)
         print(f"sidecar  {kind + ' tunnels:':19} RSS {kib(base)} -> {kib(after)} with {held} idle tunnels that "
-              f"each carried {len(HELLO)} bytes each way ({len(failed)} failed): {per:,.0f} B per idle tunnel",
+              f"each carried {len(HELLO)} bytes each way ({len(failed)} failed): {per:,.0f} B per idle tunnel, "
+              f"{anon:,.0f} B of it anonymous",
               flush=True)
         if failed:
             print(f"         first failure: {failed[0]}", flush=True)
         await close_all(tunnels)
-        return {"base": base, "after": after, "held": held, "per": per, "failed": len(failed)}
+        return {"base": base, "after": after, "held": held, "per": per, "anon": anon, "failed": len(failed)}
     finally:
         proc.stop()
 
@@ -522,13 +529,15 @@ def report(args, results, tunnels):
     print("per idle pooled upstream conn = (RSS after M slow requests - RSS before - new client conns x "
           "per-downstream cost) / new pooled upstream conns (ss count); clients still open")
     print()
-    print(f"| sidecar, {args.tunnels} idle tunnels | RSS before | per idle tunnel | failed |")
-    print("|---|---:|---:|---:|")
+    print(f"| sidecar, {args.tunnels} idle tunnels | RSS before | per idle tunnel | anonymous | failed |")
+    print("|---|---:|---:|---:|---:|")
     for kind, t in tunnels.items():
-        print(f"| {kind} | {kib(t['base'])} | {t['per']:,.0f} B ({t['held']} tunnels) | {t['failed']} |")
+        print(f"| {kind} | {kib(t['base'])} | {t['per']:,.0f} B ({t['held']} tunnels) | {t['anon']:,.0f} B "
+              f"| {t['failed']} |")
     print()
     print("per idle tunnel = (RSS 3 s after opening the tunnels - RSS before) / upstream connections held "
-          "(ss count); each tunnel carried 5 bytes each way first")
+          "(ss count); each tunnel carried 5 bytes each way first; anonymous = the same for RssAnon "
+          "(RSS less the binary's pages read for the first time)")
     print("Kernel memory for the sockets is not in RSS and not counted.")
 
 
