@@ -789,14 +789,14 @@ mod tests {
         let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
         let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
         let mut timer = super::WaitTimer::new(sleep.as_mut());
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, MAX_HEAD).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, max_head(&ctx)).await;
         assert!(
             matches!(woke, super::Wake::Park),
             "idle for PARK_AFTER with nothing to read: parked, not served"
         );
 
         client.write_all(b"GET").await.unwrap();
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, MAX_HEAD).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, max_head(&ctx)).await;
         assert!(matches!(woke, super::Wake::Readable), "a real request wakes it");
         assert_eq!(&conn.buf[..], b"GET", "read once, for read_head to parse");
     }
@@ -840,7 +840,7 @@ mod tests {
         start_draining.send(true).unwrap();
         let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
         let mut timer = super::WaitTimer::new(sleep.as_mut());
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, MAX_HEAD).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, max_head(&ctx)).await;
         assert!(matches!(woke, super::Wake::Park), "over at PARK_AFTER");
         let ended = super::ended(conn, woke, &ctx);
         assert!(matches!(ended, super::Ended::Closed(_)), "closed, not parked");
@@ -859,10 +859,11 @@ mod tests {
         let mut sleep = std::pin::pin!(super::wait_timer::sleep(now));
         let mut timer = super::WaitTimer::new(sleep.as_mut());
         let quiet = Some((now, std::time::Duration::from_millis(5)));
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, quiet, MAX_HEAD).await;
+        let woke =
+            super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, quiet, max_head(&ctx)).await;
         assert!(matches!(woke, super::Wake::Quiet));
         assert!(conn.buf.capacity() > 0, "held through the quiet wait");
-        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, MAX_HEAD).await;
+        let woke = super::wait_for_bytes(&mut conn, &ctx, &mut drain, &mut timer, None, max_head(&ctx)).await;
         assert!(matches!(woke, super::Wake::Park));
         assert_eq!(conn.buf.capacity(), 0, "given back while waiting to park");
     }
@@ -905,8 +906,10 @@ mod tests {
         assert!(started.elapsed() >= super::PARK_AFTER);
     }
 
-    /// The default `max_header_bytes`, which [`context`] has.
-    const MAX_HEAD: usize = 64 * 1024;
+    /// The `max_header_bytes` a wait is given, as `serve` gives it.
+    fn max_head(ctx: &super::Context) -> usize {
+        ctx.config.get().max_header_bytes
+    }
 
     /// A downstream context with the default config, and the draining signal it watches.
     fn context() -> (Arc<super::Context>, tokio::sync::watch::Receiver<bool>) {

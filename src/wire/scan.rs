@@ -87,6 +87,11 @@ static TEXT: [bool; 256] = {
     out
 };
 
+/// Whether every byte of `bytes` may stand in a field value (what `HeaderValue` takes too).
+pub(crate) fn is_field_value(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| TEXT[usize::from(*b)])
+}
+
 /// The response head at the front of `buf` when it is complete and in the plain form:
 /// `HTTP/1.0` or `HTTP/1.1`, one space, three digits, an optional reason, then [`fields`].
 /// `None` for anything else, complete or not, with `fields` left in any state.
