@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use conn::{Ended, Session};
@@ -52,7 +53,7 @@ use crate::clients::{loopback::Scan, Clients, Leak};
 use crate::config::DownstreamConfig;
 use crate::live::Live;
 use crate::metrics::Metrics;
-use crate::proxy::connect::Established;
+use crate::proxy::connect::{Established, Idle};
 use crate::proxy::Proxy;
 use crate::routing::Arrival;
 
@@ -251,7 +252,8 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
                 Ended::Closed(served) => finish(&ctx, &peer, served, held),
                 Ended::Idle(conn) => ctx.parking.park(conn, held, arrival, &ctx),
                 Ended::Tunnel(stream, tunnel, served) => {
-                    splice_apart(stream, *tunnel, served, held, peer, ctx)
+                    let ends = TunnelEnds { served, held, peer };
+                    splice_apart(stream, *tunnel, Instant::now(), true, ends, ctx)
                 }
             }
         }
@@ -261,23 +263,43 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
 
 /// Splices an established tunnel (a CONNECT, or a switch of protocols) in a task of its own,
 /// so that the connection's task ends and an idle tunnel holds only the splice's state, not
-/// the connection's task and the futures it held.
+/// the connection's task and the futures it held. Once nothing has moved for
+/// [`park::PARK_AFTER`] the task ends too and the tunnel waits parked; it comes back
+/// here, `since` its last move, when either socket turns readable.
 fn splice_apart<S: Stream>(
     mut stream: S,
     mut tunnel: Established,
-    served: Served,
-    held: Held,
-    peer: Peer,
+    since: Instant,
+    parks: bool,
+    ends: TunnelEnds,
     ctx: Arc<Context>,
 ) {
     // Not instrumented: the tunnel's own span (a child of the connection's) is entered for
     // what it logs, and a second one would wait in every idle tunnel's task.
     tokio::spawn(async move {
-        let idle_timeout = ctx.config.get().idle_timeout;
-        tunnel.splice(&mut stream, idle_timeout).await;
-        drop((stream, tunnel));
-        finish(&ctx, &peer, served, held);
+        let parks = parks && ctx.parking.available() && !ctx.draining() && tunnel.can_park();
+        let idle = Idle {
+            timeout: ctx.config.get().idle_timeout,
+            quiet_after: parks.then_some(park::PARK_AFTER),
+            since,
+        };
+        match tunnel.splice(&mut stream, idle).await {
+            Some(idle_deadline) => {
+                ctx.parking.park_tunnel(stream, tunnel, ends, idle_deadline, &ctx);
+            }
+            None => {
+                drop((stream, tunnel));
+                finish(&ctx, &ends.peer, ends.served, ends.held);
+            }
+        }
     });
+}
+
+/// What a tunnel's downstream connection leaves to be accounted when the tunnel closes.
+struct TunnelEnds {
+    served: Served,
+    held: Held,
+    peer: Peer,
 }
 
 /// The accounting when a connection closes, however it ended.

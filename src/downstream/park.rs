@@ -1,4 +1,4 @@
-//! Long-idle keep-alive application connections, parked outside any task.
+//! Long-idle keep-alive application connections and quiet tunnels, parked outside any task.
 //!
 //! A leaking client leaves thousands of keep-alive connections here, each waiting for a request
 //! that never comes. Waiting in a task costs the task, its future, a timer entry and the
@@ -17,6 +17,20 @@
 //!
 //! Under load connections idle for microseconds between requests and never get here; parking
 //! and waking cost four `epoll_ctl` calls, paid only by connections idle for [`PARK_AFTER`].
+//!
+//! Quiet tunnels (CONNECT, WebSocket) park here too, after [`PARK_AFTER`] without a byte
+//! either way: both sockets as bare descriptors under one token, and a record of the
+//! tunnel (its count, its access-log line) instead of a task holding the splice and two
+//! runtime registrations. Either socket turning readable puts the tunnel back in a task to
+//! splice on; its idle timeout closes it here. A leaky client behind `HTTPS_PROXY` leaves one
+//! idle tunnel per leak, and idle WebSockets wait for minutes between messages. Only tunnels
+//! whose upstream is plain TCP park (TLS state cannot wait as a descriptor), and only while
+//! both directions are open with nothing held; the others wait in their tasks, as all do once
+//! draining starts. A tunnel that pauses longer than [`PARK_AFTER`] (a model's response
+//! streamed through it waits seconds for its first token) pays a park and a wake per pause:
+//! eight `epoll_ctl` calls and a task, tens of microseconds. Parking later lets a burst of new
+//! tunnels hold their tasks' memory all at once, which the heap then keeps: after 1 s, 1,850 B
+//! per idle tunnel; after 100 ms, 1,130 B (`benches/idle_memory.sh`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -35,8 +49,9 @@ use tokio::time::Instant;
 
 use super::conn::Session;
 use super::stream::{Peer, Stream};
-use super::{finish, spawn_connection, Context, Held, Served};
+use super::{finish, spawn_connection, splice_apart, Context, Held, Served, TunnelEnds};
 use crate::clients::Process;
+use crate::proxy::connect::{Dormant, Established};
 use crate::routing::Arrival;
 
 /// How long a connection idles in its task before it is parked: under load connections idle
@@ -69,7 +84,10 @@ struct Lot {
     next: u64,
     /// By sequence number, which is the order they were parked in: longest idle first.
     parked: BTreeMap<u64, Parked>,
-    /// (deadline, sequence number).
+    /// Quiet tunnels by sequence number; boxed, as a tunnel's record is larger than a
+    /// connection's and B-tree nodes hold eleven.
+    tunnels: BTreeMap<u64, Box<ParkedTunnel>>,
+    /// (deadline, sequence number), of connections and tunnels.
     deadlines: BTreeSet<(Deadline, u64)>,
     /// The instant deadlines count from.
     epoch: Instant,
@@ -99,6 +117,17 @@ struct Parked {
     deadline: Deadline,
     held: Held,
     arrival: Arrival,
+}
+
+/// What a parked tunnel keeps.
+#[derive(Debug)]
+struct ParkedTunnel {
+    client: OwnedFd,
+    tunnel: Dormant,
+    deadline: Deadline,
+    served: Served,
+    held: Held,
+    peer: PackedPeer,
 }
 
 /// A parked connection's [`Peer`] in 16 bytes where a socket address takes 32: an IPv4 client
@@ -166,6 +195,7 @@ impl Parking {
             lot: Mutex::new(Lot {
                 next: 0,
                 parked: BTreeMap::new(),
+                tunnels: BTreeMap::new(),
                 deadlines: BTreeSet::new(),
                 epoch: Instant::now(),
                 counted,
@@ -246,21 +276,86 @@ impl Parking {
         while lot.parked.len() > max_idle {
             evicted.extend(lot.pop_first());
         }
-        let earliest = lot.deadlines.first() == Some(&(deadline, seq));
+        self.watch(lot, (deadline, seq), ctx);
+        for parked in evicted {
+            close_idle(parked, ctx);
+        }
+    }
+
+    /// Takes over a quiet tunnel whose task is ending ([`PARK_AFTER`] without a byte,
+    /// its upstream plain TCP), to close at `deadline`. Draining, or should its sockets not
+    /// be parked, it goes back to a task that does not park it again.
+    pub(super) fn park_tunnel<S: Stream>(
+        &self,
+        stream: S,
+        tunnel: Established,
+        ends: TunnelEnds,
+        deadline: Instant,
+        ctx: &Arc<Context>,
+    ) {
+        let TunnelEnds { served, held, peer } = ends;
+        let tunnel = match tunnel.into_dormant() {
+            Ok(tunnel) => tunnel,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot park a quiet tunnel");
+                drop(stream);
+                return finish(ctx, &peer, served, held);
+            }
+        };
+        let client = match stream.into_parked() {
+            Ok(client) => client,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot park a quiet tunnel");
+                let _ = tunnel.close_failed(e);
+                return finish(ctx, &peer, served, held);
+            }
+        };
+        let mut parked = ParkedTunnel {
+            client,
+            tunnel,
+            deadline: 0,
+            served,
+            held,
+            peer: peer.into(),
+        };
+        let mut lot = self.lock();
+        let seq = lot.next;
+        let registered = match &self.registry {
+            Some(registry) if lot.task != TaskState::Closed => parked.register(registry, token(seq)),
+            _ => Err(io::Error::other("parking is closed")),
+        };
+        if let Err(e) = registered {
+            drop(lot);
+            tracing::debug!(error = %e, "cannot park a quiet tunnel");
+            return parked.resume(deadline, false, ctx);
+        }
+        lot.next += 1;
+        parked.deadline = lot.deadline(deadline);
+        let key = (parked.deadline, seq);
+        lot.deadlines.insert(key);
+        lot.tunnels.insert(seq, Box::new(parked));
+        self.watch(lot, key, ctx);
+    }
+
+    /// After a record went in under `key`: starts the parking task with the first record,
+    /// and tells it when the earliest deadline moved.
+    fn watch(&self, mut lot: MutexGuard<'_, Lot>, key: (Deadline, u64), ctx: &Arc<Context>) {
+        let earliest = lot.deadlines.first() == Some(&key);
         let start = lot.task == TaskState::NotStarted;
         if start {
             lot.task = TaskState::Running;
         }
         drop(lot);
-
         if start {
             tokio::spawn(run(ctx.clone()));
         } else if earliest {
             self.rearm.notify_one();
         }
-        for parked in evicted {
-            close_idle(parked, ctx);
-        }
+    }
+
+    /// Quiet tunnels parked now.
+    pub fn tunnels(&self) -> usize {
+        self.lock().tunnels.len()
     }
 
     /// Hands a connection whose socket turned readable back to a task of its own; one whose
@@ -270,8 +365,22 @@ impl Parking {
     fn wake(&self, seq: u64, read_closed: bool, ctx: &Arc<Context>) {
         // Uncounted (by the lot) before its task can answer, so a client never sees it counted
         // as parked.
-        let Some((parked, deadline)) = self.lock().remove_with_instant(seq) else {
-            return;
+        let (parked, deadline) = {
+            let mut lot = self.lock();
+            match lot.remove_with_instant(seq) {
+                Some(parked) => parked,
+                None => {
+                    let Some(tunnel) = lot.remove_tunnel(seq) else {
+                        return;
+                    };
+                    let deadline = lot.instant(tunnel.deadline);
+                    drop(lot);
+                    if let Some(registry) = &self.registry {
+                        tunnel.deregister(registry);
+                    }
+                    return tunnel.resume(deadline, true, ctx);
+                }
+            }
         };
         if let Some(registry) = &self.registry {
             let _ = registry.deregister(&mut SourceFd(&parked.stream.as_raw_fd()));
@@ -324,16 +433,19 @@ impl Parking {
     /// Closes the connections whose idle timeout ran out.
     fn expire(&self, now: Instant, ctx: &Context) {
         loop {
-            let expired = {
+            let (expired, tunnel) = {
                 let mut lot = self.lock();
                 let now = lot.deadline(now);
                 match lot.deadlines.first() {
-                    Some(&(deadline, seq)) if deadline <= now => lot.remove(seq),
+                    Some(&(deadline, seq)) if deadline <= now => (lot.remove(seq), lot.remove_tunnel(seq)),
                     _ => return,
                 }
             };
             if let Some(parked) = expired {
                 close_idle(parked, ctx);
+            }
+            if let Some(tunnel) = tunnel {
+                tunnel.close_idle(ctx);
             }
         }
     }
@@ -352,18 +464,29 @@ impl Parking {
         count
     }
 
-    /// Closes every parked connection and parks no more (draining closes idle connections).
-    fn close_all(&self, ctx: &Context) {
-        let parked = {
+    /// Closes every parked connection and parks no more (draining closes idle connections);
+    /// parked tunnels go back to tasks, to live on as tunnels do while draining.
+    fn close_all(&self, ctx: &Arc<Context>) {
+        let (parked, tunnels) = {
             let mut lot = self.lock();
             lot.task = TaskState::Closed;
             lot.deadlines.clear();
             let parked = std::mem::take(&mut lot.parked);
             lot.counted.dec_by(parked.len() as i64);
-            parked
+            let tunnels: Vec<_> = std::mem::take(&mut lot.tunnels)
+                .into_values()
+                .map(|tunnel| (lot.instant(tunnel.deadline), tunnel))
+                .collect();
+            (parked, tunnels)
         };
         for (_, parked) in parked {
             parked.close(ctx, false);
+        }
+        for (deadline, tunnel) in tunnels {
+            if let Some(registry) = &self.registry {
+                tunnel.deregister(registry);
+            }
+            tunnel.resume(deadline, false, ctx);
         }
     }
 
@@ -389,6 +512,12 @@ impl Lot {
         self.deadlines.remove(&(parked.deadline, seq));
         self.counted.dec();
         Some(parked)
+    }
+
+    fn remove_tunnel(&mut self, seq: u64) -> Option<Box<ParkedTunnel>> {
+        let tunnel = self.tunnels.remove(&seq)?;
+        self.deadlines.remove(&(tunnel.deadline, seq));
+        Some(tunnel)
     }
 
     /// [`Lot::remove`], with the record's deadline as an instant.
@@ -487,6 +616,100 @@ impl Parked {
     }
 }
 
+impl ParkedTunnel {
+    /// Watches both sockets under one token: either readable wakes the tunnel.
+    fn register(&self, registry: &mio::Registry, token: Token) -> io::Result<()> {
+        let (client, upstream) = (self.client.as_raw_fd(), self.tunnel.upstream_fd().as_raw_fd());
+        registry.register(&mut SourceFd(&client), token, mio::Interest::READABLE)?;
+        registry
+            .register(&mut SourceFd(&upstream), token, mio::Interest::READABLE)
+            .inspect_err(|_| {
+                let _ = registry.deregister(&mut SourceFd(&client));
+            })
+    }
+
+    fn deregister(&self, registry: &mio::Registry) {
+        let _ = registry.deregister(&mut SourceFd(&self.client.as_raw_fd()));
+        let _ = registry.deregister(&mut SourceFd(&self.tunnel.upstream_fd().as_raw_fd()));
+    }
+
+    /// Back to a task, to splice on from its last move (`deadline` less the idle timeout);
+    /// `parks`: whether that task may park it again.
+    fn resume(self, deadline: Instant, parks: bool, ctx: &Arc<Context>) {
+        let ParkedTunnel {
+            client,
+            tunnel,
+            served,
+            held,
+            peer,
+            ..
+        } = self;
+        let since = deadline
+            .checked_sub(ctx.config.get().idle_timeout)
+            .unwrap_or(deadline);
+        let ends = TunnelEnds {
+            served,
+            held,
+            peer: peer.into(),
+        };
+        let tunnel = Resumed {
+            tunnel,
+            since,
+            parks,
+            ends,
+        };
+        match tunnel.ends.peer {
+            Peer::Tcp(_) => tunnel.start(tokio::net::TcpStream::from_std(client.into()), ctx),
+            Peer::Unix(_) => tunnel.start(tokio::net::UnixStream::from_std(client.into()), ctx),
+        }
+    }
+
+    /// Closes a tunnel whose idle timeout ran out while parked.
+    fn close_idle(self, ctx: &Context) {
+        let ParkedTunnel {
+            client,
+            tunnel,
+            served,
+            held,
+            peer,
+            ..
+        } = self;
+        drop(client);
+        tunnel.close_idle();
+        finish(ctx, &peer.into(), served, held);
+    }
+}
+
+/// A parked tunnel on its way back to a task, but for its client socket.
+struct Resumed {
+    tunnel: Dormant,
+    since: Instant,
+    parks: bool,
+    ends: TunnelEnds,
+}
+
+impl Resumed {
+    fn start<S: Stream>(self, client: io::Result<S>, ctx: &Arc<Context>) {
+        let Resumed {
+            tunnel,
+            since,
+            parks,
+            ends,
+        } = self;
+        let woken = match client {
+            Ok(client) => tunnel.wake().map(|tunnel| (client, tunnel)),
+            Err(e) => Err(tunnel.close_failed(e)),
+        };
+        match woken {
+            Ok((client, tunnel)) => splice_apart(client, tunnel, since, parks, ends, ctx.clone()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot resume a parked tunnel");
+                finish(ctx, &ends.peer, ends.served, ends.held);
+            }
+        }
+    }
+}
+
 /// The accounting for a connection that ends here rather than in its task.
 fn ended(ctx: &Context, peer: &Peer, requests: u64, idle_closed: bool, held: Held) {
     finish(
@@ -544,229 +767,4 @@ async fn run(ctx: Arc<Context>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    use crate::downstream::testing::eventually;
-
-    /// A plain upstream answering every request with `ok` (no keep-alive limit).
-    async fn upstream() -> std::net::SocketAddr {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = listener.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    loop {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => {}
-                        }
-                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                        if s.write_all(ok).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        addr
-    }
-
-    async fn get(client: &mut tokio::net::TcpStream, upstream: std::net::SocketAddr) -> String {
-        let req = format!("GET http://{upstream}/ HTTP/1.1\r\nhost: {upstream}\r\n\r\n");
-        client.write_all(req.as_bytes()).await.unwrap();
-        let mut buf = vec![0u8; 1024];
-        let mut got = String::new();
-        while !got.ends_with("ok") {
-            let n = client.read(&mut buf).await.unwrap();
-            assert!(n > 0, "closed after {got:?}");
-            got.push_str(std::str::from_utf8(&buf[..n]).unwrap());
-        }
-        got
-    }
-
-    /// A parked connection costs this record plus its share of two B-tree nodes, about twice
-    /// its size: keep it from creeping up unnoticed. 120 bytes until issue 25 (a 64-bit
-    /// deadline, the requests and leak flag in one word, the gauge kept by the lot, an IPv4
-    /// peer in 8 bytes).
-    #[test]
-    fn a_parked_connection_record_stays_small() {
-        let size = std::mem::size_of::<super::Parked>();
-        assert!(size <= 80, "a parked connection grew to {size} bytes");
-        let deadline = std::mem::size_of::<(super::Deadline, u64)>();
-        assert!(deadline <= 16, "a deadline entry grew to {deadline} bytes");
-    }
-
-    #[test]
-    fn a_packed_peer_gives_back_the_address_it_took() {
-        use super::{PackedPeer, Peer};
-        for addr in ["127.0.0.1:40000", "[::1]:40001", "[fe80::1%2]:40002"] {
-            let addr: std::net::SocketAddr = addr.parse().unwrap();
-            let back = Peer::from(PackedPeer::from(Peer::Tcp(addr)));
-            assert!(matches!(back, Peer::Tcp(a) if a == addr), "{addr}: {back:?}");
-        }
-    }
-
-    #[test]
-    fn a_tally_keeps_requests_and_the_leak_flag_apart() {
-        for (requests, leaky) in [(0, false), (0, true), (7, true), ((1 << 31) - 1, false)] {
-            let tally = super::Tally::new(requests, leaky);
-            assert_eq!((tally.requests(), tally.leaky()), (requests, leaky));
-        }
-        let saturated = super::Tally::new(u64::MAX, false);
-        assert_eq!((saturated.requests(), saturated.leaky()), ((1 << 31) - 1, false));
-    }
-
-    #[tokio::test]
-    async fn an_idle_connection_is_parked_and_woken_by_its_next_request() {
-        let up = upstream().await;
-        let (sidecar, ctx) =
-            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
-        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-        assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
-        assert!(
-            eventually(|| ctx.parking.len() == 1).await,
-            "idle past PARK_AFTER, the connection leaves its task"
-        );
-        for _ in 0..3 {
-            assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
-            assert!(eventually(|| ctx.parking.len() == 1).await, "parked again");
-        }
-        assert_eq!(ctx.parking.resumed(), 3);
-        assert_eq!(ctx.open_connections(), 1);
-
-        // The client leaves while parked: the connection is closed and every count returns.
-        drop(client);
-        assert!(eventually(|| ctx.parking.is_empty() && ctx.open_connections() == 0).await);
-        // 16 permits, one held by the accept loop waiting for the next connection.
-        assert_eq!(
-            ctx.limit.available_permits(),
-            15,
-            "the max_connections permit is back"
-        );
-        let answered = ctx.metrics.render();
-        assert!(
-            answered.contains(&format!(
-                "egress_upstream_requests_total{{upstream=\"{up}\",code=\"200\"}} 4"
-            )),
-            "four requests answered 200: {answered}"
-        );
-    }
-
-    /// The sidecar and this test share the thread, so the thread's spare buffers are the ones
-    /// the exchanges used.
-    #[tokio::test]
-    async fn keep_alive_exchanges_reuse_the_threads_spare_buffers() {
-        use crate::spare::{DOWNSTREAM, UPSTREAM};
-        let up = upstream().await;
-        let (sidecar, _ctx) =
-            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
-        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-        for _ in 0..4 {
-            assert!(get(&mut client, up).await.starts_with("HTTP/1.1 200"));
-            assert!(
-                eventually(|| DOWNSTREAM.kept() == 1 && UPSTREAM.kept() == 1).await,
-                "one of each, taken and given back again: {} downstream, {} upstream",
-                DOWNSTREAM.kept(),
-                UPSTREAM.kept()
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn the_memory_budget_closes_the_longest_idle_first() {
-        let up = upstream().await;
-        let (sidecar, ctx) =
-            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
-        let mut clients = Vec::new();
-        for parked in 1..=3 {
-            let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-            get(&mut client, up).await;
-            assert!(eventually(|| ctx.parking.len() == parked).await);
-            clients.push(client);
-        }
-        assert_eq!(ctx.parking.shed_longest_idle(2, &ctx), 2);
-        let mut rest = Vec::new();
-        for (i, client) in clients.iter_mut().enumerate() {
-            let closed =
-                tokio::time::timeout(Duration::from_millis(300), client.read_to_end(&mut rest)).await;
-            assert_eq!(matches!(closed, Ok(Ok(0))), i < 2, "client {i}: {closed:?}");
-        }
-        assert_eq!(ctx.parking.len(), 1);
-        assert!(eventually(|| ctx.open_connections() == 1).await);
-        assert!(
-            get(&mut clients[2], up).await.starts_with("HTTP/1.1 200"),
-            "the newest still serves"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_client_closing_a_parked_connection_needs_no_task() {
-        let up = upstream().await;
-        let (sidecar, ctx) =
-            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 30s }\n").await;
-        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-        get(&mut client, up).await;
-        assert!(eventually(|| ctx.parking.len() == 1).await);
-        drop(client);
-        assert!(eventually(|| ctx.open_connections() == 0).await);
-        assert!(ctx.parking.is_empty());
-        assert_eq!(
-            ctx.parking.resumed(),
-            0,
-            "closed in the parking task, not in a new connection task"
-        );
-    }
-
-    /// The idle timeout runs from the connection's last exchange, not from when its task got
-    /// round to parking it: on a busy runtime that can be late, and the leaky client's
-    /// connections then outlived `idle_timeout` by as much (issue 18).
-    #[tokio::test]
-    async fn a_connection_parked_late_still_closes_at_its_idle_timeout() {
-        const IDLE: Duration = Duration::from_millis(2500);
-        const BUSY: Duration = Duration::from_secs(2);
-        let up = upstream().await;
-        let (sidecar, ctx) =
-            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 2500ms }\n").await;
-        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-        get(&mut client, up).await;
-        let answered = std::time::Instant::now();
-        // This runtime's only thread is busy: the connection's task cannot park it until then.
-        std::thread::sleep(BUSY);
-        assert!(eventually(|| ctx.parking.len() == 1).await);
-        let mut rest = Vec::new();
-        let closed = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
-        let idled = answered.elapsed();
-        assert!(matches!(closed, Ok(Ok(0))), "closed by the sidecar: {closed:?}");
-        // Closing at BUSY + IDLE would mean the deadline ran from the park: half of BUSY
-        // either side tells the two apart on a loaded machine.
-        assert!(
-            idled < IDLE + BUSY / 2,
-            "closed {idled:?} after the response; idle_timeout is {IDLE:?}"
-        );
-        assert!(
-            idled >= IDLE,
-            "closed {idled:?} after the response, before idle_timeout"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_parked_connection_closes_at_its_idle_timeout() {
-        let up = upstream().await;
-        let (sidecar, ctx) =
-            crate::downstream::testing::serve_for_test("downstream: { idle_timeout: 400ms }\n").await;
-        let mut client = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-        get(&mut client, up).await;
-        assert!(eventually(|| ctx.parking.len() == 1).await);
-        let mut rest = Vec::new();
-        let closed = tokio::time::timeout(Duration::from_secs(2), client.read_to_end(&mut rest)).await;
-        assert!(matches!(closed, Ok(Ok(0))), "closed by the sidecar: {closed:?}");
-        assert!(eventually(|| ctx.open_connections() == 0).await);
-        assert_eq!(ctx.metrics.families().downstream_idle_closed.get(), 1);
-        assert!(ctx.parking.is_empty());
-    }
-}
+mod tests;

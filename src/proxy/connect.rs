@@ -15,15 +15,19 @@
 //! Not handled here: parsing the CONNECT head (`wire::codec`), moving bytes
 //! (`proxy::splice`).
 
+use std::any::Any;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use http::Uri;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::splice;
+pub use super::splice::Idle;
+use super::splice::{self, SpliceEnd};
 use super::Proxy;
 use crate::access_log::{AccessLog, Record, Source};
 use crate::config::{Authority, Scheme};
@@ -93,22 +97,135 @@ impl Established {
     }
 
     /// Moves bytes between `client` and the upstream until both close or nothing moves for
-    /// `idle_timeout`, then writes the access-log line. Borrows the tunnel rather than taking
-    /// it, so that the task it runs in holds it once.
+    /// `idle.timeout`, then writes the access-log line; or, with `idle.quiet_after`, until
+    /// nothing has moved for that long, returning the instant it would close for idling
+    /// (`Some`) with the tunnel intact, to be spliced again later. Borrows the tunnel rather
+    /// than taking it, so that the task it runs in holds it once.
     pub async fn splice(
         &mut self,
         client: &mut (impl AsyncRead + AsyncWrite + Unpin),
-        idle_timeout: Duration,
-    ) {
-        let spliced = splice::splice(client, &mut self.early, &mut self.upstream, idle_timeout).await;
+        idle: Idle,
+    ) -> Option<Instant> {
+        let timeout = idle.timeout;
+        let spliced = splice::splice(client, &mut self.early, &mut self.upstream, idle).await;
+        if let Some((_, record, _)) = self.line.as_deref_mut() {
+            record.bytes_in += spliced.up;
+            record.bytes_out += spliced.down;
+        }
+        if let SpliceEnd::Quiet = spliced.end {
+            return Some(spliced.last_moved + timeout);
+        }
+        self.close(&spliced.end);
+        None
+    }
+
+    /// Logs how it ended and writes the access-log line.
+    fn close(&mut self, end: &dyn std::fmt::Display) {
         let _entered = self.span.as_deref().map(tracing::Span::enter);
-        tracing::debug!(up = spliced.up, down = spliced.down, end = %spliced.end, "spliced connection closed");
+        tracing::debug!(%end, "spliced connection closed");
         if let Some((log, mut record, started)) = self.line.take().map(|line| *line) {
-            record.bytes_in = spliced.up;
-            record.bytes_out = spliced.down;
             record.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
             log.write(&record);
         }
+    }
+
+    /// Whether the upstream side can wait as a bare descriptor ([`Established::into_dormant`]):
+    /// plain TCP, which TLS and the test pipes are not.
+    pub fn can_park(&self) -> bool {
+        let upstream: &dyn Any = &*self.upstream;
+        matches!(upstream.downcast_ref::<Transport>(), Some(Transport::Plain(_)))
+    }
+
+    /// The tunnel with its upstream socket out of the runtime, to wait parked. Only for a
+    /// tunnel that [`can_park`](Established::can_park). Should the socket not leave the
+    /// runtime, the tunnel is closed (its line written) and the error returned.
+    pub fn into_dormant(mut self) -> io::Result<Dormant> {
+        let upstream: Box<dyn Io> = std::mem::replace(&mut self.upstream, Box::new(tokio::io::empty()));
+        let upstream: Box<dyn Any> = upstream;
+        let left = match upstream.downcast::<Transport>().map(|transport| *transport) {
+            Ok(Transport::Plain(tcp)) => tcp.into_std().map(OwnedFd::from),
+            _ => Err(io::Error::other("only a plain TCP upstream can be parked")),
+        };
+        match left {
+            Ok(upstream) => Ok(Dormant {
+                upstream,
+                _active: self._active,
+                line: self.line,
+                span: self.span,
+            }),
+            Err(e) => {
+                self.close(&e);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A quiet tunnel waiting parked, outside any task: its upstream socket as a bare descriptor
+/// (the caller keeps the client's), still counted open, its line still to be written.
+pub struct Dormant {
+    upstream: OwnedFd,
+    _active: ActiveGuard,
+    line: Option<Box<(Arc<AccessLog>, Record, std::time::Instant)>>,
+    span: Option<Box<tracing::Span>>,
+}
+
+impl std::fmt::Debug for Dormant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dormant")
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dormant {
+    /// The upstream socket, to watch for readiness.
+    pub fn upstream_fd(&self) -> BorrowedFd<'_> {
+        self.upstream.as_fd()
+    }
+
+    /// Back in the runtime, to be spliced again. Should its socket not be registered again,
+    /// the tunnel is closed (its line written) and the error returned.
+    pub fn wake(self) -> io::Result<Established> {
+        let (upstream, mut tunnel) = self.into_parts();
+        let std = std::net::TcpStream::from(upstream);
+        match tokio::net::TcpStream::from_std(std) {
+            Ok(tcp) => {
+                tunnel.upstream = Box::new(Transport::Plain(tcp));
+                Ok(tunnel)
+            }
+            Err(e) => {
+                tunnel.close(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes a tunnel whose socket could not be resumed or parked; returns the error.
+    pub fn close_failed(self, e: io::Error) -> io::Error {
+        let (upstream, mut tunnel) = self.into_parts();
+        drop(upstream);
+        tunnel.close(&e);
+        e
+    }
+
+    /// Closes a tunnel whose idle timeout ran out while parked.
+    pub fn close_idle(self) {
+        let (upstream, mut tunnel) = self.into_parts();
+        drop(upstream);
+        tunnel.close(&SpliceEnd::Idle);
+    }
+
+    /// The socket, and the tunnel without it (an empty stand-in, which allocates nothing).
+    fn into_parts(self) -> (OwnedFd, Established) {
+        let tunnel = Established {
+            upstream: Box::new(tokio::io::empty()),
+            early: BytesMut::new(),
+            _active: self._active,
+            line: self.line,
+            span: self.span,
+        };
+        (self.upstream, tunnel)
     }
 }
 
@@ -284,7 +401,12 @@ mod tests {
         };
         let mut tunnel = tunnel;
         let established = std::mem::size_of_val(&tunnel);
-        let splice = tunnel.splice(&mut client, std::time::Duration::from_secs(60));
+        let idle = super::Idle {
+            timeout: std::time::Duration::from_secs(60),
+            quiet_after: Some(std::time::Duration::from_secs(1)),
+            since: super::Instant::now(),
+        };
+        let splice = tunnel.splice(&mut client, idle);
         let size = std::mem::size_of_val(&splice);
         println!("established {established} B, its splice {size} B");
         // 480 bytes (debug build) when the tunnel went to a task of its own, 1,782 B per idle
@@ -293,7 +415,10 @@ mod tests {
         // itself went 120 -> 72 bytes (its span and start boxed with what uses them). In a
         // release build the tunnel task's future went 720 -> 640 bytes, which with tokio's
         // task header and trailer (128-byte aligned) is one 128-byte block less per tunnel.
-        assert!(size <= 448, "an idle tunnel's future grew to {size} bytes");
+        // 584 since a splice can end quiet and be resumed (the idle limits it keeps, and
+        // when it started): a quiet tunnel's task now ends after `downstream::park`'s
+        // PARK_AFTER, so this is held while bytes move, and by tunnels that cannot park.
+        assert!(size <= 584, "an idle tunnel's future grew to {size} bytes");
         assert!(established <= 72, "an idle tunnel grew to {established} bytes");
     }
 

@@ -14,6 +14,10 @@
 //!   `copy_bidirectional` semantics).
 //! - An idle deadline closes both sockets after `idle_timeout` without a byte in either
 //!   direction; each socket is wrapped to record when it last moved data.
+//! - A splice asked to can also end quiet: nothing moved for `quiet_after` (shorter than the
+//!   idle timeout), both directions open and nothing held. Its caller then parks both sockets
+//!   outside any task (`downstream::park`) and splices again when either turns readable, the
+//!   idle deadline carried over through [`Idle::since`].
 //!
 //! Not handled here: how either socket was obtained, counting tunnels (callers hold an
 //! [`ActiveGuard`]).
@@ -42,6 +46,9 @@ pub(crate) enum SpliceEnd {
     Idle,
     /// A socket failed (usually a reset).
     Error(io::Error),
+    /// Nothing moved for [`Idle::quiet_after`], with both directions open and no byte held:
+    /// the sockets can wait outside the task, and be spliced again.
+    Quiet,
 }
 
 impl fmt::Display for SpliceEnd {
@@ -50,6 +57,7 @@ impl fmt::Display for SpliceEnd {
             SpliceEnd::Closed => f.write_str("closed"),
             SpliceEnd::Idle => f.write_str("idle timeout"),
             SpliceEnd::Error(e) => write!(f, "error: {e}"),
+            SpliceEnd::Quiet => f.write_str("quiet"),
         }
     }
 }
@@ -62,10 +70,24 @@ pub(crate) struct Spliced {
     /// Bytes from the upstream to the application.
     pub(crate) down: u64,
     pub(crate) end: SpliceEnd,
+    /// When a byte last moved either way (or [`Idle::since`], if none did).
+    pub(crate) last_moved: Instant,
 }
 
-/// Copies both ways between `client` and `upstream` until both are done, an error, or
-/// `idle_timeout` without traffic. `early` goes to the upstream first, and is emptied (its
+/// When a splice stops for lack of traffic.
+#[derive(Debug)]
+pub struct Idle {
+    /// Nothing moved for this long: the splice ends ([`SpliceEnd::Idle`]).
+    pub timeout: Duration,
+    /// Nothing moved for this long, and nothing is held: the splice returns
+    /// [`SpliceEnd::Quiet`]. `None` splices until the end.
+    pub quiet_after: Option<Duration>,
+    /// When bytes last moved: now for a new tunnel, earlier for one spliced again.
+    pub since: Instant,
+}
+
+/// Copies both ways between `client` and `upstream` until both are done, an error, or no
+/// traffic for as long as `idle` says. `early` goes to the upstream first, and is emptied (its
 /// memory freed) once written: it is usually the connection's read buffer, not to be held by
 /// an idle tunnel.
 ///
@@ -76,87 +98,125 @@ pub(crate) async fn splice<A, B>(
     client: &mut A,
     early: &mut BytesMut,
     upstream: &mut B,
-    idle_timeout: Duration,
+    mut idle: Idle,
 ) -> Spliced
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
     B: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
-    let activity = Activity::new();
+    idle.quiet_after = idle.quiet_after.filter(|quiet| *quiet < idle.timeout);
+    let activity = Activity::since(idle.since);
     let mut client = Watched::new(client, &activity);
     let mut upstream = Watched::new(upstream, &activity);
-    let mut idle = std::pin::pin!(tokio::time::sleep(idle_timeout));
+    // Quiet counts from this splice's start too: a tunnel woken by a byte that the runtime
+    // has yet to report would otherwise be found quiet at once, and parked again unread.
+    let started = Instant::now();
+    let first = match idle.quiet_after {
+        Some(quiet) => (idle.since.max(started) + quiet).min(idle.since + idle.timeout),
+        None => idle.since + idle.timeout,
+    };
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(first));
     let end = 'end: {
         if !early.is_empty() {
             let write = std::pin::pin!(upstream.write_all(early));
             let until = UntilIdle {
                 work: write,
-                idle: idle.as_mut(),
+                timer: timer.as_mut(),
                 activity: &activity,
-                idle_timeout,
+                idle: &idle,
+                started,
             };
             match until.await {
-                Some(Ok(())) => {}
-                Some(Err(e)) => break 'end SpliceEnd::Error(e),
-                None => break 'end SpliceEnd::Idle,
+                Until::Done(Ok(())) => {}
+                Until::Done(Err(e)) => break 'end SpliceEnd::Error(e),
+                Until::Idle => break 'end SpliceEnd::Idle,
+                // Not quiet while early bytes wait to be written: go on to the copy, which
+                // is quiet at once if nothing else moves.
+                Until::Quiet => {}
             }
         }
         *early = BytesMut::new();
         let mut up = Direction::default();
         let mut down = Direction::default();
-        let copy = std::pin::pin!(std::future::poll_fn(|cx| {
-            let up = up.poll_copy(cx, &mut client, &mut upstream)?;
-            let down = down.poll_copy(cx, &mut upstream, &mut client)?;
-            if up.is_ready() && down.is_ready() {
-                Poll::Ready(Ok::<(), io::Error>(()))
-            } else {
-                Poll::Pending
+        loop {
+            let copy = std::pin::pin!(std::future::poll_fn(|cx| {
+                let up = up.poll_copy(cx, &mut client, &mut upstream)?;
+                let down = down.poll_copy(cx, &mut upstream, &mut client)?;
+                if up.is_ready() && down.is_ready() {
+                    Poll::Ready(Ok::<(), io::Error>(()))
+                } else {
+                    Poll::Pending
+                }
+            }));
+            let until = UntilIdle {
+                work: copy,
+                timer: timer.as_mut(),
+                activity: &activity,
+                idle: &idle,
+                started,
+            };
+            match until.await {
+                Until::Done(Ok(())) => break 'end SpliceEnd::Closed,
+                Until::Done(Err(e)) => break 'end SpliceEnd::Error(e),
+                Until::Idle => break 'end SpliceEnd::Idle,
+                Until::Quiet if up.is_quiet() && down.is_quiet() => break 'end SpliceEnd::Quiet,
+                // Half closed, or a writer that does not take what it was given: such a
+                // tunnel stays in its task to the end.
+                Until::Quiet => idle.quiet_after = None,
             }
-        }));
-        let until = UntilIdle {
-            work: copy,
-            idle: idle.as_mut(),
-            activity: &activity,
-            idle_timeout,
-        };
-        match until.await {
-            Some(Ok(())) => SpliceEnd::Closed,
-            Some(Err(e)) => SpliceEnd::Error(e),
-            None => SpliceEnd::Idle,
         }
     };
     Spliced {
         up: upstream.written,
         down: client.written,
         end,
+        last_moved: activity.last(),
     }
 }
 
-/// Polls `work` until it ends (`Some`), or until nothing has moved for `idle_timeout`
-/// (`None`). The timer is moved on only when it fires, so busy tunnels do not touch the timer
-/// wheel per read. A future of its own rather than an async function, which would hold `work`
-/// twice (its argument, and the pinned local).
+/// How [`UntilIdle`] ended.
+enum Until<T> {
+    Done(T),
+    /// Nothing moved for the idle timeout.
+    Idle,
+    /// Nothing moved for `quiet_after`.
+    Quiet,
+}
+
+/// Polls `work` until it ends, or until nothing has moved for `idle.timeout` (or for
+/// `idle.quiet_after`, when set). The timer is moved on only when it fires, so busy tunnels do not
+/// touch the timer wheel per read. A future of its own rather than an async function, which
+/// would hold `work` twice (its argument, and the pinned local).
 struct UntilIdle<'a, F> {
     work: Pin<&'a mut F>,
-    idle: Pin<&'a mut Sleep>,
+    timer: Pin<&'a mut Sleep>,
     activity: &'a Activity,
-    idle_timeout: Duration,
+    idle: &'a Idle,
+    /// When the splice started: it is quiet only `quiet_after` past this as well.
+    started: Instant,
 }
 
 impl<F: Future> Future for UntilIdle<'_, F> {
-    type Output = Option<F::Output>;
+    type Output = Until<F::Output>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         if let Poll::Ready(out) = this.work.as_mut().poll(cx) {
-            return Poll::Ready(Some(out));
+            return Poll::Ready(Until::Done(out));
         }
-        while this.idle.as_mut().poll(cx).is_ready() {
-            let next = this.activity.last() + this.idle_timeout;
-            if next <= Instant::now() {
-                return Poll::Ready(None);
+        while this.timer.as_mut().poll(cx).is_ready() {
+            let last = this.activity.last();
+            let now = Instant::now();
+            let idle_at = last + this.idle.timeout;
+            if idle_at <= now {
+                return Poll::Ready(Until::Idle);
             }
-            this.idle.as_mut().reset(next);
+            let next = match this.idle.quiet_after.map(|quiet| last.max(this.started) + quiet) {
+                Some(quiet_at) if quiet_at <= now => return Poll::Ready(Until::Quiet),
+                Some(quiet_at) => quiet_at,
+                None => idle_at,
+            };
+            this.timer.as_mut().reset(next);
         }
         Poll::Pending
     }
@@ -182,6 +242,12 @@ struct Pending {
 }
 
 impl Direction {
+    /// Open both ways, with nothing held or unflushed: nothing is lost if the sockets leave
+    /// the task until one of them turns readable.
+    fn is_quiet(&self) -> bool {
+        self.pending.is_none() && !self.unflushed && !self.read_done && !self.done
+    }
+
     /// Moves bytes from `from` to `to` until either side would block, then until `from` ends
     /// (`Ready`), passing the end on as a shutdown of `to`.
     fn poll_copy<R, W>(&mut self, cx: &mut Context<'_>, from: &mut R, to: &mut W) -> Poll<io::Result<()>>
@@ -262,9 +328,10 @@ struct Activity {
 }
 
 impl Activity {
-    fn new() -> Self {
+    /// Last moved at `start`.
+    fn since(start: Instant) -> Self {
         Activity {
-            start: Instant::now(),
+            start,
             last_nanos: AtomicU64::new(0),
         }
     }
@@ -342,7 +409,16 @@ mod tests {
         A: AsyncRead + AsyncWrite + Unpin,
         B: AsyncRead + AsyncWrite + Unpin,
     {
-        splice(client, &mut BytesMut::new(), upstream, idle_timeout).await
+        splice(client, &mut BytesMut::new(), upstream, until_idle(idle_timeout)).await
+    }
+
+    /// Splices to the end, or for `timeout` of no traffic from now.
+    fn until_idle(timeout: Duration) -> Idle {
+        Idle {
+            timeout,
+            quiet_after: None,
+            since: Instant::now(),
+        }
     }
 
     #[tokio::test]
@@ -355,7 +431,7 @@ mod tests {
                 &mut client_end,
                 &mut early,
                 &mut upstream_end,
-                Duration::from_secs(5),
+                until_idle(Duration::from_secs(5)),
             )
             .await;
             assert!(
@@ -455,5 +531,69 @@ mod tests {
             lived >= Duration::from_millis(1300) && lived < Duration::from_millis(1400),
             "{lived:?}"
         );
+    }
+
+    /// A quiet splice hands its sockets back with nothing lost, and splicing again from its
+    /// last move keeps the idle deadline where it was.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_splice_ends_and_resumes_with_its_idle_deadline() {
+        let (mut client, mut client_end) = tokio::io::duplex(64);
+        let (mut upstream, mut upstream_end) = tokio::io::duplex(64);
+        let started = Instant::now();
+        let idle = Idle {
+            timeout: Duration::from_secs(10),
+            quiet_after: Some(Duration::from_secs(1)),
+            since: started,
+        };
+        let mut byte = [0u8; 1];
+        client.write_all(b"a").await.unwrap();
+        let first = splice(&mut client_end, &mut BytesMut::new(), &mut upstream_end, idle).await;
+        upstream.read_exact(&mut byte).await.unwrap();
+        assert!(matches!(first.end, SpliceEnd::Quiet), "{}", first.end);
+        assert_eq!((first.up, first.down, first.last_moved), (1, 0, started));
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+
+        // Bytes that came while no splice ran are moved by the next one.
+        upstream.write_all(b"b").await.unwrap();
+        let again = Idle {
+            timeout: Duration::from_secs(10),
+            quiet_after: None,
+            since: first.last_moved,
+        };
+        let resumed = tokio::spawn(async move {
+            splice(&mut client_end, &mut BytesMut::new(), &mut upstream_end, again).await
+        });
+        client.read_exact(&mut byte).await.unwrap();
+        assert_eq!(&byte, b"b");
+        let moved_at = Instant::now();
+        let second = resumed.await.unwrap();
+        assert!(matches!(second.end, SpliceEnd::Idle), "{}", second.end);
+        assert_eq!((second.up, second.down, second.last_moved), (0, 1, moved_at));
+        assert_eq!(
+            moved_at.elapsed(),
+            Duration::from_secs(10),
+            "idle_timeout from the last move"
+        );
+    }
+
+    /// A half-closed splice is not quiet: its end is passed on, and it stays to the end.
+    #[tokio::test(start_paused = true)]
+    async fn a_half_closed_splice_is_never_quiet() {
+        let (mut client, mut client_end) = tokio::io::duplex(64);
+        let (mut upstream, mut upstream_end) = tokio::io::duplex(64);
+        let idle = Idle {
+            timeout: Duration::from_secs(5),
+            quiet_after: Some(Duration::from_millis(100)),
+            since: Instant::now(),
+        };
+        let task = tokio::spawn(async move {
+            splice(&mut client_end, &mut BytesMut::new(), &mut upstream_end, idle).await
+        });
+        client.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        upstream.read_to_end(&mut rest).await.unwrap();
+        let spliced = task.await.unwrap();
+        assert!(matches!(spliced.end, SpliceEnd::Idle), "{}", spliced.end);
+        drop(client);
     }
 }

@@ -103,10 +103,11 @@ pub struct Asked {
     pub no_retry: bool,
 }
 
-/// A byte stream to an upstream: TCP, or TLS over TCP.
-pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+/// A byte stream to an upstream: TCP, or TLS over TCP. `Any`, so that a quiet tunnel can tell
+/// plain TCP, which it can park as a bare descriptor, from the rest.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + std::any::Any {}
 
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Io for T {}
 
 enum Failure {
     /// The HTTP/2 connection could not open a stream: nothing reached the upstream, and the
