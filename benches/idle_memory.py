@@ -419,13 +419,38 @@ async def open_tunnels(proc, route, up_port, n, kind):
             [repr(r) for r in results if isinstance(r, BaseException)])
 
 
+def heap_in_use(pid, log):
+    """Bytes glibc's malloc has handed out and not had back, all arenas: `malloc_stats()` called
+    in the process through gdb, which prints to its stderr (the log). None without gdb."""
+    try:
+        subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "call (void)malloc_stats()"],
+                       capture_output=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    with open(log) as f:
+        text = f.read()
+    total = text[text.rfind("Total (incl. mmap):"):]
+    for line in total.splitlines():
+        if line.startswith("in use bytes"):
+            return int(line.split("=")[1])
+    return None
+
+
 async def measure_tunnels(args, up_port, kind):
-    """RSS per idle tunnel of `kind` (see open_tunnels), on a fresh sidecar warmed with 64."""
+    """RSS per idle tunnel of `kind` (see open_tunnels), on a fresh sidecar warmed with 64.
+    With HEAP_STATS=1 in the environment (and gdb installed), also the live heap per tunnel."""
     proc, route = start_sidecar(args, up_port)
+    heap_stats = os.environ.get("HEAP_STATS") == "1"
+    log = os.path.join(args.tmp, "sidecar.log")
     try:
         warm, failed = await open_tunnels(proc, route, up_port, 64, kind)
+        # Idle long enough to be parked (after 100 ms), then closed through the wake: the code
+        # the measured tunnels run is mapped in before the base reading, not counted per tunnel.
+        await asyncio.sleep(0.5)
         await close_all(warm)
         await settle()
+        # First: gdb's call maps in libc's pages for printing, not to be counted per tunnel.
+        base_heap = heap_in_use(proc.pid, log) if heap_stats else None
         base, base_up = rss_bytes(proc.pid), established(dport=up_port)
         base_anon = rss_bytes(proc.pid, "RssAnon")
         tunnels, failed = await open_tunnels(proc, route, up_port, args.tunnels, kind)
@@ -435,9 +460,12 @@ async def measure_tunnels(args, up_port, kind):
         # RSS also counts the binary's pages read for the first time, once, not per tunnel;
         # anonymous memory is the tunnels' own state and the heap's slack around it.
         anon = (rss_bytes(proc.pid, "RssAnon") - base_anon) / max(held, 1)
+        # What the tunnels' state takes on the heap, without the slack a burst leaves.
+        heap = heap_in_use(proc.pid, log) if base_heap is not None else None
+        live = f", {(heap - base_heap) / max(held, 1):,.0f} B live heap" if heap is not None else ""
         print(f"sidecar  {kind + ' tunnels:':19} RSS {kib(base)} -> {kib(after)} with {held} idle tunnels that "
               f"each carried {len(HELLO)} bytes each way ({len(failed)} failed): {per:,.0f} B per idle tunnel, "
-              f"{anon:,.0f} B of it anonymous",
+              f"{anon:,.0f} B of it anonymous{live}",
               flush=True)
         if failed:
             print(f"         first failure: {failed[0]}", flush=True)

@@ -17,7 +17,8 @@
 #
 # Usage (from the repo root):   benches/idle_memory.sh
 #   env: DOWNSTREAM (default 5000), UPSTREAM (default 1000), TUNNELS (default 1000),
-#        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary).
+#        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary),
+#        HEAP_STATS=1 (also the live heap per idle tunnel: glibc's malloc_stats through gdb).
 # Installs nginx with apt-get if missing. Configs and logs go to one mktemp directory, removed
 # on exit with every process started. Numbers are reported, not asserted.
 
