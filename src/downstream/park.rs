@@ -690,18 +690,13 @@ struct Resumed {
 
 impl Resumed {
     fn start<S: Stream>(self, client: io::Result<S>, ctx: &Arc<Context>) {
-        let Resumed {
-            tunnel,
-            since,
-            parks,
-            ends,
-        } = self;
         let woken = match client {
-            Ok(client) => tunnel.wake().map(|tunnel| (client, tunnel)),
-            Err(e) => Err(tunnel.close_failed(e)),
+            Ok(client) => self.tunnel.wake().map(|tunnel| (client, tunnel)),
+            Err(e) => Err(self.tunnel.close_failed(e)),
         };
+        let ends = self.ends;
         match woken {
-            Ok((client, tunnel)) => splice_apart(client, tunnel, since, parks, ends, ctx.clone()),
+            Ok((client, tunnel)) => splice_apart(client, tunnel, self.since, self.parks, ends, ctx.clone()),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot resume a parked tunnel");
                 finish(ctx, &ends.peer, ends.served, ends.held);
