@@ -636,24 +636,17 @@ impl ParkedTunnel {
     /// Back to a task, to splice on from its last move (`deadline` less the idle timeout);
     /// `parks`: whether that task may park it again.
     fn resume(self, deadline: Instant, parks: bool, ctx: &Arc<Context>) {
-        let ParkedTunnel {
-            client,
-            tunnel,
-            served,
-            held,
-            peer,
-            ..
-        } = self;
         let since = deadline
             .checked_sub(ctx.config.get().idle_timeout)
             .unwrap_or(deadline);
         let ends = TunnelEnds {
-            served,
-            held,
-            peer: peer.into(),
+            served: self.served,
+            held: self.held,
+            peer: self.peer.into(),
         };
+        let client = self.client;
         let tunnel = Resumed {
-            tunnel,
+            tunnel: self.tunnel,
             since,
             parks,
             ends,
@@ -666,17 +659,9 @@ impl ParkedTunnel {
 
     /// Closes a tunnel whose idle timeout ran out while parked.
     fn close_idle(self, ctx: &Context) {
-        let ParkedTunnel {
-            client,
-            tunnel,
-            served,
-            held,
-            peer,
-            ..
-        } = self;
-        drop(client);
-        tunnel.close_idle();
-        finish(ctx, &peer.into(), served, held);
+        drop(self.client);
+        self.tunnel.close_idle();
+        finish(ctx, &self.peer.into(), self.served, self.held);
     }
 }
 
