@@ -111,29 +111,27 @@ where
     // Quiet counts from this splice's start too: a tunnel woken by a byte that the runtime
     // has yet to report would otherwise be found quiet at once, and parked again unread.
     let started = Instant::now();
-    let first = match idle.quiet_after {
-        Some(quiet) => (idle.since.max(started) + quiet).min(idle.since + idle.timeout),
-        None => idle.since + idle.timeout,
-    };
-    let mut timer = std::pin::pin!(tokio::time::sleep_until(first));
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(first_check(&idle, idle.since, started)));
     let end = 'end: {
         if !early.is_empty() {
             let write = std::pin::pin!(upstream.write_all(early));
+            // Never quiet while early bytes wait to be written: the write would be dropped
+            // with them.
             let until = UntilIdle {
                 work: write,
                 timer: timer.as_mut(),
                 activity: &activity,
                 idle: &idle,
-                started,
+                quiet_from: None,
             };
             match until.await {
                 Until::Done(Ok(())) => {}
                 Until::Done(Err(e)) => break 'end SpliceEnd::Error(e),
-                Until::Idle => break 'end SpliceEnd::Idle,
-                // Not quiet while early bytes wait to be written: go on to the copy, which
-                // is quiet at once if nothing else moves.
-                Until::Quiet => {}
+                // `Quiet` cannot come without `quiet_from`.
+                Until::Idle | Until::Quiet => break 'end SpliceEnd::Idle,
             }
+            // The write's waits moved the timer on to the idle deadline alone.
+            timer.as_mut().reset(first_check(&idle, activity.last(), started));
         }
         *early = BytesMut::new();
         let mut up = Direction::default();
@@ -153,7 +151,7 @@ where
                 timer: timer.as_mut(),
                 activity: &activity,
                 idle: &idle,
-                started,
+                quiet_from: Some(started),
             };
             match until.await {
                 Until::Done(Ok(())) => break 'end SpliceEnd::Closed,
@@ -171,6 +169,16 @@ where
         down: client.written,
         end,
         last_moved: activity.last(),
+    }
+}
+
+/// When a splice that started at `started`, bytes last moved at `last`, first looks at its
+/// clock: the quiet deadline, if it has one and it comes first, else the idle deadline.
+fn first_check(idle: &Idle, last: Instant, started: Instant) -> Instant {
+    let idle_at = last + idle.timeout;
+    match idle.quiet_after {
+        Some(quiet) => (last.max(started) + quiet).min(idle_at),
+        None => idle_at,
     }
 }
 
@@ -192,8 +200,9 @@ struct UntilIdle<'a, F> {
     timer: Pin<&'a mut Sleep>,
     activity: &'a Activity,
     idle: &'a Idle,
-    /// When the splice started: it is quiet only `quiet_after` past this as well.
-    started: Instant,
+    /// The splice's start, when this wait may end quiet (`quiet_after` past it as well as
+    /// past the last move); `None` when it may not, as the work would be lost with it.
+    quiet_from: Option<Instant>,
 }
 
 impl<F: Future> Future for UntilIdle<'_, F> {
@@ -211,7 +220,8 @@ impl<F: Future> Future for UntilIdle<'_, F> {
             if idle_at <= now {
                 return Poll::Ready(Until::Idle);
             }
-            let next = match this.idle.quiet_after.map(|quiet| last.max(this.started) + quiet) {
+            let quiet = this.quiet_from.zip(this.idle.quiet_after);
+            let next = match quiet.map(|(from, after)| last.max(from) + after) {
                 Some(quiet_at) if quiet_at <= now => return Poll::Ready(Until::Quiet),
                 Some(quiet_at) => quiet_at,
                 None => idle_at,
@@ -595,5 +605,35 @@ mod tests {
         let spliced = task.await.unwrap();
         assert!(matches!(spliced.end, SpliceEnd::Idle), "{}", spliced.end);
         drop(client);
+    }
+
+    /// Early bytes that the upstream takes slowly are written whole, however long that is
+    /// quiet: a splice that ended quiet then would drop them with the write.
+    #[tokio::test(start_paused = true)]
+    async fn early_bytes_a_slow_upstream_takes_are_never_dropped_for_quiet() {
+        let (_client, mut client_end) = tokio::io::duplex(64);
+        let (mut upstream, mut upstream_end) = tokio::io::duplex(16);
+        let early_bytes: Vec<u8> = (0..100u8).collect();
+        let mut early = BytesMut::from(&early_bytes[..]);
+        let idle = Idle {
+            timeout: Duration::from_secs(10),
+            quiet_after: Some(Duration::from_millis(100)),
+            since: Instant::now(),
+        };
+        let task =
+            tokio::spawn(async move { splice(&mut client_end, &mut early, &mut upstream_end, idle).await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut got = vec![0u8; early_bytes.len()];
+        upstream.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, early_bytes, "written whole after a second of back-pressure");
+        let written_at = Instant::now();
+        let spliced = task.await.unwrap();
+        assert!(matches!(spliced.end, SpliceEnd::Quiet), "{}", spliced.end);
+        assert_eq!(spliced.up, 100);
+        assert_eq!(
+            written_at.elapsed(),
+            Duration::from_millis(100),
+            "quiet after the write, not idle at the timeout"
+        );
     }
 }
