@@ -45,12 +45,21 @@ pub(crate) fn context_with_drain(
 
 /// A forward-proxy listener served with `yaml`, for tests that read the downstream counters.
 pub(crate) async fn serve_for_test(yaml: &str) -> (SocketAddr, Arc<Context>) {
+    let (me, ctx, drain_tx) = serve_with_drain(yaml).await;
+    std::mem::forget(drain_tx);
+    (me, ctx)
+}
+
+/// [`serve_for_test`], and the sender that starts draining it.
+pub(crate) async fn serve_with_drain(
+    yaml: &str,
+) -> (SocketAddr, Arc<Context>, tokio::sync::watch::Sender<bool>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let me = listener.local_addr().unwrap();
     let config = crate::config::parse(yaml, &Default::default()).unwrap();
-    let ctx = context(config, vec![me], 16);
+    let (ctx, drain_tx) = context_with_drain(config, vec![me], 16);
     tokio::spawn(super::serve(listener, Arrival::Forward, ctx.clone()));
-    (me, ctx)
+    (me, ctx, drain_tx)
 }
 
 /// Both ends of a loopback TCP connection: (client, server).

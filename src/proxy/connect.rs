@@ -203,17 +203,19 @@ impl Dormant {
 
     /// Closes a tunnel whose socket could not be resumed or parked; returns the error.
     pub fn close_failed(self, e: io::Error) -> io::Error {
-        let (upstream, mut tunnel) = self.into_parts();
-        drop(upstream);
-        tunnel.close(&e);
+        self.close(&e);
         e
     }
 
     /// Closes a tunnel whose idle timeout ran out while parked.
     pub fn close_idle(self) {
+        self.close(&SpliceEnd::Idle);
+    }
+
+    fn close(self, end: &dyn std::fmt::Display) {
         let (upstream, mut tunnel) = self.into_parts();
         drop(upstream);
-        tunnel.close(&SpliceEnd::Idle);
+        tunnel.close(end);
     }
 
     /// The socket, and the tunnel without it (an empty stand-in, which allocates nothing).

@@ -245,17 +245,8 @@ async fn serve_tunnels(
     std::sync::Arc<super::Context>,
     tokio::sync::watch::Sender<bool>,
 ) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let me = listener.local_addr().unwrap();
     let yaml = format!("policy: {{ connect_ports: [{}] }}\n{yaml}", target.port());
-    let config = crate::config::parse(&yaml, &Default::default()).unwrap();
-    let (ctx, drain) = crate::downstream::testing::context_with_drain(config, vec![me], 16);
-    tokio::spawn(crate::downstream::serve(
-        listener,
-        crate::routing::Arrival::Forward,
-        ctx.clone(),
-    ));
-    (me, ctx, drain)
+    crate::downstream::testing::serve_with_drain(&yaml).await
 }
 
 /// A CONNECT through `sidecar` to `target`, answered: (client, the target's side).
