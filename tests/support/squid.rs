@@ -41,9 +41,27 @@ pub struct Squid {
     /// The one user of its password file.
     pub user: String,
     pub password: String,
-    // Dropped before the directory: the process dies first, then its files go.
+    // Dropped in this order: the process dies first, then its files go.
     child: tokio::process::Child,
+    shm: SharedMemory,
     dir: TempDir,
+}
+
+/// A Squid's shared-memory segments (`/dev/shm/NAME-*`), named after the service name each
+/// instance gets (`-n`). With Squid's default name, two instances starting at once, or one
+/// after a killed one, collided on `squid-cf__queues.shm` ("File exists"); a killed Squid
+/// leaves its segments, so they are removed on drop.
+struct SharedMemory(String);
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        let prefix = format!("{}-", self.0);
+        for entry in std::fs::read_dir("/dev/shm").into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
 }
 
 impl Squid {
@@ -126,8 +144,12 @@ impl Squid {
             )
             .unwrap();
             let stderr = std::fs::File::create(dir.path.join("stderr.log")).unwrap();
+            // Letters and digits only: Squid refuses other service names.
+            let shm = SharedMemory(format!("egress{}n{}", std::process::id(), Self::next_id()));
             let mut child = tokio::process::Command::new(SQUID_BINARY)
                 .arg("-N") // no daemon: this process is Squid, and dies on drop
+                .arg("-n")
+                .arg(&shm.0)
                 .arg("-f")
                 .arg(&config)
                 .stdin(std::process::Stdio::null())
@@ -144,6 +166,7 @@ impl Squid {
                         user: "alice".into(),
                         password,
                         child,
+                        shm,
                         dir,
                     });
                 }
