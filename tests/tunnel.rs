@@ -562,3 +562,59 @@ async fn requests_inside_go_to_the_connect_authority_whatever_their_host() {
     let t = Tunnels::until(&sidecar, |t| t.active("connect_http") == 0.0).await;
     assert_eq!(t.opened("connect_http"), 1.0);
 }
+
+/// Issue 41 item 3: inside a CONNECT served as HTTP, a second CONNECT is refused `400
+/// bad_request` and the connection closed, whatever it names, and an absolute-form target
+/// naming another authority is `400` too: neither reaches the other authority. The sidecar
+/// goes on serving tunnels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_keeps_its_authority_against_nested_connects_and_other_targets() {
+    let allowed = FakeUpstream::start().await;
+    let other = FakeUpstream::start().await;
+    let (authority, elsewhere) = (allowed.addr.to_string(), other.addr.to_string());
+    let sidecar = Sidecar::start("").await;
+
+    let mut client = connect(sidecar.addr, &authority, b"").await;
+    client
+        .send_raw(format!("GET http://{elsewhere}/abs HTTP/1.1\r\nHost: {elsewhere}\r\n\r\n").as_bytes())
+        .await;
+    let resp = client.read_response(false).await.expect("an answer");
+    let body = resp.assert_sidecar_error(400, "bad_request", "absolute-form naming another authority");
+    assert!(body.contains(&authority), "{body}");
+
+    for nested in [elsewhere.as_str(), authority.as_str()] {
+        let mut client = connect(sidecar.addr, &authority, b"").await;
+        client
+            .send_raw(format!("CONNECT {nested} HTTP/1.1\r\nHost: {nested}\r\n\r\n").as_bytes())
+            .await;
+        let resp = tokio::time::timeout(Duration::from_secs(5), client.read_response(false))
+            .await
+            .expect("answered within 5 s")
+            .expect("an answer, not a close");
+        let body = resp.assert_sidecar_error(400, "bad_request", "a nested CONNECT");
+        assert!(
+            body.contains(&format!("requests in it go to {authority} only")),
+            "{body}"
+        );
+        client
+            .send_raw(format!("GET /after HTTP/1.1\r\nHost: {elsewhere}\r\n\r\n").as_bytes())
+            .await;
+        assert!(
+            closes_within(&mut client.stream, Duration::from_secs(3)).await,
+            "closed after the refusal"
+        );
+    }
+    assert_eq!(other.accepted(), 0, "nothing reached the other authority");
+    assert!(other.seen().is_empty());
+
+    // Still serving: a new tunnel carries a request to its own authority.
+    let mut client = connect(sidecar.addr, &authority, b"").await;
+    let resp = get_inside(&mut client, &authority, "/still").await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let paths: Vec<String> = allowed.seen().iter().map(|s| s.uri.clone()).collect();
+    assert_eq!(
+        paths,
+        ["/still"],
+        "only the last request reached the tunnel's authority"
+    );
+}

@@ -200,7 +200,7 @@ async fn serve_requests<S: Stream>(
         let mut next = exchange(&mut conn, arrival, ctx, max_head, head_timeout).await;
         if matches!(next, Next::Connect(_) | Next::Switch(_)) {
             // Boxed: a tunnel's state should not weigh on every connection's future.
-            next = Box::pin(beyond_http(&mut conn, next, ctx)).await;
+            next = Box::pin(beyond_http(&mut conn, next, arrival, ctx)).await;
         }
         match next {
             Next::Again => {}
@@ -268,7 +268,21 @@ async fn serve_requests<S: Stream>(
 /// What follows an exchange that ends HTTP on the connection: a CONNECT checked and served
 /// (a tunnel, or an error answer; a tunnel answered here goes on as HTTP inside it), or a
 /// splice to an upstream that switched protocols.
-async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, ctx: &Context) -> Next {
+///
+/// A CONNECT inside a tunnel served as HTTP is refused, whatever it names: requests in the
+/// tunnel go to its authority only (as the h2c server inside one refuses CONNECT too).
+async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, arrival: &Arrival, ctx: &Context) -> Next {
+    if let (Next::Connect(_), Arrival::Tunnel(tunnel)) = (&next, arrival) {
+        let err = ProxyError::new(
+            ErrorKind::BadRequest,
+            format!(
+                "a CONNECT inside the CONNECT tunnel to {0} is not followed: requests in it go to {0} only",
+                tunnel.authority
+            ),
+        );
+        refuse(conn, err, ctx).await;
+        return Next::Close;
+    }
     let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
     let Session { stream, buf, .. } = conn;
     match next {
