@@ -13,6 +13,7 @@ pub mod dial;
 pub mod h1;
 pub mod h2;
 pub mod parent;
+mod pinned;
 pub mod tls;
 
 use std::fmt;

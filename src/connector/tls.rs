@@ -4,6 +4,8 @@
 //! One rustls `ClientConfig` per upstream, built once: trust anchors are the system store
 //! (loaded once per process; `SSL_CERT_FILE` / `SSL_CERT_DIR` are honoured) plus the upstream's
 //! `tls.ca_file`; SNI and the verified name are `tls.server_name` or the url host;
+//! a certificate of `tls.ca_file` presented as it is, self-signed and marked `CA:TRUE` as
+//! `openssl req -x509` makes it, is trusted too (`pinned`);
 //! `insecure_skip_verify` swaps in a verifier that accepts any certificate but still checks the
 //! handshake signatures. Keeping the config per upstream keeps its session cache, so later dials
 //! resume TLS sessions instead of doing full handshakes.
@@ -23,7 +25,7 @@ use std::io;
 use std::sync::{Arc, OnceLock};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::ResolvesClientCert;
+use rustls::client::{ResolvesClientCert, WebPkiServerVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
@@ -31,6 +33,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::client::TlsStream;
 
+use super::pinned::PinnedOrWebPki;
 use crate::config::{load_ca_file, load_client_identity, TlsConfig};
 use crate::watched::Watched;
 
@@ -62,11 +65,13 @@ impl TlsConnector {
         } else {
             let mut roots = RootCertStore::empty();
             roots.roots.extend(system_roots().roots.iter().cloned());
+            let mut pinned = Vec::new();
             if let Some(path) = &tls.ca_file {
                 for cert in load_ca_file(path)? {
                     roots
-                        .add(cert)
+                        .add(cert.clone())
                         .map_err(|e| format!("tls.ca_file {}: {e}", path.display()))?;
+                    pinned.push(cert);
                 }
             }
             if roots.is_empty() {
@@ -74,7 +79,16 @@ impl TlsConnector {
                     "no trusted CA certificates: the system store is empty and no tls.ca_file is set".into(),
                 );
             }
-            builder.with_root_certificates(roots)
+            let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| format!("TLS verifier: {e}"))?;
+            if pinned.is_empty() {
+                builder.with_webpki_verifier(webpki)
+            } else {
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(PinnedOrWebPki::new(webpki, pinned)))
+            }
         };
         let mut config = match (&tls.client_cert_file, &tls.client_key_file) {
             (Some(cert), Some(key)) => {
