@@ -49,6 +49,8 @@ pub enum ErrorKind {
     PendingTimeout,
     /// 503: the sidecar is shutting down.
     Draining,
+    /// 502: the sidecar failed (a panic caught in the request's task: a bug).
+    Internal,
 }
 
 impl ErrorKind {
@@ -60,7 +62,7 @@ impl ErrorKind {
             Denied => StatusCode::FORBIDDEN,
             Loop => StatusCode::LOOP_DETECTED,
             HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused => {
+            ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused | Internal => {
                 StatusCode::BAD_GATEWAY
             }
             ConnectTimeout | ResponseTimeout | RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -88,6 +90,7 @@ impl ErrorKind {
             PoolOverflow => "pool_overflow",
             PendingTimeout => "pending_timeout",
             Draining => "draining",
+            Internal => "internal",
         }
     }
 
@@ -98,7 +101,7 @@ impl ErrorKind {
             BadRequest | UnknownUpstream | Denied | Loop | HeaderTooLarge => ErrorSource::Downstream,
             ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused | ConnectTimeout
             | ResponseTimeout | RequestTimeout => ErrorSource::Upstream,
-            PoolOverflow | PendingTimeout | Draining => ErrorSource::Internal,
+            PoolOverflow | PendingTimeout | Draining | Internal => ErrorSource::Internal,
         }
     }
 }
@@ -110,7 +113,7 @@ pub enum ErrorSource {
     Downstream,
     /// The upstream server or the path to it.
     Upstream,
-    /// The sidecar's own limits.
+    /// The sidecar's own limits, or its bugs.
     Internal,
 }
 

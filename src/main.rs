@@ -79,8 +79,12 @@ struct InjectArgs {
     #[arg(long, env = "EGRESS_INJECT_NO_PROXY", default_value = inject::DEFAULT_NO_PROXY)]
     no_proxy: String,
     /// After SIGTERM keep serving this long (the apiserver may still call a terminating pod).
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
     shutdown_linger: Duration,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    egress_sidecar::duration::human(text).map_err(|e| format!("{text:?} {e}"))
 }
 
 fn parse_mode(text: &str) -> Result<inject::Mode, String> {

@@ -82,6 +82,15 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
+/// `upstream`, `header`: a header an upstream sent whose value was ignored.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeaderLabels {
+    /// Configured name, or host:port.
+    pub upstream: String,
+    /// The header's name, lowercase.
+    pub header: &'static str,
+}
+
 /// `reason` a CONNECT answered by the sidecar was closed without serving anything, or (`h2_error`)
 /// its h2c connection ended with a protocol error.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -131,6 +140,9 @@ pub struct Families {
     ejections: Family<UpstreamLabel, Counter>,
     dns_refreshes: Family<UpstreamLabel, Counter>,
     dns_failures: Family<UpstreamLabel, Counter>,
+    ignored_headers: Family<HeaderLabels, Counter>,
+    /// Panics caught in a request's or a connection's task (`crate::caught`).
+    pub panics: Counter,
     /// Downstream connections accepted.
     pub downstream_opened: Counter,
     /// Downstream connections open now (a guard per connection task keeps it exact).
@@ -276,6 +288,8 @@ impl Metrics {
             ejections: Family::default(),
             dns_refreshes: Family::default(),
             dns_failures: Family::default(),
+            ignored_headers: Family::default(),
+            panics: Counter::default(),
             access_log_dropped: Counter::default(),
             downstream_opened: Counter::default(),
             downstream_open: Gauge::default(),
@@ -335,6 +349,16 @@ impl Metrics {
             "Requests sent again, by reason: connect_failure, reset, a response status, or the \
              connection-level stale_connection, refused_stream, unsent",
             f.retries.clone(),
+        );
+        registry.register(
+            "upstream_ignored_headers",
+            "Header values an upstream sent that were ignored: a Retry-After or retry-after-ms that is no bounded duration",
+            f.ignored_headers.clone(),
+        );
+        registry.register(
+            "panics",
+            "Panics caught in a request's or a connection's task: a bug; the request got 502 internal where it still could",
+            f.panics.clone(),
         );
         registry.register(
             "access_log_dropped",
@@ -554,6 +578,16 @@ impl UpstreamMetrics {
             kind,
         };
         self.families.timeouts.get_or_create_owned(&labels)
+    }
+
+    /// Counts a value of `header` this upstream sent that was ignored; `true` the first time
+    /// for this upstream and header, for a caller that logs once.
+    pub fn ignored_header(&self, header: &'static str) -> bool {
+        let labels = HeaderLabels {
+            upstream: self.label.clone(),
+            header,
+        };
+        self.families.ignored_headers.get_or_create(&labels).inc() == 0
     }
 
     /// Counts a request refused by the pool for `reason`.

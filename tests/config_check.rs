@@ -77,6 +77,61 @@ fn each_bad_config_names_its_key() {
     }
 }
 
+/// Durations past the bound, negative or not finite are config errors naming the key, not a
+/// panic at the first `Instant + timeout` (issue 41).
+#[test]
+fn extreme_durations_name_their_key() {
+    let cases = [
+        (
+            "defaults:\n  connect_timeout: 18446744073709551615s\n",
+            "defaults.connect_timeout",
+            "longer than a year",
+        ),
+        (
+            "defaults:\n  request_timeout: 99999999999999999999999s\n",
+            "defaults.request_timeout",
+            "longer than a year",
+        ),
+        (
+            "downstream:\n  idle_timeout: 400d\n",
+            "downstream.idle_timeout",
+            "longer than a year",
+        ),
+        (
+            "defaults:\n  pool: { idle_timeout: \"-1s\" }\n",
+            "defaults.pool.idle_timeout",
+            "negative",
+        ),
+        (
+            "defaults:\n  retry: { retry_after_max: NaN }\n",
+            "defaults.retry.retry_after_max",
+            "not a finite number",
+        ),
+        (
+            "shutdown:\n  drain_timeout: inf\n",
+            "shutdown.drain_timeout",
+            "not a finite number",
+        ),
+        (
+            "defaults:\n  body_idle_timeout: \"1e30\"\n",
+            "defaults.body_idle_timeout",
+            "is not a duration",
+        ),
+    ];
+    for (yaml, key, why) in cases {
+        let (code, stdout, stderr) = check(yaml);
+        assert_eq!(code, 2, "{yaml:?} accepted:\n{stdout}");
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("config: {key}: ")) && l.contains(why)),
+            "{yaml:?}: no line naming {key} ({why}):\n{stderr}"
+        );
+    }
+    let (code, _, stderr) = check("defaults:\n  request_timeout: 365d\n");
+    assert_eq!(code, 0, "the bound itself is taken: {stderr}");
+}
+
 #[test]
 fn several_problems_are_reported_together() {
     let (code, _, stderr) =

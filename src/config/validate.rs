@@ -754,8 +754,7 @@ fn parse_duration(value: &Scalar) -> Result<Duration, String> {
         Scalar::Int(0) => Ok(Duration::ZERO),
         Scalar::Int(n) => Err(format!("{n} needs a unit, e.g. {n}s or {n}ms")),
         Scalar::Str(s) if s.trim() == "0" => Ok(Duration::ZERO),
-        Scalar::Str(s) => humantime::parse_duration(s.trim())
-            .map_err(|e| format!("{s:?} is not a duration like 250ms, 10s or 5m ({e})")),
+        Scalar::Str(s) => crate::duration::human(s).map_err(|e| format!("{s:?} {e}")),
     }
 }
 

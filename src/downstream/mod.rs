@@ -49,6 +49,7 @@ pub(crate) use stream::Peer;
 use stream::{Accept, Stream, UnixAccept};
 
 use crate::budget::Budget;
+use crate::caught;
 use crate::clients::{loopback::Scan, Clients, Leak};
 use crate::config::DownstreamConfig;
 use crate::live::Live;
@@ -245,20 +246,20 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
     // A copy for TCP, as before; for a Unix socket one reference count more per connection.
     let peer = conn.peer.clone();
     let span = tracing::debug_span!("downstream", client = %peer);
-    tokio::spawn(
-        async move {
-            let mut arrival = arrival;
-            match conn::serve(conn, &mut arrival, &ctx).await {
-                Ended::Closed(served) => finish(&ctx, &peer, served, held),
-                Ended::Idle(conn) => ctx.parking.park(conn, held, arrival, &ctx),
-                Ended::Tunnel(stream, tunnel, served) => {
-                    let ends = TunnelEnds { served, held, peer };
-                    splice_apart(stream, *tunnel, Instant::now(), true, ends, ctx)
-                }
+    // Under the net of `crate::caught`: a panic closes the connection, logged and counted.
+    let panics = ctx.metrics.families().panics.clone();
+    let serving = async move {
+        let mut arrival = arrival;
+        match conn::serve(conn, &mut arrival, &ctx).await {
+            Ended::Closed(served) => finish(&ctx, &peer, served, held),
+            Ended::Idle(conn) => ctx.parking.park(conn, held, arrival, &ctx),
+            Ended::Tunnel(stream, tunnel, served) => {
+                let ends = TunnelEnds { served, held, peer };
+                splice_apart(stream, *tunnel, Instant::now(), true, ends, ctx)
             }
         }
-        .instrument(span),
-    );
+    };
+    tokio::spawn(async move { caught::run(serving, &panics).await.ok() }.instrument(span));
 }
 
 /// Splices an established tunnel (a CONNECT, or a switch of protocols) in a task of its own,
@@ -276,7 +277,8 @@ fn splice_apart<S: Stream>(
 ) {
     // Not instrumented: the tunnel's own span (a child of the connection's) is entered for
     // what it logs, and a second one would wait in every idle tunnel's task.
-    tokio::spawn(async move {
+    let panics = ctx.metrics.families().panics.clone();
+    let splicing = async move {
         let parks = parks && ctx.parking.available() && !ctx.draining() && tunnel.can_park();
         let idle = Idle {
             timeout: ctx.config.get().idle_timeout,
@@ -292,7 +294,8 @@ fn splice_apart<S: Stream>(
                 finish(&ctx, &ends.peer, ends.served, ends.held);
             }
         }
-    });
+    };
+    tokio::spawn(async move { caught::run(splicing, &panics).await.ok() });
 }
 
 /// What a tunnel's downstream connection leaves to be accounted when the tunnel closes.

@@ -41,8 +41,12 @@ impl Conn {
     /// Takes the upstream's intent for this connection from a response head.
     pub(super) fn observe_response(&mut self, persistence: &h1::Persistence) {
         self.retire |= persistence.close;
-        if let Some(secs) = persistence.timeout_secs {
-            let timeout = Duration::from_secs(secs.into());
+        // Past `duration::LONGEST` (`timeout=99999999999` saturates at u32::MAX seconds) it
+        // is no timeout an upstream means, and is ignored.
+        let timeout = persistence
+            .timeout_secs
+            .and_then(|secs| crate::duration::bounded(Duration::from_secs(secs.into())).ok());
+        if let Some(timeout) = timeout {
             // Retire before the upstream's own timer fires: reusing a connection in its last
             // moments races the upstream's close.
             let margin = Duration::from_secs(1).min(timeout / 2);

@@ -95,14 +95,8 @@ pub fn take_asked(req: &mut Request<impl Sized>, scanned: Scanned) -> Result<Ask
         return Ok(asked);
     }
     if let Some(text) = take_one(headers, X_EGRESS_TIMEOUT)? {
-        let parsed = if text == "0" {
-            Ok(std::time::Duration::ZERO)
-        } else {
-            humantime::parse_duration(&text)
-        };
-        asked.timeout = Some(
-            parsed.map_err(|_| format!("x-egress-timeout: {text:?} is not a duration like 30s or 1500ms"))?,
-        );
+        asked.timeout =
+            Some(crate::duration::human(&text).map_err(|e| format!("x-egress-timeout: {text:?} {e}"))?);
     }
     if let Some(text) = take_one(headers, X_EGRESS_RETRY)? {
         asked.no_retry = if text.eq_ignore_ascii_case("off") {

@@ -30,6 +30,7 @@ use hyper::body::Incoming;
 use std::sync::Arc;
 
 use crate::access_log::{self, AccessLog};
+use crate::caught;
 use crate::error::{ErrorKind, ProxyError};
 use crate::routing::{Arrival, Router};
 use crate::upstream::TimedBody;
@@ -98,7 +99,10 @@ impl Proxy {
             // Boxed: the unlogged path should not carry the line's state in its future.
             return Box::pin(self.handle_logged(req, arrival, log)).await;
         }
-        match self.forward(req, arrival, &mut logged::Routed::default()).await {
+        match self
+            .forward_caught(req, arrival, &mut logged::Routed::default())
+            .await
+        {
             Ok(resp) => resp,
             Err(err) => {
                 log_error(&err);
@@ -115,7 +119,7 @@ impl Proxy {
     ) -> Response<ResponseBody> {
         let pending = logged::Pending::begin(req, log);
         let mut routed = logged::Routed::default();
-        let (resp, error) = match self.forward(req, arrival, &mut routed).await {
+        let (resp, error) = match self.forward_caught(req, arrival, &mut routed).await {
             Ok(resp) => (resp, None),
             Err(err) => {
                 log_error(&err);
@@ -123,6 +127,23 @@ impl Proxy {
             }
         };
         pending.respond(resp, routed, error, log)
+    }
+
+    /// [`Self::forward`] under the net of `crate::caught`: a panic becomes `502 internal`.
+    async fn forward_caught(
+        &self,
+        req: &mut Request<RequestBody>,
+        arrival: &Arrival,
+        routed: &mut logged::Routed,
+    ) -> Result<Response<ResponseBody>, ProxyError> {
+        let panics = &self.router.metrics().families().panics;
+        match caught::run(self.forward(req, arrival, routed), panics).await {
+            Ok(result) => result,
+            Err(caught::Panicked(message)) => Err(ProxyError::new(
+                ErrorKind::Internal,
+                format!("the sidecar failed on this request (a bug: {message})"),
+            )),
+        }
     }
 
     async fn forward(
@@ -138,6 +159,10 @@ impl Proxy {
                 ErrorKind::BadRequest,
                 "CONNECT cannot be forwarded as a request",
             ));
+        }
+        #[cfg(test)]
+        if req.headers().contains_key(tests::PANIC_HEADER) {
+            panic!("{} asked for a panic", tests::PANIC_HEADER);
         }
         let scanned = headers::scan(req.headers());
         let upgrade = scanned.upgrade() && upgrade::requested(req);
@@ -278,3 +303,6 @@ impl Body for ResponseBody {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -33,6 +33,7 @@ pub use timed::{CutCounters, Deadlines, TimedBody};
 use crate::config::ParentRoute;
 use crate::connector::parent::Parent;
 use crate::connector::{dial, h1, h2, tls};
+use crate::duration::DurationError;
 use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
@@ -483,6 +484,17 @@ impl Upstream {
         }
     }
 
+    /// Counts a header value this upstream sent that was ignored, and logs the first.
+    fn ignored_header(&self, header: &'static str, value: &str, why: DurationError) {
+        if self.metrics.ignored_header(header) {
+            let value: String = value.chars().take(64).collect();
+            tracing::warn!(
+                upstream = %self.label, header, value, error = %why,
+                "ignored a header the upstream sent (logged once per upstream and header, counted in egress_upstream_ignored_headers_total)"
+            );
+        }
+    }
+
     fn error(&self, kind: ErrorKind, cause: impl Into<String>) -> ProxyError {
         ProxyError::new(kind, cause).with_upstream(&*self.label)
     }
@@ -644,7 +656,9 @@ impl Upstream {
                 },
             };
             let wait = match &mut result {
-                Ok(resp) => match retry::asked_wait(resp) {
+                Ok(resp) => match retry::asked_wait(resp, &mut |header, value, why| {
+                    self.ignored_header(header, value, why)
+                }) {
                     Some(asked) if asked > policy.retry_after_max => break,
                     Some(asked) => asked,
                     None => self.retries.backoff(policy.backoff, retry),

@@ -20,6 +20,7 @@ use http::HeaderMap;
 use tower::retry::budget::{Budget as _, TpsBudget};
 
 use crate::config::{Backoff, RetryBudget, RetryConfig};
+use crate::duration::{self, DurationError};
 use crate::error::{ErrorKind, ProxyError};
 use crate::pool::PooledBody;
 use crate::rng::Xorshift;
@@ -161,30 +162,40 @@ pub(super) fn is_idempotent<B>(req: &http::Request<B>) -> bool {
 }
 
 /// How long `resp` asks to wait before the next request ([`retry_after`]). Its fields go into
-/// its map first: an HTTP/1.1 head leaves them as lines.
-pub(super) fn asked_wait(resp: &mut http::Response<PooledBody>) -> Option<Duration> {
+/// its map first: an HTTP/1.1 head leaves them as lines. A value that is no duration the
+/// sidecar takes goes to `ignored`.
+pub(super) fn asked_wait(resp: &mut http::Response<PooledBody>, ignored: Ignored<'_>) -> Option<Duration> {
     let wire = resp.body_mut().take_wire_fields();
     crate::wire::fields::into_map(wire, resp.headers_mut());
-    retry_after(resp.headers(), SystemTime::now())
+    retry_after(resp.headers(), SystemTime::now(), ignored)
 }
+
+/// Told of a header an upstream sent whose value was ignored: its name, the value, and why.
+pub(super) type Ignored<'a> = &'a mut dyn FnMut(&'static str, &str, DurationError);
 
 /// How long a response asks to wait before the next request: `retry-after-ms` (milliseconds,
 /// as OpenAI and Azure send it), else `Retry-After` in seconds or as an HTTP date (RFC 9110
-/// §10.2.3). `None` when there is none or it does not parse.
-pub(super) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = text("retry-after-ms").and_then(|t| t.parse::<f64>().ok()) {
-        if ms.is_finite() && ms >= 0.0 {
-            return Some(Duration::from_secs_f64(ms / 1000.0));
+/// §10.2.3). `None` when there is none that parses into a bounded duration
+/// ([`crate::duration`]); each one that does not goes to `ignored`, as if it were not there.
+pub(super) fn retry_after(headers: &HeaderMap, now: SystemTime, ignored: Ignored<'_>) -> Option<Duration> {
+    let text = |name: &str| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
+    if let Some(value) = text(RETRY_AFTER_MS) {
+        match duration::millis(&value) {
+            Ok(wait) => return Some(wait),
+            Err(e) => ignored(RETRY_AFTER_MS, &value, e),
         }
     }
     let value = text("retry-after")?;
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    let value = value.trim();
+    let wait = if value.bytes().next().is_some_and(|b| b.is_ascii_alphabetic()) {
+        duration::until(value, now)
+    } else {
+        duration::seconds(value)
+    };
+    wait.map_err(|e| ignored("retry-after", value, e)).ok()
 }
+
+const RETRY_AFTER_MS: &str = "retry-after-ms";
 
 #[cfg(test)]
 mod tests {
@@ -198,30 +209,60 @@ mod tests {
         map
     }
 
+    /// `retry_after`, recording what it ignored.
+    fn retry_after_noting(
+        headers: &HeaderMap,
+        now: SystemTime,
+    ) -> (Option<Duration>, Vec<(&'static str, String)>) {
+        let mut ignored = Vec::new();
+        let wait = retry_after(headers, now, &mut |name, value, _| {
+            ignored.push((name, value.to_owned()))
+        });
+        (wait, ignored)
+    }
+
     #[test]
     fn retry_after_in_seconds_dates_and_milliseconds() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(
-            retry_after(&headers(&[("retry-after", "3")]), now),
-            Some(Duration::from_secs(3))
-        );
+        let wait = |pairs: &[(&'static str, &str)]| {
+            let (wait, ignored) = retry_after_noting(&headers(pairs), now);
+            assert!(ignored.is_empty(), "{pairs:?}: {ignored:?}");
+            wait
+        };
+        assert_eq!(wait(&[("retry-after", "3")]), Some(Duration::from_secs(3)));
         let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
-        assert_eq!(
-            retry_after(&headers(&[("retry-after", &later)]), now),
-            Some(Duration::from_secs(90))
-        );
+        assert_eq!(wait(&[("retry-after", &later)]), Some(Duration::from_secs(90)));
         let past = httpdate::fmt_http_date(now - Duration::from_secs(90));
+        assert_eq!(wait(&[("retry-after", &past)]), Some(Duration::ZERO));
         assert_eq!(
-            retry_after(&headers(&[("retry-after", &past)]), now),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(
-            retry_after(&headers(&[("retry-after-ms", "250"), ("retry-after", "9")]), now),
+            wait(&[("retry-after-ms", "250"), ("retry-after", "9")]),
             Some(Duration::from_millis(250)),
             "the finer one wins"
         );
-        assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
-        assert_eq!(retry_after(&HeaderMap::new(), now), None);
+        assert_eq!(wait(&[]), None);
+    }
+
+    /// The values that panicked `Duration::from_secs_f64` or would overflow a deadline are
+    /// ignored, each reported, and a valid companion header still counts (issue 41).
+    #[test]
+    fn extreme_retry_after_values_are_ignored_and_reported() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let max = u64::MAX.to_string();
+        for value in ["1e30", "-1", "NaN", "inf", "-inf", max.as_str(), "soon"] {
+            let (wait, ignored) = retry_after_noting(&headers(&[("retry-after-ms", value)]), now);
+            assert_eq!(wait, None, "retry-after-ms: {value}");
+            assert_eq!(ignored, [("retry-after-ms", value.to_owned())]);
+            let (wait, ignored) = retry_after_noting(&headers(&[("retry-after", value)]), now);
+            assert_eq!(wait, None, "retry-after: {value}");
+            assert_eq!(ignored, [("retry-after", value.to_owned())]);
+        }
+        let far = "Fri, 31 Dec 9999 23:59:59 GMT";
+        let (wait, ignored) = retry_after_noting(&headers(&[("retry-after", far)]), now);
+        assert_eq!((wait, ignored.len()), (None, 1), "a date past the bound");
+        let (wait, ignored) =
+            retry_after_noting(&headers(&[("retry-after-ms", "1e30"), ("retry-after", "2")]), now);
+        assert_eq!(wait, Some(Duration::from_secs(2)));
+        assert_eq!(ignored, [("retry-after-ms", "1e30".to_owned())]);
     }
 
     #[test]

@@ -1,0 +1,58 @@
+//! The request path's net (`crate::caught`) on a served connection: a panic in a request's
+//! task is answered `502 internal`, counted, and the connection goes on serving.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A request carrying this header panics in `Proxy::forward` (test builds only).
+pub(crate) const PANIC_HEADER: &str = "x-egress-test-panic";
+
+/// Reads one response head and its `Content-Length` body off `client`.
+async fn read_response(client: &mut tokio::net::TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_owned)
+                })
+                .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+            if got.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut chunk))
+            .await
+            .expect("a response within 5 s")
+            .unwrap();
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[tokio::test]
+async fn a_panic_in_a_request_is_answered_502_internal_and_counted() {
+    let (me, ctx) = crate::downstream::testing::serve_for_test("").await;
+    let mut client = tokio::net::TcpStream::connect(me).await.unwrap();
+    client
+        .write_all(b"GET http://panic.test/ HTTP/1.1\r\nHost: panic.test\r\nx-egress-test-panic: 1\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_response(&mut client).await;
+    assert!(answer.starts_with("HTTP/1.1 502 "), "{answer}");
+    assert!(answer.contains("x-egress-error: internal\r\n"), "{answer}");
+    assert!(answer.contains("asked for a panic"), "{answer}");
+    assert_eq!(ctx.metrics.families().panics.get(), 1);
+
+    // The same connection serves the next request: a refusal the path makes without a panic.
+    client.write_all(b"GET /no-host HTTP/1.1\r\n\r\n").await.unwrap();
+    let answer = read_response(&mut client).await;
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert_eq!(ctx.metrics.families().panics.get(), 1);
+}
