@@ -36,6 +36,7 @@ pub const TARGETS: &[(&str, FuzzFn)] = &[
     ("host", host),
     ("header_rewrite", header_rewrite),
     ("config", config),
+    ("duration", duration),
 ];
 
 /// A request head as the downstream codec reads it, then its body as far as it arrived: a
@@ -192,5 +193,26 @@ pub fn config(data: &[u8]) {
     };
     if let Ok(config) = config::parse(text, &Default::default()) {
         serde_json::to_string(&config).expect("a valid config serializes");
+    }
+}
+
+/// A duration from outside, through every parser of `crate::duration`: whatever one accepts is
+/// at most `LONGEST` and adds to both clocks without overflow; nothing panics.
+pub fn duration(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let now = std::time::SystemTime::now();
+    let parsed = [
+        crate::duration::human(&text),
+        crate::duration::seconds(&text),
+        crate::duration::millis(&text),
+        crate::duration::until(&text, now),
+    ];
+    for d in parsed.into_iter().flatten() {
+        assert!(d <= crate::duration::LONGEST, "{text:?} gave {d:?}");
+        assert!(now.checked_add(d).is_some(), "{text:?}: SystemTime + {d:?}");
+        assert!(
+            std::time::Instant::now().checked_add(d).is_some(),
+            "{text:?}: Instant + {d:?}"
+        );
     }
 }
