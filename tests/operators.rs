@@ -458,86 +458,31 @@ fn an_unwritable_access_log_path_is_a_check_error() {
 /// subject DN of the one presented.
 struct MtlsNginx {
     addr: SocketAddr,
-    child: std::process::Child,
-    _dir: TempDir,
+    _nginx: support::Nginx,
 }
 
 impl MtlsNginx {
-    /// None when nginx is not installed; retries on a fresh port when the one given is taken.
+    /// None when nginx is not installed.
     async fn start(ca: &TestCa) -> Option<Self> {
-        let binary = ["/usr/sbin/nginx", "/usr/bin/nginx"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())?;
-        for _ in 0..5 {
-            let dir = TempDir::new();
-            let prefix = dir.path.display().to_string();
-            let ca_file = ca.write_pem(&dir);
-            let (cert, key) = ca.server_files(&["nginx.test"], &dir.path, "server");
-            let addr = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap();
-            let conf = format!(
-                "user root;\nmaster_process off;\npid {prefix}/nginx.pid;\nerror_log {prefix}/error.log;\n\
-                 events {{ worker_connections 64; }}\n\
-                 http {{\n  access_log off;\n  client_body_temp_path {prefix}/body;\n  proxy_temp_path {prefix}/proxy;\n\
-                 \x20 fastcgi_temp_path {prefix}/fastcgi;\n  uwsgi_temp_path {prefix}/uwsgi;\n  scgi_temp_path {prefix}/scgi;\n\
-                 \x20 server {{\n    listen {addr} ssl;\n    ssl_certificate {cert};\n    ssl_certificate_key {key};\n\
+        let nginx = support::Nginx::start(1, |addrs, dir| {
+            let ca_file = dir.join("ca.pem");
+            std::fs::write(&ca_file, &ca.pem).unwrap();
+            let (cert, key) = ca.server_files(&["nginx.test"], dir, "server");
+            format!(
+                "  server {{\n    listen {addr} ssl;\n    ssl_certificate {cert};\n    ssl_certificate_key {key};\n\
                  \x20   ssl_verify_client on;\n    ssl_client_certificate {ca};\n\
-                 \x20   location / {{ default_type text/plain; return 200 \"$ssl_client_s_dn\\n\"; }}\n  }}\n}}\n",
+                 \x20   location / {{ default_type text/plain; return 200 \"$ssl_client_s_dn\\n\"; }}\n  }}",
+                addr = addrs[0],
                 cert = cert.display(),
                 key = key.display(),
                 ca = ca_file.display(),
-            );
-            let conf_path = dir.path.join("nginx.conf");
-            std::fs::write(&conf_path, conf).unwrap();
-            let mut child = std::process::Command::new(binary)
-                .arg("-p")
-                .arg(&dir.path)
-                .arg("-c")
-                .arg(&conf_path)
-                .args(["-g", "daemon off;"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .ok()?;
-            let error_log = dir.path.join("error.log");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let mut taken = false;
-            loop {
-                let log = std::fs::read_to_string(&error_log).unwrap_or_default();
-                if log.contains("Address already in use") {
-                    taken = true;
-                    break;
-                }
-                if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
-                    let _ = child.kill();
-                    panic!("nginx did not start: {log}");
-                }
-                if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            if taken {
-                let _ = child.kill();
-                let _ = child.wait();
-                continue;
-            }
-            return Some(MtlsNginx {
-                addr,
-                child,
-                _dir: dir,
-            });
-        }
-        panic!("nginx found its port taken five times in a row");
-    }
-}
-
-impl Drop for MtlsNginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+            )
+        })
+        .await?;
+        Some(MtlsNginx {
+            addr: nginx.addrs[0],
+            _nginx: nginx,
+        })
     }
 }
 

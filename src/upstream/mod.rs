@@ -182,16 +182,18 @@ impl Spec {
         }
     }
 
-    /// An upstream met through an absolute-form request, with `defaults`.
+    /// An upstream met through an absolute-form request, with `defaults` less their
+    /// credentials ([`dynamic_settings`]).
     pub fn dynamic(scheme: Scheme, authority: Authority, config: &Config) -> Self {
+        let settings = dynamic_settings(config);
         Spec {
             label: authority.to_string().into(),
             scheme,
             authority,
             aliases: Vec::new(),
             addresses: Vec::new(),
-            tls: config.defaults.tls.clone(),
-            settings: dynamic_settings(config),
+            tls: settings.tls.clone(),
+            settings,
         }
     }
 
@@ -900,12 +902,15 @@ impl Upstream {
     }
 }
 
-/// `defaults` for an upstream met on the fly, less the headers `request_headers` sets: those
-/// carry credentials meant for the upstreams the operator named, never for any host an
-/// application may name.
+/// `defaults` for an upstream met on the fly, less the credentials in them: the headers
+/// `request_headers` sets and the client certificate of `tls` are meant for the upstreams the
+/// operator named, never for any host an application may name. (`tls.ca_file` stays: it is
+/// whom the sidecar trusts, not what it presents.)
 fn dynamic_settings(config: &Config) -> UpstreamSettings {
     let mut settings = config.defaults.clone();
     settings.request_headers.set.clear();
+    settings.tls.client_cert_file = None;
+    settings.tls.client_key_file = None;
     settings
 }
 

@@ -113,25 +113,59 @@ mod tests {
         assert!(Rules::new(&HeaderRules::default()).is_none());
     }
 
+    /// Through `Spec::dynamic`, what an upstream met on the fly is built from: the test fails
+    /// when the spec takes `defaults` whole (`settings: config.defaults.clone()`, or
+    /// `tls: config.defaults.tls.clone()`), not only when `dynamic_settings` changes.
     #[test]
     fn defaults_set_values_never_go_to_hosts_met_on_the_fly() {
+        let dir = std::env::temp_dir().join(format!("egress-rules-dynamic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["client.test".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (crt, key_file, ca) = (dir.join("c.pem"), dir.join("k.pem"), dir.join("ca.pem"));
+        std::fs::write(&crt, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        std::fs::write(&ca, cert.pem()).unwrap();
         let config = crate::config::parse(
-            "defaults:\n  request_headers: { set: { Authorization: \"Bearer d\" }, remove: [X-Debug] }\n",
+            &format!(
+                "defaults:\n  request_headers: {{ set: {{ Authorization: \"Bearer d\" }}, remove: [X-Debug] }}\n  \
+                 tls: {{ client_cert_file: {}, client_key_file: {}, ca_file: {} }}\n",
+                crt.display(),
+                key_file.display(),
+                ca.display()
+            ),
             &crate::config::Overrides::default(),
         )
         .unwrap();
-        let settings = super::super::dynamic_settings(&config);
+        let _ = std::fs::remove_dir_all(&dir);
+        let authority = crate::config::Authority::parse("anyhost.test:443", 443).unwrap();
+        let spec = super::super::Spec::dynamic(crate::config::Scheme::Https, authority, &config);
         assert!(
-            settings.request_headers.set.is_empty(),
+            spec.settings.request_headers.set.is_empty(),
             "no credential for any host"
         );
         assert_eq!(
-            settings.request_headers.remove,
+            spec.settings.request_headers.remove,
             [HeaderName::from_static("x-debug")]
         );
+        for tls in [&spec.tls, &spec.settings.tls, &spec.pool_key().tls.unwrap()] {
+            assert_eq!(
+                (&tls.client_cert_file, &tls.client_key_file),
+                (&None, &None),
+                "no client certificate"
+            );
+            assert_eq!(tls.ca_file.as_ref(), Some(&ca), "its trust stays");
+        }
         assert_eq!(
             config.defaults.request_headers.set.len(),
             1,
+            "configured upstreams keep it"
+        );
+        assert!(
+            config.defaults.tls.client_cert_file.is_some(),
             "configured upstreams keep it"
         );
     }

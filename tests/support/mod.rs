@@ -1,7 +1,7 @@
 //! Test support: the sidecar in-process, its admin endpoints, and waiting on observable state;
 //! fake upstreams, the raw client, a DNS responder, the child-process sidecar, child-process
-//! clients that print JSON lines, a scripted origin, a Squid parent proxy and machine checks in
-//! submodules.
+//! clients that print JSON lines, a scripted origin, a Squid parent proxy, nginx as an origin and
+//! machine checks in submodules.
 //! Everything binds 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
@@ -10,13 +10,16 @@ mod client;
 mod dns;
 mod line_client;
 mod machine;
+mod nginx;
 mod scripted;
 mod squid;
 mod upstream;
 
 // Each test binary uses some of these: a glob none of its items are used from is no defect.
 #[allow(unused_imports)]
-pub use {child::*, client::*, dns::*, line_client::*, machine::*, scripted::*, squid::*, upstream::*};
+pub use {
+    child::*, client::*, dns::*, line_client::*, machine::*, nginx::*, scripted::*, squid::*, upstream::*,
+};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
