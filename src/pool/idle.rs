@@ -41,12 +41,7 @@ impl Conn {
     /// Takes the upstream's intent for this connection from a response head.
     pub(super) fn observe_response(&mut self, persistence: &h1::Persistence) {
         self.retire |= persistence.close;
-        // Past `duration::LONGEST` (`timeout=99999999999` saturates at u32::MAX seconds) it
-        // is no timeout an upstream means, and is ignored.
-        let timeout = persistence
-            .timeout_secs
-            .and_then(|secs| crate::duration::bounded(Duration::from_secs(secs.into())).ok());
-        if let Some(timeout) = timeout {
+        if let Some(timeout) = advertised_idle(persistence.timeout_secs) {
             // Retire before the upstream's own timer fires: reusing a connection in its last
             // moments races the upstream's close.
             let margin = Duration::from_secs(1).min(timeout / 2);
@@ -56,6 +51,13 @@ impl Conn {
             self.remaining_hint = Some(max.into());
         }
     }
+}
+
+/// An upstream's `Keep-Alive: timeout=N`, as a duration: past `duration::LONGEST`
+/// (`timeout=99999999999` saturates at u32::MAX seconds, 136 years) it is no timeout an
+/// upstream means, and is ignored.
+fn advertised_idle(timeout_secs: Option<u32>) -> Option<Duration> {
+    timeout_secs.and_then(|secs| crate::duration::bounded(Duration::from_secs(secs.into())).ok())
 }
 
 pub(super) struct Idle {
@@ -381,5 +383,22 @@ pub(super) fn expiry_reason(
         "learned_idle_timeout"
     } else {
         "idle_timeout"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_advertised_idle_timeout_past_the_bound_is_ignored() {
+        assert_eq!(advertised_idle(Some(5)), Some(Duration::from_secs(5)));
+        assert_eq!(
+            advertised_idle(Some(365 * 24 * 3600)),
+            Some(crate::duration::LONGEST)
+        );
+        assert_eq!(advertised_idle(Some(365 * 24 * 3600 + 1)), None);
+        assert_eq!(advertised_idle(Some(u32::MAX)), None);
+        assert_eq!(advertised_idle(None), None);
     }
 }
