@@ -259,7 +259,7 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
             }
         }
     };
-    tokio::spawn(async move { caught::run(serving, &panics).await.ok() }.instrument(span));
+    tokio::spawn(caught::Caught::new(serving, panics).instrument(span));
 }
 
 /// Splices an established tunnel (a CONNECT, or a switch of protocols) in a task of its own,
@@ -295,7 +295,7 @@ fn splice_apart<S: Stream>(
             }
         }
     };
-    tokio::spawn(async move { caught::run(splicing, &panics).await.ok() });
+    tokio::spawn(caught::Caught::new(splicing, panics));
 }
 
 /// What a tunnel's downstream connection leaves to be accounted when the tunnel closes.

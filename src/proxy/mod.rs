@@ -19,6 +19,7 @@ mod logged;
 mod splice;
 pub mod upgrade;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -26,6 +27,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
 
 use std::sync::Arc;
 
@@ -102,6 +104,7 @@ impl Proxy {
         match self
             .forward_caught(req, arrival, &mut logged::Routed::default())
             .await
+            .unwrap_or_else(internal)
         {
             Ok(resp) => resp,
             Err(err) => {
@@ -119,7 +122,11 @@ impl Proxy {
     ) -> Response<ResponseBody> {
         let pending = logged::Pending::begin(req, log);
         let mut routed = logged::Routed::default();
-        let (resp, error) = match self.forward_caught(req, arrival, &mut routed).await {
+        let (resp, error) = match self
+            .forward_caught(req, arrival, &mut routed)
+            .await
+            .unwrap_or_else(internal)
+        {
             Ok(resp) => (resp, None),
             Err(err) => {
                 log_error(&err);
@@ -129,21 +136,19 @@ impl Proxy {
         pending.respond(resp, routed, error, log)
     }
 
-    /// [`Self::forward`] under the net of `crate::caught`: a panic becomes `502 internal`.
-    async fn forward_caught(
-        &self,
-        req: &mut Request<RequestBody>,
-        arrival: &Arrival,
-        routed: &mut logged::Routed,
-    ) -> Result<Response<ResponseBody>, ProxyError> {
-        let panics = &self.router.metrics().families().panics;
-        match caught::run(self.forward(req, arrival, routed), panics).await {
-            Ok(result) => result,
-            Err(caught::Panicked(message)) => Err(ProxyError::new(
-                ErrorKind::Internal,
-                format!("the sidecar failed on this request (a bug: {message})"),
-            )),
-        }
+    /// [`Self::forward`] under the net of `crate::caught`, awaited by the caller: a plain
+    /// function, as one more `async` level would add its own state to every request's future.
+    fn forward_caught<'a>(
+        &'a self,
+        req: &'a mut Request<RequestBody>,
+        arrival: &'a Arrival,
+        routed: &'a mut logged::Routed,
+    ) -> caught::Caught<impl Future<Output = Result<Response<ResponseBody>, ProxyError>> + 'a, &'a Counter>
+    {
+        caught::Caught::new(
+            self.forward(req, arrival, routed),
+            &self.router.metrics().families().panics,
+        )
     }
 
     async fn forward(
@@ -198,6 +203,14 @@ impl Proxy {
         headers::to_downstream(&mut resp);
         Ok(resp)
     }
+}
+
+/// A panic caught on the request path, as the error the application gets: `502 internal`.
+fn internal(caught::Panicked(message): caught::Panicked) -> Result<Response<ResponseBody>, ProxyError> {
+    Err(ProxyError::new(
+        ErrorKind::Internal,
+        format!("the sidecar failed on this request (a bug: {message})"),
+    ))
 }
 
 /// Logs a sidecar-made error once: server errors as warnings, refusals as information.
