@@ -36,8 +36,32 @@ async fn read_response(client: &mut tokio::net::TcpStream) -> String {
     }
 }
 
+/// What the sidecar logs, kept for the test to read.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn a_panic_in_a_request_is_answered_502_internal_and_counted() {
+    // The test's runtime runs the sidecar's tasks on this thread: they log to this subscriber.
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
     let (me, ctx) = crate::downstream::testing::serve_for_test("").await;
     let mut client = tokio::net::TcpStream::connect(me).await.unwrap();
     client
@@ -49,6 +73,16 @@ async fn a_panic_in_a_request_is_answered_502_internal_and_counted() {
     assert!(answer.contains("x-egress-error: internal\r\n"), "{answer}");
     assert!(answer.contains("asked for a panic"), "{answer}");
     assert_eq!(ctx.metrics.families().panics.get(), 1);
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("panic caught"))
+        .unwrap_or_else(|| panic!("no panic logged:\n{logged}"));
+    assert!(
+        line.contains("ERROR") && line.contains("request{method=GET uri=http://panic.test/}"),
+        "logged as an error in the request's span: {line}"
+    );
+    assert!(line.contains("asked for a panic"), "{line}");
 
     // The same connection serves the next request: a refusal the path makes without a panic.
     client.write_all(b"GET /no-host HTTP/1.1\r\n\r\n").await.unwrap();
