@@ -231,9 +231,13 @@ async fn localhost_resolves_with_a_silent_name_server() {
     );
 }
 
+/// The name .ci/run maps to 127.0.0.1 in /etc/hosts when the machine has none of its own.
+const HOSTS_ONLY_NAME: &str = "egress-hosts-only.test";
+
 /// A name /etc/hosts maps to 127.0.0.1 and to no IPv6 address, other than `localhost` (which
 /// hickory answers itself, RFC 6761, whatever /etc/hosts says, so it proves nothing about the
-/// file): Docker and gVisor write the machine's own name so. None: the caller returns.
+/// file): Docker and gVisor write the machine's own name so, .ci/run adds [`HOSTS_ONLY_NAME`].
+/// None: skipped (a failure under `CI=true`), the caller returns.
 fn hosts_only_name() -> Option<String> {
     let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
     let v6_names = hosts_names(&hosts, IpAddr::from(std::net::Ipv6Addr::LOCALHOST));
@@ -241,8 +245,9 @@ fn hosts_only_name() -> Option<String> {
         .into_iter()
         .find(|n| n != "localhost" && !n.ends_with(".localhost") && !v6_names.contains(n));
     if found.is_none() {
-        // Not a missing install step (CI or not): writing /etc/hosts needs root.
-        println!("SKIPPED: /etc/hosts maps no name but localhost to 127.0.0.1 alone");
+        skip(&format!(
+            "/etc/hosts maps no name but localhost to 127.0.0.1 alone (.ci/run adds `127.0.0.1 {HOSTS_ONLY_NAME}`)"
+        ));
     }
     found
 }

@@ -23,9 +23,25 @@ fn one_request_per_connection(addresses: &str, connect_timeout: &str) -> String 
     )
 }
 
+/// The happy-eyeballs delay before the next address is tried beside a hanging one
+/// (`ATTEMPT_DELAY`, src/connector/dial.rs).
+const ATTEMPT_DELAY: Duration = Duration::from_millis(250);
+
+/// Whether a connect to `addr` neither completes nor is refused within `wait`.
+async fn connect_hangs(addr: SocketAddr, wait: Duration) -> bool {
+    tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr))
+        .await
+        .is_err()
+}
+
 #[tokio::test]
 async fn a_dead_first_address_costs_an_attempt_delay_not_connect_timeout() {
     let dead = Blackhole::start().await;
+    assert!(
+        connect_hangs(dead.addr, ATTEMPT_DELAY * 4).await,
+        "a connect to the blackhole {} did not hang: the test would prove nothing",
+        dead.addr
+    );
     let alive = FakeUpstream::start().await;
     let sidecar = Sidecar::start(&one_request_per_connection(
         &format!("{}, {}", dead.addr, alive.addr),
@@ -34,23 +50,32 @@ async fn a_dead_first_address_costs_an_attempt_delay_not_connect_timeout() {
     .await;
     let mut client = RawClient::connect(sidecar.addr).await;
     let started = Instant::now();
+    let mut each = Vec::new();
     for i in 0..6 {
+        let sent = Instant::now();
         let resp = client.get("http://multi.test/ok").await;
+        each.push(sent.elapsed());
         assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
     }
     let took = started.elapsed();
+    println!("6 requests with a dead first address: {took:?}, each {each:?}");
     assert_eq!(
         alive.accepted(),
         6,
         "each request dialed, and reached the live address"
     );
-    // Each dial waits about 250 ms on the dead address before the live one is tried beside it;
-    // waiting out connect_timeout (5 s) on it even once would take longer than this.
+    // The first dial tries the dead address first and waits one attempt delay on it before the
+    // live one is tried beside it: sooner, and it never tried the dead one (or did not wait).
+    assert!(
+        each[0] >= ATTEMPT_DELAY,
+        "the first request took {:?}, less than the attempt delay: the dead address was not tried first, or not waited on",
+        each[0]
+    );
+    // Waiting out connect_timeout (5 s) on it even once would take longer than this.
     assert!(
         took < Duration::from_secs(5),
         "6 requests took {took:?}: a dial waited out connect_timeout on the dead address"
     );
-    println!("6 requests with a dead first address: {took:?}");
 }
 
 #[tokio::test]

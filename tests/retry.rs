@@ -146,6 +146,83 @@ async fn a_retry_after_over_the_maximum_passes_the_response_through_at_once() {
     assert_eq!(metric(&sidecar, "egress_upstream_retries_total", &[]).await, 0.0);
 }
 
+/// A Retry-After that would end past the request's deadline is not waited: the answer in hand
+/// goes to the app at once, where waiting would end in `504 request_timeout` at the deadline.
+#[tokio::test]
+async fn a_retry_after_past_the_request_deadline_is_not_waited() {
+    let origin = ScriptedOrigin::start().await;
+    origin.script(
+        "/deadline",
+        vec![
+            Answer::status(429).header("retry-after", "5").body("in 5 s"),
+            Answer::ok("past the deadline"),
+        ],
+    );
+    let settings = "    request_timeout: 2s\n    retry: { attempts: 2, retry_after_max: 60s }\n";
+    let sidecar = sidecar(&origin, "", settings).await;
+    let started = Instant::now();
+    let resp = send(&sidecar, &origin, "GET", "/deadline", "", "").await;
+    let took = started.elapsed();
+    println!(
+        "429 with Retry-After: 5 under request_timeout: 2s: {} after {took:?}",
+        resp.status
+    );
+    assert_eq!(resp.status, 429, "the 429 in hand, not a wait: {}", resp.text());
+    assert_eq!(resp.text(), "in 5 s");
+    assert!(
+        took < Duration::from_secs(5),
+        "answered after {took:?}: the Retry-After was waited"
+    );
+    assert_eq!(origin.requests("/deadline").len(), 1);
+    assert_eq!(metric(&sidecar, "egress_upstream_retries_total", &[]).await, 0.0);
+}
+
+/// While a retry waits out its Retry-After, it holds no connection: the 429's connection is
+/// back in the pool, idle (the next attempt takes it again), not active for the waiting request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_retry_holds_no_connection() {
+    let origin = ScriptedOrigin::start().await;
+    origin.script(
+        "/wait",
+        vec![
+            Answer::status(429).header("retry-after", "4").body("wait"),
+            Answer::ok("after the wait"),
+        ],
+    );
+    let sidecar = sidecar(&origin, "", "    retry: { attempts: 2 }\n").await;
+    let (addr, url) = (sidecar.addr, origin.url("/wait"));
+    let waiting = tokio::spawn(async move {
+        let mut client = RawClient::connect(addr).await;
+        client.get(&url).await
+    });
+    assert_eq!(origin.wait_requests(1, Duration::from_secs(5)).await.len(), 1);
+    let connections = |m: &prometheus_parse::Scrape, state| {
+        support::value(
+            m,
+            "egress_upstream_connections",
+            &[("upstream", "origin"), ("state", state)],
+        )
+    };
+    let m = support::scrape_until(sidecar.admin, Duration::from_secs(2), |m| {
+        connections(m, "active") == 0.0 && connections(m, "idle") == 1.0
+    })
+    .await;
+    let during = (connections(&m, "active"), connections(&m, "idle"));
+    assert!(
+        !waiting.is_finished(),
+        "answered before the Retry-After: the scrape came too late"
+    );
+    assert_eq!(
+        during,
+        (0.0, 1.0),
+        "(active, idle) connections while the retry waits"
+    );
+    assert_eq!(origin.requests("/wait").len(), 1, "still waiting");
+    let resp = waiting.await.unwrap();
+    assert_eq!((resp.status, resp.text()), (200, "after the wait".to_owned()));
+    assert_eq!(origin.accepted(), 1, "the retry took the pooled connection again");
+}
+
 #[tokio::test]
 async fn a_post_is_retried_on_503_only_with_an_idempotency_key() {
     let origin = ScriptedOrigin::start().await;
@@ -499,9 +576,9 @@ async fn a_reset_before_the_head_is_retried_for_idempotent_requests_only() {
 
 #[tokio::test]
 async fn a_connect_failure_is_retried_for_any_method_body_or_not() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    // Bound, not listening, for the whole test: refused, and no other process can take it.
+    let refusing = support::RefusingPort::new();
+    let port = refusing.port();
     let sidecar = Sidecar::start(&format!(
         "upstreams:\n  - name: origin\n    url: http://127.0.0.1:{port}\n    retry: {{ attempts: 2, backoff: {{ base: 1ms, max: 5ms }} }}\n"
     ))
