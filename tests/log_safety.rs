@@ -138,6 +138,23 @@ fn hostile_requests(origin: SocketAddr) -> Vec<Hostile> {
     ]
 }
 
+/// Heads with bytes the codec refuses: in the target, what `http::Uri` does not take (`<`, a
+/// `"` in the query); in a field value, DEL and NUL.
+fn refused_heads(origin: SocketAddr) -> Vec<Vec<u8>> {
+    let head = |target: &str, agent: &[u8]| {
+        let mut head = format!("GET {target} HTTP/1.1\r\nHost: {origin}\r\nUser-Agent: ").into_bytes();
+        head.extend_from_slice(agent);
+        head.extend_from_slice(b"\r\n\r\n");
+        head
+    };
+    vec![
+        head("/a<b>", b"ua"),
+        head("/q?k=\"v\"", b"ua"),
+        head("/del", b"a\x7fb"),
+        head("/nul", b"a\x00b"),
+    ]
+}
+
 /// nginx's escaping undone: `\xHH` is byte HH; any other backslash, a quote or a byte outside
 /// printable ASCII means the field was not escaped.
 fn unescape(field: &str) -> Result<Vec<u8>, String> {
@@ -223,6 +240,19 @@ async fn hostile_paths_hosts_and_agents_cannot_forge_an_access_log_line() {
             );
         }
     }
+    // What the codec refuses is answered 400 and logged as a refused head (`- -`).
+    for head in refused_heads(origin.addr) {
+        for sidecar in [&text, &json] {
+            let resp = exchange(sidecar.addr, &head).await;
+            assert_eq!(
+                resp.status,
+                400,
+                "{:?}: {}",
+                String::from_utf8_lossy(&head),
+                resp.text()
+            );
+        }
+    }
     // The sidecar still serves.
     let mut after = RawClient::connect(text.addr).await;
     assert_eq!(
@@ -230,7 +260,8 @@ async fn hostile_paths_hosts_and_agents_cannot_forge_an_access_log_line() {
         200
     );
     drop(after);
-    let n = requests.len() + 1;
+    let refused = refused_heads(origin.addr).len();
+    let n = requests.len() + refused + 1;
     let (text_lines, json_lines) = (wait_lines(&text_log, n).await, wait_lines(&json_log, n - 1).await);
     assert_eq!(text_lines.len(), n, "one text line per request");
     assert_eq!(json_lines.len(), n - 1, "one JSON line per request");
@@ -238,6 +269,7 @@ async fn hostile_paths_hosts_and_agents_cannot_forge_an_access_log_line() {
     let Some(groups) = combined_groups(&text_log) else {
         return;
     };
+    assert_eq!(groups.len(), text_lines.len(), "python3 read every line");
     let mut seen = Vec::new();
     for (line, groups) in text_lines.iter().zip(&groups) {
         let shown = String::from_utf8_lossy(line);
@@ -270,6 +302,9 @@ async fn hostile_paths_hosts_and_agents_cannot_forge_an_access_log_line() {
                 .collect::<Vec<_>>()
         );
     }
+    let refused_line = (b"- - HTTP/1.1".to_vec(), "400".to_owned(), b"-".to_vec());
+    let refused_lines = seen.iter().filter(|s| **s == refused_line).count();
+    assert_eq!(refused_lines, refused, "a line per refused head: {seen:?}");
 
     let objects: Vec<Value> = json_lines
         .iter()
@@ -284,6 +319,10 @@ async fn hostile_paths_hosts_and_agents_cannot_forge_an_access_log_line() {
             assert_eq!(found["authority"], host, "{found}");
         }
     }
+    let refused_objects = objects
+        .iter()
+        .filter(|v| v["method"] == "-" && v["status"] == 400);
+    assert_eq!(refused_objects.count(), refused, "{objects:?}");
 }
 
 // === 2. credentials in no output ===
