@@ -584,6 +584,27 @@ mod tests {
     }
 
     #[test]
+    fn a_url_with_userinfo_is_refused_without_repeating_it() {
+        for yaml in [
+            "upstreams:\n  - url: http://user-7a:s3cret-7a@api.example\n",
+            "upstreams:\n  - url: http://user-7a:s3cret-7a@api.example/path\n",
+            "upstreams:\n  - url: ftp://user-7a:s3cret-7a@api.example\n",
+            "defaults:\n  via: { url: \"http://user-7a:s3cret-7a@proxy:3128/path\" }\n",
+            "defaults:\n  via: { url: \"socks5://user-7a:s3cret-7a@proxy:1080\" }\n",
+        ] {
+            let found = super::problems(yaml);
+            assert!(!found.is_empty(), "{yaml}");
+            for (key, reason) in found {
+                let shown = format!("{key}: {reason}");
+                assert!(
+                    !shown.contains("user-7a") && !shown.contains("s3cret-7a"),
+                    "{shown}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn empty_config_is_the_documented_defaults() {
         let c = parse("", &Overrides::default()).unwrap();
         assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
