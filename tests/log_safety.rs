@@ -418,6 +418,20 @@ async fn credentials_through(format: &str) -> Outputs {
         &exchange(sidecar.addr, head.as_bytes()).await,
         400,
     );
+    // Heads refused on their targets' shape: one `http::Uri` does not take (the codec's
+    // error), a CONNECT target without a port.
+    let head = format!("GET http://{userinfo}{up}/a<b> HTTP/1.1\r\nHost: {up}\r\n\r\n");
+    answered(
+        "an invalid absolute-form target",
+        &exchange(sidecar.addr, head.as_bytes()).await,
+        400,
+    );
+    let head = format!("CONNECT {userinfo}{} HTTP/1.1\r\nHost: {up}\r\n\r\n", up.ip());
+    answered(
+        "a CONNECT target without a port",
+        &exchange(sidecar.addr, head.as_bytes()).await,
+        400,
+    );
     // Proxy-Authorization on a request that goes through, and the injected header.
     let head = format!(
         "GET http://{up}/proxy-auth HTTP/1.1\r\nHost: {up}\r\nProxy-Authorization: Basic {PROXY_SECRET}\r\n\r\n"
@@ -462,9 +476,9 @@ async fn credentials_through(format: &str) -> Outputs {
     for s in &seen {
         out.add(format!("what the origin saw of {}", s.uri), s.uri.clone());
     }
-    // Every exchange gets a line: six requests, the tunnel's CONNECT and the one inside it.
-    let lines = wait_lines(&log, 7).await;
-    assert!(lines.len() >= 7, "{} access-log lines", lines.len());
+    // Every exchange gets a line: seven requests, the tunnel's CONNECT and the one inside it.
+    let lines = wait_lines(&log, 9).await;
+    assert_eq!(lines.len(), 9, "access-log lines");
     for line in lines {
         out.add(format!("the {format} access log"), String::from_utf8_lossy(&line));
     }
