@@ -465,6 +465,13 @@ fn text_line(r: &Record) -> String {
 fn push_escaped(line: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let plain = |b: u8| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
+    // The usual field, printable ASCII throughout, is copied whole.
+    if bytes.iter().all(|&b| plain(b)) {
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            line.push_str(text);
+            return;
+        }
+    }
     for &b in bytes {
         if plain(b) {
             line.push(char::from(b));
