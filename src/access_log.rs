@@ -4,8 +4,14 @@
 //! and counted (`egress_access_log_dropped_total`).
 //!
 //! What a line holds is fixed here ([`Record`]); credentials never reach it: no header value is
-//! logged but the `traceparent` trace id and, in text lines, the `User-Agent`, and the query
-//! string only with `access_log.query: true`.
+//! logged but the `traceparent` trace id and, in text lines, the `User-Agent`, the query
+//! string only with `access_log.query: true`, and an authority without its userinfo (the
+//! caller's to remove, with `crate::redact`).
+//!
+//! Whatever the bytes an application sends, a line stays one line whose fields are where a
+//! parser looks for them: text fields are escaped as nginx escapes them (`"`, `\` and bytes
+//! outside printable ASCII as `\xHH`), so a path or a `User-Agent` cannot close its quotes and
+//! write fields of its own; JSON strings are escaped as JSON.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -76,8 +82,8 @@ pub struct Record {
     pub duration_ms: f64,
     /// From a valid `traceparent`.
     pub trace_id: Option<String>,
-    /// `User-Agent`, for text lines.
-    pub user_agent: Option<String>,
+    /// `User-Agent` as sent (any bytes a field value may hold), for text lines.
+    pub user_agent: Option<Box<[u8]>>,
 }
 
 impl Record {
@@ -423,26 +429,28 @@ fn json_str(line: &mut String, value: &str) {
 /// `127.0.0.1 - - [24/Nov/2026:08:53:14 +0000] "GET /path HTTP/1.1" 200 2 "-" "curl/8.0"`
 /// then `key=value` fields, as nginx's combined format with upstream timings appended.
 fn text_line(r: &Record) -> String {
-    let client = match &r.source {
-        Some(Source::Addr(addr)) => addr.ip().to_string(),
-        Some(Source::Process { pid: Some(pid), .. }) => format!("unix:{pid}"),
-        Some(Source::Process { pid: None, .. }) => "unix".to_owned(),
-        None => "-".to_owned(),
-    };
-    let mut line = format!(
-        "{client} - - [{}] \"{} {} {}\" {} {} \"-\" \"{}\"",
-        clf_time(r.time),
-        r.method,
-        r.path,
-        r.protocol,
-        r.status,
-        r.bytes_out,
-        r.user_agent.as_deref().unwrap_or("-").replace('"', "'"),
-    );
+    let mut line = String::with_capacity(256);
+    match &r.source {
+        Some(Source::Addr(addr)) => {
+            let _ = write!(line, "{}", addr.ip());
+        }
+        Some(Source::Process { pid: Some(pid), .. }) => {
+            let _ = write!(line, "unix:{pid}");
+        }
+        Some(Source::Process { pid: None, .. }) => line.push_str("unix"),
+        None => line.push('-'),
+    }
+    let _ = write!(line, " - - [{}] \"", clf_time(r.time));
+    push_escaped(&mut line, r.method.as_bytes());
+    line.push(' ');
+    push_escaped(&mut line, r.path.as_bytes());
+    let _ = write!(line, " {}\" {} {} \"-\" \"", r.protocol, r.status, r.bytes_out);
+    push_escaped(&mut line, r.user_agent.as_deref().unwrap_or(b"-"));
+    line.push_str("\" upstream=");
+    push_escaped(&mut line, r.upstream.as_deref().unwrap_or("-").as_bytes());
     let _ = writeln!(
         line,
-        " upstream={} endpoint={} ttfb_ms={:.3} duration_ms={:.3} error={} retries={}",
-        r.upstream.as_deref().unwrap_or("-"),
+        " endpoint={} ttfb_ms={:.3} duration_ms={:.3} error={} retries={}",
         r.endpoint.map_or_else(|| "-".to_owned(), |e| e.to_string()),
         r.ttfb_ms,
         r.duration_ms,
@@ -450,6 +458,29 @@ fn text_line(r: &Record) -> String {
         r.retries,
     );
     line
+}
+
+/// `bytes` as nginx writes a variable into a log line (`escape=default`): `"`, `\` and bytes
+/// outside printable ASCII as `\xHH`, the rest as they are.
+fn push_escaped(line: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let plain = |b: u8| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
+    // The usual field, printable ASCII throughout, is copied whole.
+    if bytes.iter().all(|&b| plain(b)) {
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            line.push_str(text);
+            return;
+        }
+    }
+    for &b in bytes {
+        if plain(b) {
+            line.push(char::from(b));
+        } else {
+            line.push_str("\\x");
+            line.push(char::from(HEX[usize::from(b >> 4)]));
+            line.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
 }
 
 /// `24/Nov/2026:08:53:14 +0000`, from the RFC 3339 form.
@@ -493,7 +524,7 @@ mod tests {
             ttfb_ms: 1.25,
             duration_ms: 1.5,
             trace_id: None,
-            user_agent: Some("curl/8.0".into()),
+            user_agent: Some(b"curl/8.0"[..].into()),
         }
     }
 
@@ -549,6 +580,22 @@ mod tests {
             "127.0.0.1 - - [24/Nov/2026:08:53:14 +0000] \"GET /v1/x HTTP/1.1\" 200 2 \"-\" \"curl/8.0\" \
              upstream=api endpoint=10.0.0.1:80 ttfb_ms=1.250 duration_ms=1.500 error=- retries=1\n"
         );
+    }
+
+    #[test]
+    fn text_fields_are_escaped_as_nginx_escapes_them() {
+        let mut r = record();
+        r.path = "/q\"x\\y/caf\u{e9}%22".into();
+        r.user_agent = Some(b"ua\" 200 \"forged\t\x80\xff\x7f"[..].into());
+        let line = text_line(&r);
+        assert!(
+            line.contains(
+                "\"GET /q\\x22x\\x5Cy/caf\\xC3\\xA9%22 HTTP/1.1\" 200 2 \"-\" \
+                 \"ua\\x22 200 \\x22forged\\x09\\x80\\xFF\\x7F\" upstream=api "
+            ),
+            "{line}"
+        );
+        assert_eq!(line.matches('"').count(), 6, "{line}");
     }
 
     #[test]

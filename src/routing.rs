@@ -28,6 +28,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::live::Live;
 use crate::metrics::{ActiveGuard, Metrics};
 use crate::policy::Guard;
+use crate::redact;
 use crate::reload::Summary;
 use crate::upstream::{Shared, Spec, Upstream};
 
@@ -224,11 +225,15 @@ impl Router {
     /// sidecar's own listeners.
     pub fn check_connect_target(&self, target: &str) -> Result<Tunnel, ProxyError> {
         let bad = |why: String| ProxyError::new(ErrorKind::BadRequest, why);
-        let parsed: http::uri::Authority = target
-            .parse()
-            .map_err(|e| bad(format!("CONNECT target {target:?} is not host:port: {e}")))?;
+        let parsed: http::uri::Authority = target.parse().map_err(|e| {
+            bad(format!(
+                "CONNECT target {:?} is not host:port: {e}",
+                redact::target(target)
+            ))
+        })?;
         if parsed.port().is_none() {
-            return Err(bad(format!("CONNECT target {target:?} needs a port (host:port)")));
+            let shown = redact::authority(target);
+            return Err(bad(format!("CONNECT target {shown:?} needs a port (host:port)")));
         }
         let authority = Authority::parse(target, 0).map_err(|e| bad(format!("CONNECT target: {e}")))?;
         let config = self.config();
@@ -321,7 +326,10 @@ impl Router {
             _ => {
                 return Err(ProxyError::new(
                     ErrorKind::BadRequest,
-                    format!("request target {uri} is neither absolute-form nor origin-form"),
+                    format!(
+                        "request target {} is neither absolute-form nor origin-form",
+                        redact::uri(uri)
+                    ),
                 ))
             }
         };
@@ -409,7 +417,10 @@ fn check_tunnel_target(tunnel: &Authority, uri: &Uri) -> Result<(), ProxyError> 
     }
     Err(ProxyError::new(
         ErrorKind::BadRequest,
-        format!("a request inside the CONNECT tunnel to {tunnel} names {uri}; send it to {tunnel} only"),
+        format!(
+            "a request inside the CONNECT tunnel to {tunnel} names {}; send it to {tunnel} only",
+            redact::uri(uri)
+        ),
     ))
 }
 

@@ -32,6 +32,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde::{Serialize, Serializer};
 
+use crate::redact;
+
 pub use access_log::{AccessLogConfig, AccessLogFormat};
 pub use endpoints::{
     Balance, DnsConfig, OutlierConfig, DEFAULT_BASE_EJECTION, DEFAULT_DNS_MAX_TTL, DEFAULT_DNS_MIN_TTL,
@@ -269,23 +271,27 @@ pub struct Authority {
 
 impl Authority {
     /// Parses `host[:port]`, lower-casing the host; `default_port` fills a missing port.
+    /// Errors show `text` without its userinfo.
     pub fn parse(text: &str, default_port: u16) -> Result<Self, String> {
+        let shown = redact::authority(text);
         let auth: http::uri::Authority = text
             .parse()
-            .map_err(|e| format!("{text:?} is not a host[:port]: {e}"))?;
+            .map_err(|e| format!("{shown:?} is not a host[:port]: {e}"))?;
         if text.contains('@') {
-            return Err(format!("{text:?} must not carry user information"));
+            return Err(format!(
+                "{shown:?} must not carry user information (removed here)"
+            ));
         }
-        let host = canonical_host(auth.host()).map_err(|why| format!("{text:?}: {why}"))?;
+        let host = canonical_host(auth.host()).map_err(|why| format!("{shown:?}: {why}"))?;
         let port = match auth.port() {
             Some(p) => p
                 .as_str()
                 .parse::<u16>()
-                .map_err(|_| format!("{text:?} has an invalid port"))?,
+                .map_err(|_| format!("{shown:?} has an invalid port"))?,
             None => default_port,
         };
         if port == 0 {
-            return Err(format!("{text:?} has port 0"));
+            return Err(format!("{shown:?} has port 0"));
         }
         Ok(Authority { host, port })
     }
@@ -574,6 +580,27 @@ mod tests {
             Ok(_) => vec![],
             Err(ConfigError::Invalid(p)) => p.iter().map(|p| p.key.clone()).collect(),
             Err(e) => panic!("unexpected {e}"),
+        }
+    }
+
+    #[test]
+    fn a_url_with_userinfo_is_refused_without_repeating_it() {
+        for yaml in [
+            "upstreams:\n  - url: http://user-7a:s3cret-7a@api.example\n",
+            "upstreams:\n  - url: http://user-7a:s3cret-7a@api.example/path\n",
+            "upstreams:\n  - url: ftp://user-7a:s3cret-7a@api.example\n",
+            "defaults:\n  via: { url: \"http://user-7a:s3cret-7a@proxy:3128/path\" }\n",
+            "defaults:\n  via: { url: \"socks5://user-7a:s3cret-7a@proxy:1080\" }\n",
+        ] {
+            let found = super::problems(yaml);
+            assert!(!found.is_empty(), "{yaml}");
+            for (key, reason) in found {
+                let shown = format!("{key}: {reason}");
+                assert!(
+                    !shown.contains("user-7a") && !shown.contains("s3cret-7a"),
+                    "{shown}"
+                );
+            }
         }
     }
 

@@ -25,6 +25,7 @@ use super::{
     DEFAULT_POOL_IDLE_TIMEOUT, DEFAULT_POOL_MAX_CONNECTING, DEFAULT_POOL_MAX_CONNECTIONS,
     DEFAULT_POOL_MAX_IDLE, DEFAULT_POOL_MAX_LIFETIME, DEFAULT_POOL_MAX_PENDING, DEFAULT_POOL_PENDING_TIMEOUT,
 };
+use crate::redact;
 
 /// Upper bound on `downstream.max_connections`.
 const MAX_DOWNSTREAM_CONNECTIONS: usize = 1_000_000;
@@ -727,22 +728,24 @@ fn parse_unix_path(text: &str) -> Result<PathBuf, String> {
 }
 
 /// `http://host[:port]` or `https://host[:port]`, nothing after the authority but `/`.
+/// Errors show `text` without its userinfo.
 fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority), String> {
-    let uri: http::Uri = text.parse().map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    let shown = redact::target(text);
+    let uri: http::Uri = text.parse().map_err(|e| format!("{shown:?} is not a URL: {e}"))?;
     let scheme = match uri.scheme_str() {
         Some("http") => Scheme::Http,
         Some("https") => Scheme::Https,
-        Some(other) => return Err(format!("{text:?}: scheme {other:?} is not http or https")),
+        Some(other) => return Err(format!("{shown:?}: scheme {other:?} is not http or https")),
         None => {
             return Err(format!(
-                "{text:?} needs a scheme and a host, e.g. https://api.example.com"
+                "{shown:?} needs a scheme and a host, e.g. https://api.example.com"
             ))
         }
     };
-    let authority = uri.authority().ok_or_else(|| format!("{text:?} has no host"))?;
+    let authority = uri.authority().ok_or_else(|| format!("{shown:?} has no host"))?;
     if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
         return Err(format!(
-            "{text:?}: a path or query is not supported, only scheme://host[:port]"
+            "{shown:?}: a path or query is not supported, only scheme://host[:port]"
         ));
     }
     let authority = Authority::parse(authority.as_str(), scheme.default_port())?;

@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::schema::FileVia;
 use super::validate::Problems;
 use super::{Authority, HostPattern, Scheme};
+use crate::redact;
 
 /// How an upstream is reached.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -61,20 +62,22 @@ pub struct ParentUrl {
 impl ParentUrl {
     /// Parses `http://host:port` (port default 3128 for http, 443 for https), with optional
     /// `user:password@`.
+    /// Errors show `text` without its userinfo.
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
+        let shown = redact::target(text);
         let (scheme, rest) = if let Some(rest) = text.strip_prefix("http://") {
             (Scheme::Http, rest)
         } else if let Some(rest) = text.strip_prefix("https://") {
             (Scheme::Https, rest)
         } else {
             return Err(format!(
-                "{text:?} is not direct, env, or an http:// or https:// proxy URL"
+                "{shown:?} is not direct, env, or an http:// or https:// proxy URL"
             ));
         };
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         if rest.contains('/') || rest.contains('?') {
-            return Err(format!("{text:?}: a proxy URL has no path"));
+            return Err(format!("{shown:?}: a proxy URL has no path"));
         }
         let (userinfo, hostport) = match rest.rsplit_once('@') {
             Some((user, host)) => (Some(percent_decode(user)), host),
@@ -84,7 +87,7 @@ impl ParentUrl {
             Scheme::Http => 3128,
             Scheme::Https => 443,
         };
-        let authority = Authority::parse(hostport, default_port).map_err(|e| format!("{text:?}: {e}"))?;
+        let authority = Authority::parse(hostport, default_port).map_err(|e| format!("{shown:?}: {e}"))?;
         Ok(ParentUrl {
             scheme,
             authority,

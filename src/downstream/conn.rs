@@ -44,6 +44,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::live::Seen;
 use crate::proxy::connect::{Established, TunnelEnd};
 use crate::proxy::{upgrade, ResponseBody};
+use crate::redact;
 use crate::routing::{Arrival, Tunneled};
 use crate::wire::codec::{self, Decoder, HeadError, HeadFacts};
 use crate::wire::RequestBody;
@@ -562,7 +563,7 @@ async fn exchange<S: Stream>(
                 let uri = std::mem::take(req.uri_mut());
                 return Next::Connect(Box::new((uri, facts.body)));
             }
-            span = tracing::debug_span!("request", method = %req.method(), uri = %req.uri());
+            span = tracing::debug_span!("request", method = %req.method(), uri = %redact::uri(req.uri()));
             (version, keep_alive) = (req.version(), facts.keep_alive);
             head_only = req.method() == Method::HEAD;
             request_body(&mut req, &mut pump, facts, &conn.peer, ctx);

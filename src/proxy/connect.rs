@@ -36,6 +36,7 @@ use crate::connector::h1::Transport;
 use crate::connector::parent::Parent;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::ActiveGuard;
+use crate::redact;
 use crate::routing::Tunnel;
 use crate::upstream::Io;
 use crate::wire::codec::BodyFraming;
@@ -244,10 +245,11 @@ pub async fn serve(
     proxy: &Proxy,
     source: Option<Source>,
 ) -> TunnelEnd {
-    let span = tracing::debug_span!("tunnel", target = %target);
+    let span = tracing::debug_span!("tunnel", target = %redact::uri(target));
     let started = std::time::Instant::now();
     let mut line = proxy.access_log.as_ref().filter(|log| log.sampled()).map(|log| {
-        let authority = target.authority().map_or("-", |a| a.as_str()).to_owned();
+        let authority = target.authority().map_or("-", |a| redact::authority(a.as_str()));
+        let authority = authority.to_owned();
         let record = Record::begin(
             std::time::SystemTime::now(),
             source,

@@ -36,6 +36,7 @@ use http::header::{
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version};
 
+use crate::redact;
 use crate::upstream::Asked;
 use crate::wire::is_credential;
 use crate::wire::names::KEEP_ALIVE;
@@ -156,7 +157,8 @@ pub fn take_hop(req: &mut Request<impl Sized>) -> Result<bool, String> {
 pub fn last_hop_answer<B>(req: &Request<B>) -> Response<Bytes> {
     let mut resp = Response::new(Bytes::new());
     if req.method() == Method::TRACE {
-        let mut echo = format!("{} {} {:?}\r\n", req.method(), req.uri(), req.version()).into_bytes();
+        let target = redact::uri(req.uri());
+        let mut echo = format!("{} {target} {:?}\r\n", req.method(), req.version()).into_bytes();
         for (name, value) in req.headers().iter().filter(|(n, _)| !is_credential(n)) {
             echo.extend_from_slice(name.as_str().as_bytes());
             echo.extend_from_slice(b": ");

@@ -15,6 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::ResponseBody;
 use crate::access_log::{trace_id, AccessLog, Record, Source};
+use crate::redact;
 use crate::wire::{BoxError, RequestBody};
 
 /// What [`super::Proxy::forward`] learned of the upstream, for the line.
@@ -43,9 +44,9 @@ impl Pending {
         let authority = req
             .uri()
             .authority()
-            .map(|a| a.as_str().to_owned())
-            .or_else(|| text(http::header::HOST).map(str::to_owned))
-            .unwrap_or_default();
+            .map(http::uri::Authority::as_str)
+            .or_else(|| text(http::header::HOST))
+            .map_or_else(String::new, |named| redact::authority(named).to_owned());
         let path = match (log.with_query(), req.uri().path_and_query()) {
             (true, Some(pq)) => pq.as_str().to_owned(),
             _ => req.uri().path().to_owned(),
@@ -63,7 +64,7 @@ impl Pending {
             .and_then(|v| v.to_str().ok())
             .and_then(trace_id);
         if log.wants_user_agent() {
-            record.user_agent = text(http::header::USER_AGENT).map(str::to_owned);
+            record.user_agent = headers.get(http::header::USER_AGENT).map(|v| v.as_bytes().into());
         }
         Pending {
             record,

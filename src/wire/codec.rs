@@ -21,6 +21,7 @@ use smallvec::SmallVec;
 
 use super::is_credential;
 use super::scan::{self, Field, Fields};
+use crate::redact;
 
 /// Most header fields accepted in one request head.
 pub const MAX_HEADERS: usize = 128;
@@ -147,8 +148,10 @@ pub fn parse_head_into<B>(
     // httparse hands out the target and names as `str`: these bytes are UTF-8.
     let text = |at: Range<usize>| std::str::from_utf8(&head[at]).unwrap_or("");
     let raw_target = text(target.clone());
-    let uri = Uri::from_maybe_shared(head.slice(target))
-        .map_err(|e| HeadError::Invalid(format!("invalid request target {:?}: {e}", truncate(raw_target))))?;
+    let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|e| {
+        let shown = redact::target(raw_target);
+        HeadError::Invalid(format!("invalid request target {:?}: {e}", truncate(&shown)))
+    })?;
     check_target_form(&method, &uri, raw_target)?;
     // Room for the fields `proxy::headers` sets on the way up (`Host`, `TE`): http's `insert`
     // reserves a slot even when it replaces, and a map filled to capacity rehashes into one
@@ -272,9 +275,10 @@ fn check_target_form(method: &Method, uri: &Uri, raw: &str) -> Result<(), HeadEr
     if ok {
         Ok(())
     } else {
+        let shown = redact::target(raw);
         Err(HeadError::Invalid(format!(
             "invalid request target {:?} for {method}",
-            truncate(raw)
+            truncate(&shown)
         )))
     }
 }
