@@ -6,31 +6,12 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::{Nginx, RawClient, Sidecar, TempDir, TestCa};
 
 /// The default `Authorization` the sidecar holds.
 const SECRET: &str = "Bearer default-secret-7f3a";
-
-/// A GET for `url` through an h2c (prior knowledge) connection to the sidecar.
-async fn h2c_get(sidecar: SocketAddr, url: &str) -> u16 {
-    let stream = tokio::net::TcpStream::connect(sidecar).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::get(url).body(Empty::<Bytes>::new()).unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await;
-    status
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_credentials_never_reach_hosts_met_on_the_fly() {
@@ -106,11 +87,15 @@ async fn default_credentials_never_reach_hosts_met_on_the_fly() {
     assert_eq!(tunnel.read_response(false).await.expect("an answer").status, 200);
     // h2c, to both.
     assert_eq!(
-        h2c_get(sidecar.addr, &format!("https://{tls}/h2c-https")).await,
+        support::h2c_get(sidecar.addr, &format!("https://{tls}/h2c-https"))
+            .await
+            .0,
         200
     );
     assert_eq!(
-        h2c_get(sidecar.addr, &format!("http://{plain}/h2c-http")).await,
+        support::h2c_get(sidecar.addr, &format!("http://{plain}/h2c-http"))
+            .await
+            .0,
         200
     );
 

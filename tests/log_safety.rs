@@ -20,33 +20,13 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use support::{ChildSidecar, FakeUpstream, RawClient, Sidecar, TempDir};
 
 // === shared helpers ===
 
-fn lines_of(path: &Path) -> Vec<Vec<u8>> {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    let mut lines: Vec<Vec<u8>> = bytes.split(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
-    lines.pop(); // after the last newline
-    lines
-}
-
-/// Waits until the file holds `n` lines (10 s at most), then until it stops growing.
 async fn wait_lines(path: &Path, n: usize) -> Vec<Vec<u8>> {
-    support::eventually(Duration::from_secs(10), || lines_of(path).len() >= n).await;
-    let mut last = usize::MAX;
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = lines_of(path);
-        if now.len() == last {
-            return now;
-        }
-        last = now.len();
-    }
+    support::wait_file_lines(path, n).await
 }
 
 /// Sends `head` (raw bytes, the whole request) on a connection of its own and reads the answer.
@@ -359,23 +339,6 @@ impl Outputs {
     }
 }
 
-/// An h2c (prior knowledge) request for `uri` to `addr`; the status and body.
-async fn h2c_get(addr: SocketAddr, uri: &str) -> (u16, String) {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::get(uri)
-        .body(http_body_util::Empty::<Bytes>::new())
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
 /// Sends every way a credential can come (each asserted answered as it should be), and
 /// returns what the sidecar put out: responses as they arrive, then its access log, stderr,
 /// `/metrics` and `/debug/*`.
@@ -459,7 +422,7 @@ async fn credentials_through(format: &str) -> Outputs {
     answered("absolute-form inside a tunnel", &resp, 400);
     drop(tunnel);
     // h2c with prior knowledge, userinfo in :authority.
-    let (status, body) = h2c_get(sidecar.addr, &format!("http://{userinfo}{up}/h2c")).await;
+    let (status, body) = support::h2c_get(sidecar.addr, &format!("http://{userinfo}{up}/h2c")).await;
     assert_eq!(status, 400, "h2c: {body}");
     out.add("the h2c response", body);
 

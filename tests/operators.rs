@@ -44,27 +44,13 @@ async fn send(client: &mut RawClient, method: &str, url: &str, extra: &str, body
         .expect("a response")
 }
 
-fn lines_of(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Waits until the file holds `n` lines (10 s at most), then until it stops growing (lines
-/// are written off the request path: any extra one shows), and returns them all.
+/// The access log's lines once `n` are in and no more come (`support::wait_file_lines`).
 async fn wait_lines(path: &Path, n: usize) -> Vec<String> {
-    support::eventually(Duration::from_secs(10), || lines_of(path).len() >= n).await;
-    let mut last = usize::MAX;
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = lines_of(path);
-        if now.len() == last {
-            return now;
-        }
-        last = now.len();
-    }
+    let lines = support::wait_file_lines(path, n).await;
+    lines
+        .iter()
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect()
 }
 
 /// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).

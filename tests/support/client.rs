@@ -291,3 +291,21 @@ pub async fn read_h2_frame(r: &mut tokio::net::tcp::OwnedReadHalf) -> Option<Vec
     r.read_exact(&mut frame[9..]).await.ok()?;
     Some(frame)
 }
+
+/// An h2c (prior knowledge) GET for `uri` to `addr` on a connection of its own; the status and
+/// body.
+pub async fn h2c_get(addr: SocketAddr, uri: &str) -> (u16, String) {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(uri)
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}

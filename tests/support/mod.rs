@@ -123,6 +123,31 @@ impl Drop for Sidecar {
     }
 }
 
+// === files the sidecar writes ===
+
+/// The lines of the file at `path` (none when it is missing), as bytes.
+pub fn file_lines(path: &std::path::Path) -> Vec<Vec<u8>> {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let mut lines: Vec<Vec<u8>> = bytes.split(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
+    lines.pop(); // after the last newline
+    lines
+}
+
+/// Waits until the file holds `n` lines (10 s at most), then until it stops growing (lines
+/// are written off the request path: any extra one shows), and returns them all.
+pub async fn wait_file_lines(path: &std::path::Path, n: usize) -> Vec<Vec<u8>> {
+    eventually(Duration::from_secs(10), || file_lines(path).len() >= n).await;
+    let mut last = usize::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = file_lines(path);
+        if now.len() == last {
+            return now;
+        }
+        last = now.len();
+    }
+}
+
 // === admin listener ===
 
 /// GETs `path` on the admin listener.
