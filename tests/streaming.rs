@@ -141,6 +141,34 @@ async fn expect_100_continue_gets_the_final_status_when_refused() {
     assert_eq!(resp.header("connection"), Some("close"));
 }
 
+/// A response ready before the request body was taken in (here a refusal, decided before the
+/// body is looked at): a body that came with its head is read all the same, and the connection
+/// carries the next request; a body still to come is not waited for, and the response says
+/// `Connection: close` before the connection closes, never a keep-alive answer and then a close
+/// the client would take the next request's loss for.
+#[tokio::test]
+async fn an_early_response_keeps_the_connection_only_if_the_body_is_in() {
+    let sidecar = Sidecar::start("policy: { deny_hosts: [\"blocked.example\"] }\n").await;
+    let head = "POST http://blocked.example/ HTTP/1.1\r\nHost: blocked.example\r\nContent-Length: 4\r\n\r\n";
+    let mut client = RawClient::connect(sidecar.addr).await;
+    for i in 0..3 {
+        client.send_raw(format!("{head}data").as_bytes()).await;
+        let resp = client
+            .read_response(false)
+            .await
+            .unwrap_or_else(|| panic!("request {i}: the connection closed, the body was in"));
+        assert_eq!(resp.status, 403);
+        assert_eq!(resp.header("connection"), None, "request {i}");
+    }
+
+    let mut client = RawClient::connect(sidecar.addr).await;
+    client.send_raw(head.as_bytes()).await;
+    let resp = client.read_response(false).await.expect("the refusal");
+    assert_eq!(resp.status, 403);
+    assert_eq!(resp.header("connection"), Some("close"), "the body never came");
+    assert!(client.is_closed_within(Duration::from_secs(5)).await);
+}
+
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order() {
     let upstream = FakeUpstream::start().await;

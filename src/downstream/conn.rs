@@ -593,8 +593,13 @@ async fn exchange<S: Stream>(
             let resp = resp.take().expect("matched above");
             return Next::Switch(Box::new(Switching { resp, pending, span }));
         }
-        let abandoned = pump.abandon_unstarted();
-        let keep_alive = keep_alive && !abandoned && !ctx.draining();
+        // A body not all in by now belongs to an early response: its rest would have to be
+        // read and dropped before another request could be, so the connection closes after
+        // this response, and its head says so (a keep-alive answer followed by a close would
+        // cost the client the next request it sends). What came with the head is taken in
+        // first: it is read, whether or not the pump got to it before the response was ready.
+        let unread = pump.abandon_unstarted() || !pump.take_in_buffered(&mut conn.buf, max_head);
+        let keep_alive = keep_alive && !unread && !ctx.draining();
         let wire = response.body_mut().take_wire_fields();
         let outgoing = encode_response(response, wire, head_only, version, keep_alive);
         (

@@ -56,8 +56,46 @@ impl BodyPump {
     }
 
     /// The whole body was read off the socket (so the connection can carry another request).
+    /// A frame decoded but not passed on does not count against it: its bytes are read.
     pub(super) fn is_complete(&self) -> bool {
-        self.decoder.is_done() && self.pending.is_none() && !self.failed
+        self.decoder.is_done() && !self.failed
+    }
+
+    /// The response is ready: takes in, without waiting, what of the body was already read
+    /// off the socket, passing it on while the upstream side still takes it and dropping it
+    /// once it stopped reading. Returns whether the whole body is now in.
+    ///
+    /// Whether the pump got to bytes that came with the head before the response was ready
+    /// is a matter of scheduling (the response can be decided before the pump's first step,
+    /// or win its race against the step that would read them): the connection's fate must
+    /// not be. A body still to come is not waited for.
+    pub(super) fn take_in_buffered(&mut self, buf: &mut BytesMut, max_trailer: usize) -> bool {
+        // Waiting for 100 Continue, the client has sent no body: `abandon_unstarted` decides.
+        while !self.failed && self.awaiting_start.is_none() {
+            if let Some(frame) = self.pending.take() {
+                if let Some(tx) = self.tx.as_ref() {
+                    match tx.try_send(Ok(frame)) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(frame)) => {
+                            // The upstream side gets it, and the rest, while the response goes.
+                            self.pending = frame.ok();
+                            return self.is_complete();
+                        }
+                        // The upstream side stopped reading: the rest is read only to drop it.
+                        Err(mpsc::error::TrySendError::Closed(_)) => self.tx = None,
+                    }
+                }
+            }
+            match self.decoder.decode(buf, max_trailer) {
+                Ok(Some(frame)) => self.pending = Some(frame),
+                Ok(None) => break,
+                Err(e) => self.fail(e),
+            }
+        }
+        if self.decoder.is_done() && self.pending.is_none() {
+            self.tx = None; // end of body
+        }
+        self.is_complete()
     }
 
     /// The response is under way without the upstream having asked for the body: the client,
@@ -149,6 +187,7 @@ impl BodyPump {
         let Some(tx) = self.tx.as_ref() else {
             return Ok(());
         };
+        // The frame stays in `pending` until a permit is held (cancel safety).
         let delivered = match tx.reserve().await {
             Ok(permit) => {
                 permit.send(Ok(self.pending.take().expect("set above")));
@@ -156,8 +195,12 @@ impl BodyPump {
             }
             Err(_) => false,
         };
-        // Not delivered: the upstream side stopped reading (it answered early or failed); what
-        // is left of the body stays unread and the connection will close.
+        // Not delivered: the upstream side stopped reading (it answered early or failed). The
+        // frame is dropped; what is left of the body stays unread, but for what came with
+        // the head (`take_in_buffered`), and a body left unread closes the connection.
+        if !delivered {
+            self.pending = None;
+        }
         if !delivered || self.decoder.is_done() {
             self.tx = None;
         }
@@ -167,6 +210,49 @@ impl BodyPump {
 
 #[cfg(test)]
 mod tests {
+    use bytes::BytesMut;
+
+    use crate::wire::codec::{BodyFraming, Decoder};
+    use crate::wire::RequestBody;
+
+    /// A pump for a `Content-Length: 4` body, and the upstream side's end of its channel.
+    fn four_bytes() -> (super::BodyPump, RequestBody) {
+        let (body, sender) = RequestBody::channel(Some(4));
+        (
+            super::BodyPump::new(Decoder::new(BodyFraming::Length(4)), sender, false),
+            body,
+        )
+    }
+
+    /// The response can be ready before the pump's first step: a body that came with its head
+    /// is still read whole, whether the upstream side takes it or has stopped reading, and
+    /// the pipelined bytes after it are left for the next request.
+    #[test]
+    fn a_buffered_body_is_taken_in_when_the_response_is_ready() {
+        for upstream_reads in [true, false] {
+            let (mut pump, body) = four_bytes();
+            let kept = upstream_reads.then_some(body);
+            let mut buf = BytesMut::from(&b"dataGET /next"[..]);
+            assert!(
+                pump.take_in_buffered(&mut buf, 1024),
+                "upstream reads: {upstream_reads}"
+            );
+            assert!(pump.is_complete() && !pump.is_active());
+            assert_eq!(&buf[..], b"GET /next");
+            drop(kept);
+        }
+    }
+
+    /// Part of the body still to come: not waited for, and the connection cannot go on.
+    #[test]
+    fn a_body_not_all_in_is_not_waited_for() {
+        let (mut pump, _body) = four_bytes();
+        let mut buf = BytesMut::from(&b"da"[..]);
+        assert!(!pump.take_in_buffered(&mut buf, 1024));
+        assert!(!pump.is_complete() && pump.is_active());
+        assert!(buf.is_empty());
+    }
+
     /// While a request without a body waits for its response, the pump watches the client
     /// for a close: it must read into the room its buffer has left, not reserve a new buffer
     /// (the request's head still shares the old one's memory, so every request allocated).
