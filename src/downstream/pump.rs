@@ -70,6 +70,12 @@ impl BodyPump {
     /// or win its race against the step that would read them): the connection's fate must
     /// not be. A body still to come is not waited for.
     pub(super) fn take_in_buffered(&mut self, buf: &mut BytesMut, max_trailer: usize) -> bool {
+        // A body read whole, or none (most requests): nothing to take in. Checked first, as
+        // every request comes here (callgrind: 86 instructions per request without it).
+        if self.pending.is_none() && self.decoder.is_done() {
+            self.tx = None; // end of body, if it had not ended yet
+            return !self.failed;
+        }
         // Waiting for 100 Continue, the client has sent no body: `abandon_unstarted` decides.
         while !self.failed && self.awaiting_start.is_none() {
             if let Some(frame) = self.pending.take() {
