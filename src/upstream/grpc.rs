@@ -11,7 +11,7 @@ use http::header::CONTENT_TYPE;
 use http::HeaderMap;
 
 use super::{PoolKey, Shared, Upstream};
-use crate::config::{Protocol, TlsConfig, UpstreamSettings};
+use crate::config::{Protocol, UpstreamSettings};
 use crate::metrics::PoolSource;
 use crate::pool::Pool;
 
@@ -53,7 +53,6 @@ impl GrpcPool {
             settings.protocol = Protocol::Http2;
             let pool = Upstream::new_pool(
                 &upstream.key,
-                &TlsConfig::default(),
                 &settings,
                 &self.shared.guard,
                 (&upstream.endpoints, upstream.parent.as_ref()),

@@ -164,7 +164,9 @@ pub struct Spec {
     authority: Authority,
     aliases: Vec<Authority>,
     addresses: Vec<SocketAddr>,
-    tls: TlsConfig,
+    /// Its TLS settings among them: one copy, so that what a spec presents is what its
+    /// settings say (an upstream met on the fly once kept the defaults' client certificate
+    /// in a second copy after its settings had dropped it).
     settings: UpstreamSettings,
 }
 
@@ -177,7 +179,6 @@ impl Spec {
             authority: cfg.authority.clone(),
             aliases: cfg.aliases.clone(),
             addresses: cfg.addresses.clone(),
-            tls: cfg.settings.tls.clone(),
             settings: cfg.settings.clone(),
         }
     }
@@ -185,15 +186,13 @@ impl Spec {
     /// An upstream met through an absolute-form request, with `defaults` less their
     /// credentials ([`dynamic_settings`]).
     pub fn dynamic(scheme: Scheme, authority: Authority, config: &Config) -> Self {
-        let settings = dynamic_settings(config);
         Spec {
             label: authority.to_string().into(),
             scheme,
             authority,
             aliases: Vec::new(),
             addresses: Vec::new(),
-            tls: settings.tls.clone(),
-            settings,
+            settings: dynamic_settings(config),
         }
     }
 
@@ -204,7 +203,7 @@ impl Spec {
             scheme: self.scheme,
             authority: self.authority.clone(),
             addresses: self.addresses.clone(),
-            tls: (self.scheme == Scheme::Https).then(|| self.tls.clone()),
+            tls: (self.scheme == Scheme::Https).then(|| self.settings.tls.clone()),
             protocol: self.settings.protocol,
             connect_timeout: self.settings.connect_timeout,
             keepalive_interval: self.settings.http2.keepalive_interval,
@@ -236,7 +235,6 @@ impl Upstream {
             authority,
             aliases,
             addresses,
-            tls,
             settings,
         } = spec;
         let upstream_metrics = shared.metrics.upstream(&label);
@@ -276,7 +274,6 @@ impl Upstream {
             None => {
                 let pool = Self::new_pool(
                     &key,
-                    &tls,
                     &settings,
                     &shared.guard,
                     (&endpoints, parent.as_ref()),
@@ -308,7 +305,7 @@ impl Upstream {
             endpoints,
             parent,
             grpc,
-            tls: (scheme == Scheme::Https).then_some(tls),
+            tls: key.tls.clone(),
             upgrade_tls: OnceLock::new(),
             retries,
             cuts,
@@ -320,7 +317,6 @@ impl Upstream {
 
     fn new_pool(
         key: &PoolKey,
-        tls: &TlsConfig,
         settings: &UpstreamSettings,
         guard: &Arc<Guard>,
         (endpoints, parent): (&Arc<endpoint::Set>, Option<&Arc<Parent>>),
@@ -329,11 +325,14 @@ impl Upstream {
         let label = &key.label;
         let protocol = settings.protocol;
         let connector_tls = (key.scheme == Scheme::Https).then(|| {
-            tls::TlsConnector::new(tls, &key.authority.host, dial::Connector::alpn(protocol)).inspect_err(
-                |why| {
-                    tracing::error!(upstream = %label, "TLS origination unavailable: {why}");
-                },
+            tls::TlsConnector::new(
+                &settings.tls,
+                &key.authority.host,
+                dial::Connector::alpn(protocol),
             )
+            .inspect_err(|why| {
+                tracing::error!(upstream = %label, "TLS origination unavailable: {why}");
+            })
         });
         // What the pool can know before the first dial: only TLS with `auto` leaves it to ALPN.
         let known = match (protocol, key.scheme) {

@@ -151,7 +151,7 @@ mod tests {
             spec.settings.request_headers.remove,
             [HeaderName::from_static("x-debug")]
         );
-        for tls in [&spec.tls, &spec.settings.tls, &spec.pool_key().tls.unwrap()] {
+        for tls in [&spec.settings.tls, &spec.pool_key().tls.unwrap()] {
             assert_eq!(
                 (&tls.client_cert_file, &tls.client_key_file),
                 (&None, &None),
