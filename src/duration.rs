@@ -78,12 +78,9 @@ pub fn millis(text: &str) -> Result<Duration, DurationError> {
     if ms < 0.0 {
         return Err(DurationError::Negative);
     }
-    let secs = ms / 1000.0;
-    if secs > LONGEST.as_secs_f64() {
-        return Err(DurationError::TooLong);
-    }
-    // Finite, non-negative and at most LONGEST: within what `from_secs_f64` takes.
-    Ok(Duration::from_secs_f64(secs))
+    // Finite and non-negative: only too large a value is left for `try_from_secs_f64` to refuse.
+    let d = Duration::try_from_secs_f64(ms / 1000.0).map_err(|_| DurationError::TooLong)?;
+    bounded(d)
 }
 
 /// The wait until an HTTP date (RFC 9110 §5.6.7), as `Retry-After` may give it instead of

@@ -6,21 +6,7 @@
 
 mod support;
 
-use std::time::Duration;
-
-use support::{Answer, RawClient, RawResponse, ScriptedOrigin, Sidecar};
-
-/// `GET path` to `origin` in absolute-form on `client`, with `headers` (CRLF-ended lines).
-async fn get(client: &mut RawClient, origin: &ScriptedOrigin, path: &str, headers: &str) -> RawResponse {
-    let host = origin.addr;
-    client
-        .send_raw(format!("GET http://{host}{path} HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n").as_bytes())
-        .await;
-    tokio::time::timeout(Duration::from_secs(20), client.read_response(false))
-        .await
-        .unwrap_or_else(|_| panic!("{path} {headers:?}: no response in 20 s"))
-        .unwrap_or_else(|| panic!("{path} {headers:?}: the connection closed before a response"))
-}
+use support::{Answer, RawClient, ScriptedOrigin, Sidecar};
 
 #[tokio::test]
 async fn extreme_request_timeouts_are_refused_naming_the_header() {
@@ -38,20 +24,18 @@ async fn extreme_request_timeouts_are_refused_naming_the_header() {
         "1e30",
     ] {
         origin.script("/t", vec![Answer::ok("fine")]);
-        let resp = get(
-            &mut client,
-            &origin,
-            "/t",
-            &format!("x-egress-timeout: {value}\r\n"),
-        )
-        .await;
+        let resp = client
+            .get_with(&origin.url("/t"), &format!("x-egress-timeout: {value}\r\n"))
+            .await;
         let body = resp.assert_sidecar_error(400, "bad_request", value);
         assert!(body.contains("x-egress-timeout"), "{value}: {body}");
     }
     assert!(origin.requests("/t").is_empty(), "none went upstream");
     // The same connection still serves, and the bound itself is taken.
     origin.script("/t", vec![Answer::ok("fine")]);
-    let resp = get(&mut client, &origin, "/t", "x-egress-timeout: 365d\r\n").await;
+    let resp = client
+        .get_with(&origin.url("/t"), "x-egress-timeout: 365d\r\n")
+        .await;
     assert_eq!((resp.status, resp.text()), (200, "fine".to_owned()));
     sidecar.stop().await;
 }
@@ -82,7 +66,7 @@ async fn an_upstreams_extreme_retry_after_is_ignored_and_counted() {
             &path,
             vec![Answer::status(429).header(header, value), Answer::ok("second")],
         );
-        let resp = get(&mut client, &origin, &path, "").await;
+        let resp = client.get_with(&origin.url(&path), "").await;
         assert_eq!(
             (resp.status, resp.text()),
             (200, "second".to_owned()),

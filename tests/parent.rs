@@ -49,21 +49,9 @@ async fn tls_origin(ca: &TestCa, dir: &TempDir) -> (FakeUpstream, PathBuf) {
     (origin, ca.write_pem(dir))
 }
 
-/// GETs `url` (absolute-form) with `extra` header lines on `client`.
-async fn get(client: &mut RawClient, url: &str, extra: &str) -> RawResponse {
-    let host = url.split('/').nth(2).unwrap();
-    client
-        .send_raw(format!("GET {url} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n").as_bytes())
-        .await;
-    tokio::time::timeout(Duration::from_secs(15), client.read_response(false))
-        .await
-        .unwrap_or_else(|_| panic!("no answer to GET {url} within 15s"))
-        .unwrap_or_else(|| panic!("GET {url}: closed before a response"))
-}
-
 /// One GET of `url` on a new connection to `sidecar`.
 async fn get_once(sidecar: SocketAddr, url: &str) -> RawResponse {
-    get(&mut RawClient::connect(sidecar).await, url, "").await
+    RawClient::connect(sidecar).await.get_with(url, "").await
 }
 
 /// `clients` keep-alive connections at once, each GETting `url{i}` `each` times in turn;
@@ -76,7 +64,7 @@ async fn burst(sidecar: SocketAddr, url: &str, clients: usize, each: usize) -> V
                 let mut client = RawClient::connect(sidecar).await;
                 let mut statuses = Vec::new();
                 for i in 0..each {
-                    let resp = get(&mut client, &format!("{url}{}", c * each + i), "").await;
+                    let resp = client.get_with(&format!("{url}{}", c * each + i), "").await;
                     statuses.push(resp.status);
                 }
                 statuses
@@ -523,9 +511,11 @@ async fn the_apps_proxy_authorization_reaches_neither_the_parent_nor_the_origin(
     let header = format!("Proxy-Authorization: Basic {app_token}\r\n");
 
     let mut client = RawClient::connect(sidecar.addr).await;
-    let resp = get(&mut client, &format!("http://{}/app-auth", plain.addr), &header).await;
+    let resp = client
+        .get_with(&format!("http://{}/app-auth", plain.addr), &header)
+        .await;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    let resp = get(&mut client, "http://secure.test/app-auth", &header).await;
+    let resp = client.get_with("http://secure.test/app-auth", &header).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
     let (mut tunnel, resp) = connect(sidecar.addr, &echo.to_string(), &header).await;
     assert_eq!(resp.status, 200, "{}", resp.text());

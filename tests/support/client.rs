@@ -79,6 +79,18 @@ impl RawClient {
         self.read_response(false).await.expect("response")
     }
 
+    /// Sends a GET in absolute-form for `url` with `extra` header lines (each ending in CRLF)
+    /// and reads the response, which must come within 20 s, before a close.
+    pub async fn get_with(&mut self, url: &str, extra: &str) -> RawResponse {
+        let host = url.split('/').nth(2).unwrap_or("");
+        self.send_raw(format!("GET {url} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n").as_bytes())
+            .await;
+        tokio::time::timeout(Duration::from_secs(20), self.read_response(false))
+            .await
+            .unwrap_or_else(|_| panic!("GET {url} {extra:?}: no response in 20 s"))
+            .unwrap_or_else(|| panic!("GET {url} {extra:?}: closed before a response"))
+    }
+
     /// Sends `CONNECT target` with `extra_head` lines (each ending in CRLF), then `early` bytes
     /// in the same write, and reads the answer: a 200's head only (the stream is then at the
     /// first tunnelled byte; bytes read past the head stay buffered), anything else whole.
