@@ -21,25 +21,12 @@ use std::time::SystemTime;
 
 use prometheus_client::metrics::counter::Counter;
 
+use crate::clients::Source;
 use crate::config::{AccessLogConfig, AccessLogFormat};
 use crate::rng::Xorshift;
 
 /// Lines queued for the writer before new ones are dropped.
 const QUEUE_LINES: usize = 4096;
-
-/// Where a request came from.
-#[derive(Debug, Clone)]
-pub enum Source {
-    /// A TCP client.
-    Addr(SocketAddr),
-    /// A process on the Unix socket.
-    Process {
-        /// Its pid, when visible.
-        pid: Option<u32>,
-        /// Its executable.
-        exe: Option<Box<str>>,
-    },
-}
 
 /// One request, as its line shows it.
 #[derive(Debug, Clone)]
@@ -235,19 +222,19 @@ fn json_line(r: &Record) -> String {
     push_time(&mut line, r.time);
     line.push('"');
     match &r.source {
-        Some(Source::Addr(addr)) => {
+        Some(Source::Tcp(addr)) => {
             line.push_str(",\"source\":\"");
             push_addr(&mut line, *addr);
             line.push_str("\",\"source_pid\":null,\"source_exe\":null");
         }
-        Some(Source::Process { pid, exe }) => {
+        Some(Source::Unix(process)) => {
             line.push_str(",\"source\":\"unix\",\"source_pid\":");
-            match pid {
-                Some(pid) => push_u64(&mut line, u64::from(*pid)),
+            match process.pid {
+                Some(pid) => push_u64(&mut line, u64::from(pid)),
                 None => line.push_str("null"),
             }
             line.push_str(",\"source_exe\":");
-            json_opt_str(&mut line, exe.as_deref());
+            json_opt_str(&mut line, process.exe.as_deref());
         }
         None => line.push_str(",\"source\":null,\"source_pid\":null,\"source_exe\":null"),
     }
@@ -431,13 +418,15 @@ fn json_str(line: &mut String, value: &str) {
 fn text_line(r: &Record) -> String {
     let mut line = String::with_capacity(256);
     match &r.source {
-        Some(Source::Addr(addr)) => {
+        Some(Source::Tcp(addr)) => {
             let _ = write!(line, "{}", addr.ip());
         }
-        Some(Source::Process { pid: Some(pid), .. }) => {
-            let _ = write!(line, "unix:{pid}");
-        }
-        Some(Source::Process { pid: None, .. }) => line.push_str("unix"),
+        Some(Source::Unix(process)) => match process.pid {
+            Some(pid) => {
+                let _ = write!(line, "unix:{pid}");
+            }
+            None => line.push_str("unix"),
+        },
         None => line.push('-'),
     }
     let _ = write!(line, " - - [{}] \"", clf_time(r.time));
@@ -506,7 +495,7 @@ mod tests {
     fn record() -> Record {
         Record {
             time: SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_795_510_394_123),
-            source: Some(Source::Addr("127.0.0.1:40000".parse().unwrap())),
+            source: Some(Source::Tcp("127.0.0.1:40000".parse().unwrap())),
             method: "GET".into(),
             scheme: "http",
             authority: "api.example.com:80".into(),

@@ -49,35 +49,51 @@ const SCAN_TTL: Duration = Duration::from_secs(10);
 /// Loopback sources whose last scan is kept.
 const SCANS_KEPT: usize = 64;
 
-/// Where application connections come from: what the leak detector counts by.
+/// Where a request came from: the one name for it in downstream, this accounting and the access
+/// log. The variant is also the socket type: only a TCP accept makes a `Tcp` source and only the
+/// Unix accept a `Unix` one, which is how a parked descriptor is resumed as the right type.
+///
+/// The accounting counts a TCP source by its IP (the client's port changes with every
+/// connection): [`Source::counted`] leaves the port 0, and such a source shows as its IP alone.
+/// A peer never has port 0, so the two cannot be confused.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Source {
-    /// A TCP peer's IP.
-    Ip(IpAddr),
+    /// A TCP peer.
+    Tcp(SocketAddr),
     /// A process connected over the Unix socket.
-    Process(Arc<Process>),
+    Unix(Arc<Process>),
 }
 
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Source::Ip(ip) => ip.fmt(f),
-            Source::Process(process) => process.fmt(f),
+            Source::Tcp(addr) if addr.port() == 0 => addr.ip().fmt(f),
+            Source::Tcp(addr) => addr.fmt(f),
+            Source::Unix(process) => process.fmt(f),
         }
     }
 }
 
 impl From<IpAddr> for Source {
+    /// Every connection from `ip`, as the accounting counts them.
     fn from(ip: IpAddr) -> Self {
-        Source::Ip(ip)
+        Source::Tcp(SocketAddr::new(ip, 0))
     }
 }
 
 impl Source {
+    /// This source as the accounting counts it: a TCP peer by its IP alone.
+    pub fn counted(&self) -> Source {
+        match self {
+            Source::Tcp(addr) => Source::from(addr.ip()),
+            Source::Unix(process) => Source::Unix(process.clone()),
+        }
+    }
+
     /// The IP of a loopback TCP source: the only kind worth attributing by `/proc` scan.
     pub fn loopback_ip(&self) -> Option<IpAddr> {
         match self {
-            Source::Ip(ip) if ip.to_canonical().is_loopback() => Some(*ip),
+            Source::Tcp(addr) if addr.ip().to_canonical().is_loopback() => Some(addr.ip()),
             _ => None,
         }
     }
@@ -85,8 +101,8 @@ impl Source {
     /// The process of a Unix-socket source.
     pub fn process(&self) -> Option<&Process> {
         match self {
-            Source::Process(process) => Some(process),
-            Source::Ip(_) => None,
+            Source::Unix(process) => Some(process),
+            Source::Tcp(_) => None,
         }
     }
 }
@@ -201,7 +217,8 @@ impl Clients {
     }
 
     /// Runs `f` on `key`'s entry and the index of the current bucket (reset if it is stale).
-    fn with_source<R>(&self, key: &Source, now: Instant, f: impl FnOnce(&mut History, usize) -> R) -> R {
+    fn with_source<R>(&self, source: &Source, now: Instant, f: impl FnOnce(&mut History, usize) -> R) -> R {
+        let key = &source.counted();
         let slice = self.slice(now);
         let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
         if !sources.contains_key(key) {
@@ -240,12 +257,12 @@ impl Clients {
         })
     }
 
-    /// A connection from `key` closed after `requests` requests; returns a leak to warn about,
-    /// at most once per window per source.
-    pub fn closed(&self, key: &Source, requests: u64, idle_closed: bool) -> Option<Leak> {
+    /// A connection from `from` closed after `requests` requests; returns a leak to warn about
+    /// (naming the source as counted), at most once per window per source.
+    pub fn closed(&self, from: &Source, requests: u64, idle_closed: bool) -> Option<Leak> {
         let now = Instant::now();
         let current = self.slice(now);
-        self.with_source(key, now, |source, i| {
+        self.with_source(from, now, |source, i| {
             for b in [&mut source.buckets[i], &mut source.totals] {
                 b.closed += 1;
                 b.requests += requests;
@@ -261,7 +278,7 @@ impl Clients {
             }
             source.last_warned = Some(now);
             Some(Leak {
-                source: key.clone(),
+                source: from.counted(),
                 connections: window.opened,
                 requests_per_connection: per_connection(&window),
             })
@@ -377,7 +394,7 @@ mod tests {
     use super::*;
 
     fn ip(last: u8) -> Source {
-        Source::Ip(IpAddr::from([10, 0, 0, last]))
+        Source::from(IpAddr::from([10, 0, 0, last]))
     }
 
     #[test]
@@ -412,7 +429,7 @@ mod tests {
     }
 
     fn process(pid: u32, start_time: u64, exe: &str) -> Source {
-        Source::Process(Arc::new(Process {
+        Source::Unix(Arc::new(Process {
             pid: Some(pid),
             uid: 1000,
             start_time: Some(start_time),

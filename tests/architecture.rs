@@ -533,3 +533,100 @@ mod tests { use crate::config::Config; }
     let table = layer_table("//! | layer | modules | owns |\n//! |---|---|---|\n//! | top | `app` | x |\n//! | leaves | `config/`, `error` | y |\n");
     assert_eq!(table[1].1, ["config", "error"]);
 }
+
+/// The library's files (test modules aside) with their text, test items blanked; comments and
+/// strings kept when `keep_strings`, for checks that look for a literal.
+fn library_texts(keep_strings: bool) -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    library_files(&src)
+        .into_iter()
+        .map(|(path, _)| {
+            let raw = std::fs::read_to_string(&path).unwrap();
+            let text = if keep_strings {
+                strip_test_items(&raw)
+            } else {
+                strip_test_items(&strip_comments_and_strings(&raw))
+            };
+            let name = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            (name, text)
+        })
+        .collect()
+}
+
+/// The files whose text contains `needle`.
+fn files_with(texts: &[(String, String)], needle: &str) -> Vec<String> {
+    texts
+        .iter()
+        .filter(|(_, text)| text.contains(needle))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// One place sees a request whole: its span is opened in `proxy::observe` only, and requests
+/// enter the request path through `Proxy::handle` from `downstream` only (HTTP/1.1 and h2c),
+/// so a span, a log line or an admission decision cannot be added for one protocol alone.
+#[test]
+fn one_observer_sees_every_request_on_both_protocols() {
+    let texts = library_texts(true);
+    assert_eq!(
+        files_with(&texts, "span!(\"request\""),
+        ["proxy/observe.rs"],
+        "a request's span opened outside proxy::observe"
+    );
+    let entries = files_with(&texts, ".proxy.handle(");
+    assert!(
+        entries.len() == 2 && entries.iter().all(|f| f.starts_with("downstream/")),
+        "requests enter the request path here, not only from downstream's two servers: {entries:?}"
+    );
+}
+
+/// A request reaches its upstream (the pool, or an upgrade's own connection) only after the
+/// admission step has decided, in `Proxy::forward`.
+#[test]
+fn nothing_goes_upstream_before_the_admission_step() {
+    let texts = library_texts(false);
+    let sends: Vec<String> = ["upstream.send(", "upgrade::send("]
+        .iter()
+        .flat_map(|needle| files_with(&texts, needle))
+        .collect();
+    assert_eq!(
+        sends,
+        ["proxy/mod.rs", "proxy/mod.rs"],
+        "an upstream send outside Proxy::forward"
+    );
+    let forward = &texts.iter().find(|(name, _)| name == "proxy/mod.rs").unwrap().1;
+    let admitted = forward
+        .find(".admit(")
+        .expect("Proxy::forward asks the admission step");
+    for needle in ["upstream.send(", "upgrade::send("] {
+        let sent = forward.find(needle).unwrap();
+        assert!(
+            admitted < sent,
+            "{needle} comes before the admission step in proxy/mod.rs"
+        );
+    }
+}
+
+/// Where a request came from is one type, `clients::Source`, for downstream, the per-source
+/// accounting and the access log alike.
+#[test]
+fn where_a_request_came_from_is_one_type() {
+    let texts = library_texts(false);
+    let mut defined = Vec::new();
+    for (name, text) in &texts {
+        let words: Vec<&str> = text
+            .split(|c: char| !c.is_alphanumeric() && c != '_')
+            .filter(|w| !w.is_empty())
+            .collect();
+        for pair in words.windows(2) {
+            if matches!(pair[0], "enum" | "struct" | "type") && matches!(pair[1], "Source" | "Peer") {
+                defined.push(format!("{name}: {} {}", pair[0], pair[1]));
+            }
+        }
+    }
+    assert_eq!(defined, ["clients.rs: enum Source"]);
+}

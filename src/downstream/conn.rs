@@ -35,16 +35,16 @@ use tracing::Instrument;
 use super::park::PARK_AFTER;
 use super::pump::BodyPump;
 use super::respond::{encode_response, write_body, write_response, Outgoing};
-use super::stream::{Peer, Stream};
+use super::stream::Stream;
 use super::tunnel::Inside;
 use super::wait_timer::{self, WaitTimer};
 use super::{Context, Served};
+use crate::clients::Source;
 use crate::config::{Authority, DownstreamConfig};
 use crate::error::{ErrorKind, ProxyError};
 use crate::live::Seen;
 use crate::proxy::connect::{Established, TunnelEnd};
 use crate::proxy::{upgrade, ResponseBody};
-use crate::redact;
 use crate::routing::{Arrival, Tunneled};
 use crate::wire::codec::{self, Decoder, HeadError, HeadFacts};
 use crate::wire::RequestBody;
@@ -60,7 +60,7 @@ const LINGER: Duration = Duration::from_secs(2);
 pub(super) struct Session<S> {
     pub(super) stream: S,
     buf: BytesMut,
-    pub(super) peer: Peer,
+    pub(super) peer: Source,
     pub(super) requests: u64,
     /// From a source the leak detector flagged when it connected.
     pub(super) leaky: bool,
@@ -79,14 +79,20 @@ impl<S> Session<S> {
 
 impl<S: Stream> Session<S> {
     /// A connection just accepted.
-    pub(super) fn new(stream: S, peer: Peer, leaky: bool) -> Self {
+    pub(super) fn new(stream: S, peer: Source, leaky: bool) -> Self {
         // No idle period before the first request: `header_read_timeout` bounds that wait.
         Session::resume(stream, peer, 0, leaky, Instant::now())
     }
 
     /// A kept-alive connection coming back from `park`, in the idle period that ends at
     /// `idle_deadline`.
-    pub(super) fn resume(stream: S, peer: Peer, requests: u64, leaky: bool, idle_deadline: Instant) -> Self {
+    pub(super) fn resume(
+        stream: S,
+        peer: Source,
+        requests: u64,
+        leaky: bool,
+        idle_deadline: Instant,
+    ) -> Self {
         Session {
             stream,
             buf: BytesMut::new(),
@@ -128,11 +134,10 @@ pub(super) async fn serve<S: Stream>(
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
                 if super::h2::starts_with_preface(&conn.stream, deadline).await {
-                    let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
                     let _ = Box::pin(super::h2::serve(
                         conn.stream,
                         arrival.clone(),
-                        source,
+                        conn.peer,
                         ctx.clone(),
                     ))
                     .await;
@@ -224,8 +229,7 @@ async fn serve_requests<S: Stream>(
                         let tunnel = Tunneled::new(authority, &ctx.metrics, "connect_h2");
                         let requests = conn.requests;
                         let arrival = Arrival::Tunnel(Arc::new(tunnel));
-                        let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
-                        if Box::pin(super::h2::serve(conn.stream, arrival, source, ctx.clone())).await {
+                        if Box::pin(super::h2::serve(conn.stream, arrival, conn.peer, ctx.clone())).await {
                             ctx.metrics.families().tunnel_refused("h2_error");
                         }
                         return Stay::Ended(Ended::Closed(Served {
@@ -284,7 +288,7 @@ async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, arrival: &Arr
         refuse(conn, err, ctx).await;
         return Next::Close;
     }
-    let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
+    let source = ctx.proxy.logs_access().then(|| conn.peer.clone());
     let Session { stream, buf, .. } = conn;
     match next {
         Next::Connect(connecting) => {
@@ -563,22 +567,21 @@ async fn exchange<S: Stream>(
                 let uri = std::mem::take(req.uri_mut());
                 return Next::Connect(Box::new((uri, facts.body)));
             }
-            span = tracing::debug_span!("request", method = %req.method(), uri = %redact::uri(req.uri()));
             (version, keep_alive) = (req.version(), facts.keep_alive);
             head_only = req.method() == Method::HEAD;
-            request_body(&mut req, &mut pump, facts, &conn.peer, ctx);
+            request_body(&mut req, &mut pump, facts);
         }
         // Pinned here and lent, in a block of its own: moved into `await_response` it would be
-        // stored twice in this future's state. The span is entered around each poll rather
-        // than wrapping the future (`Instrumented`), which would move the whole future again.
+        // stored twice in this future's state.
         let mut resp = None;
         {
-            let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, arrival));
+            let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, arrival, &conn.peer));
             let respond = std::pin::pin!(std::future::poll_fn(|cx| {
-                let _entered = span.enter();
                 handling.as_mut().poll(cx).map(|answer| resp = Some(answer))
             }));
             await_response(&mut conn.stream, &mut conn.buf, &mut pump, respond, max_head).await;
+            // A switch of protocols goes on in the request's span.
+            span = handling.as_mut().take_span();
         }
         // The request has gone up (an HTTP/1.1 upstream leaves its head here). Taken apart,
         // not `mem::take`n: that would leave an empty map to drop.
@@ -629,7 +632,7 @@ async fn exchange<S: Stream>(
 async fn refuse<S: Stream>(conn: &mut Session<S>, err: ProxyError, ctx: &Context) {
     tracing::info!(client = %conn.peer, error = %err, "refused request");
     if ctx.proxy.logs_access() {
-        ctx.proxy.log_refused(Some(conn.peer.log_source()), &err);
+        ctx.proxy.log_refused(Some(conn.peer.clone()), &err);
     }
     let resp = err.to_response::<ResponseBody>();
     {
@@ -641,13 +644,7 @@ async fn refuse<S: Stream>(conn: &mut Session<S>, err: ProxyError, ctx: &Context
 
 /// Gives `req`, as its head was parsed, its body, and `pump` what feeds the body from the
 /// socket.
-fn request_body(
-    req: &mut Request<RequestBody>,
-    pump: &mut BodyPump,
-    facts: HeadFacts,
-    peer: &Peer,
-    ctx: &Context,
-) {
+fn request_body(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts) {
     let HeadFacts {
         body: framing,
         expect_continue,
@@ -661,9 +658,6 @@ fn request_body(
     if let Some((body, sender)) = channel {
         *req.body_mut() = body;
         *pump = BodyPump::new(Decoder::new(framing), sender, expect_continue);
-    }
-    if ctx.proxy.logs_access() {
-        req.extensions_mut().insert(peer.log_source());
     }
 }
 
@@ -806,7 +800,7 @@ mod tests {
         assert_eq!(socket2::SockRef::from(&stream).recv(&mut byte).unwrap(), 1);
 
         let (ctx, mut drain) = context();
-        let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
+        let peer = super::Source::Tcp("127.0.0.1:1".parse().unwrap());
         let idle_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
         let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
         let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
@@ -832,7 +826,7 @@ mod tests {
         use tokio::io::AsyncWriteExt;
 
         let (mut client, stream) = crate::downstream::testing::tcp_pair().await;
-        let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
+        let peer = super::Source::Tcp("127.0.0.1:1".parse().unwrap());
         let idle_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
         let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
         client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
@@ -856,7 +850,7 @@ mod tests {
         let config = crate::Config::default();
         let (ctx, start_draining) = crate::downstream::testing::context_with_drain(config, vec![], 1);
         let mut drain = ctx.drain.clone();
-        let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
+        let peer = super::Source::Tcp("127.0.0.1:1".parse().unwrap());
         let idle_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
         let mut conn = super::Session::resume(stream, peer, 1, false, idle_deadline);
         start_draining.send(true).unwrap();
@@ -874,7 +868,7 @@ mod tests {
     async fn only_a_quiet_wait_keeps_the_read_buffer() {
         let (_client, stream) = crate::downstream::testing::tcp_pair().await;
         let (ctx, mut drain) = context();
-        let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
+        let peer = super::Source::Tcp("127.0.0.1:1".parse().unwrap());
         let now = tokio::time::Instant::now();
         let mut conn =
             super::Session::resume(stream, peer, 1, false, now + std::time::Duration::from_secs(2));
@@ -893,7 +887,7 @@ mod tests {
     /// A connection just accepted over loopback, and its client's end.
     async fn new_session() -> (super::Session<tokio::net::TcpStream>, tokio::net::TcpStream) {
         let (stream, client) = crate::downstream::testing::tcp_pair().await;
-        let peer = super::Peer::Tcp("127.0.0.1:1".parse().unwrap());
+        let peer = super::Source::Tcp("127.0.0.1:1".parse().unwrap());
         (super::Session::new(stream, peer, false), client)
     }
 

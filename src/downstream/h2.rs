@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::stream::Stream;
 use super::Context;
+use crate::clients::Source;
 use crate::routing::Arrival;
 use crate::wire::mark_credentials;
 use crate::wire::RequestBody;
@@ -53,23 +54,18 @@ pub(super) async fn starts_with_preface<S: Stream>(stream: &S, deadline: Instant
     }
 }
 
-/// Serves an h2c connection until it closes or the sidecar drains; returns whether it ended
-/// with a protocol error. `source` is where the access log says its requests came from.
-pub(super) async fn serve<S: Stream>(
-    stream: S,
-    arrival: Arrival,
-    source: Option<crate::access_log::Source>,
-    ctx: Arc<Context>,
-) -> bool {
+/// Serves an h2c connection from `source` until it closes or the sidecar drains; returns
+/// whether it ended with a protocol error.
+pub(super) async fn serve<S: Stream>(stream: S, arrival: Arrival, source: Source, ctx: Arc<Context>) -> bool {
     let service_ctx = ctx.clone();
+    // Shared by the connection's streams: one reference count per request.
+    let from = Arc::new((arrival, source));
     let service = service_fn(move |req: Request<Incoming>| {
-        let (ctx, arrival, source) = (service_ctx.clone(), arrival.clone(), source.clone());
+        let (ctx, from) = (service_ctx.clone(), from.clone());
         async move {
-            let mut req = to_proxy_request(req, &arrival);
-            if let Some(source) = source {
-                req.extensions_mut().insert(source);
-            }
-            let mut resp = ctx.proxy.handle(&mut req, &arrival).await;
+            let (arrival, source) = &*from;
+            let mut req = to_proxy_request(req, arrival);
+            let mut resp = ctx.proxy.handle(&mut req, arrival, source).await;
             crate::proxy::map_wire_fields(&mut resp);
             Ok::<_, Infallible>(resp)
         }

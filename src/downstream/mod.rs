@@ -11,7 +11,7 @@
 //!
 //! Applications connect over TCP ([`serve`]) or, with `listen_unix`, over a Unix socket
 //! ([`serve_unix`]); both run the same server, generic over the socket type (`stream`), with the
-//! same limits, timeouts, parking and draining. A connection's `Peer` (its address, or the
+//! same limits, timeouts, parking and draining. A connection's `Source` (its address, or the
 //! process behind a Unix-socket connection) is what the leak detector counts it under.
 //!
 //! `max_connections` is a semaphore taken *before* `accept`, so excess connections wait in the
@@ -45,12 +45,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use conn::{Ended, Session};
-pub(crate) use stream::Peer;
 use stream::{Accept, Stream, UnixAccept};
 
 use crate::budget::Budget;
 use crate::caught;
-use crate::clients::{loopback::Scan, Clients, Leak};
+use crate::clients::{loopback::Scan, Clients, Leak, Source};
 use crate::config::DownstreamConfig;
 use crate::live::Live;
 use crate::metrics::Metrics;
@@ -204,7 +203,7 @@ async fn accept_loop<L: Accept>(listener: L, arrival: Arrival, ctx: Arc<Context>
             }
         };
         ctx.metrics.families().downstream_opened.inc();
-        let leaky = ctx.clients.opened(&peer.source());
+        let leaky = ctx.clients.opened(&peer);
         let held = Held {
             open: OpenGuard::new(&ctx.metrics.families().downstream_open),
             permit,
@@ -302,11 +301,11 @@ fn splice_apart<S: Stream>(
 struct TunnelEnds {
     served: Served,
     held: Held,
-    peer: Peer,
+    peer: Source,
 }
 
 /// The accounting when a connection closes, however it ended.
-fn finish(ctx: &Context, peer: &Peer, served: Served, held: Held) {
+fn finish(ctx: &Context, peer: &Source, served: Served, held: Held) {
     let Held { open, permit, .. } = held;
     drop(open);
     if served.requests > 0 {
@@ -315,10 +314,7 @@ fn finish(ctx: &Context, peer: &Peer, served: Served, held: Held) {
             .downstream_requests_per_connection
             .observe(served.requests as f64);
     }
-    if let Some(leak) = ctx
-        .clients
-        .closed(&peer.source(), served.requests, served.idle_closed)
-    {
+    if let Some(leak) = ctx.clients.closed(peer, served.requests, served.idle_closed) {
         warn_leak(leak, ctx);
     }
     drop(permit);

@@ -13,7 +13,7 @@
 //!   connections under `worker_connections` pressure) and draining.
 //!
 //! TCP and Unix-socket connections park alike: the lot keeps each as its bare descriptor and,
-//! when it wakes, hands it back to a task of the type its `Peer` names.
+//! when it wakes, hands it back to a task of the type its `Source` names.
 //!
 //! Under load connections idle for microseconds between requests and never get here; parking
 //! and waking cost four `epoll_ctl` calls, paid only by connections idle for [`PARK_AFTER`].
@@ -48,9 +48,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::conn::Session;
-use super::stream::{Peer, Stream};
+use super::stream::Stream;
 use super::{finish, spawn_connection, splice_apart, Context, Held, Served, TunnelEnds};
 use crate::clients::Process;
+use crate::clients::Source;
 use crate::proxy::connect::{Dormant, Established};
 use crate::routing::Arrival;
 
@@ -113,7 +114,7 @@ enum TaskState {
 struct Parked {
     stream: OwnedFd,
     tally: Tally,
-    peer: PackedPeer,
+    peer: PackedSource,
     deadline: Deadline,
     held: Held,
     arrival: Arrival,
@@ -127,34 +128,34 @@ struct ParkedTunnel {
     deadline: Deadline,
     served: Served,
     held: Held,
-    peer: PackedPeer,
+    peer: PackedSource,
 }
 
-/// A parked connection's [`Peer`] in 16 bytes where a socket address takes 32: an IPv4 client
+/// A parked connection's [`Source`] in 16 bytes where a socket address takes 32: an IPv4 client
 /// (the usual one, on loopback) inline, an IPv6 one boxed.
 #[derive(Debug)]
-enum PackedPeer {
+enum PackedSource {
     V4(SocketAddrV4),
     V6(Box<SocketAddr>),
     Unix(Arc<Process>),
 }
 
-impl From<Peer> for PackedPeer {
-    fn from(peer: Peer) -> Self {
+impl From<Source> for PackedSource {
+    fn from(peer: Source) -> Self {
         match peer {
-            Peer::Tcp(SocketAddr::V4(addr)) => PackedPeer::V4(addr),
-            Peer::Tcp(addr) => PackedPeer::V6(Box::new(addr)),
-            Peer::Unix(process) => PackedPeer::Unix(process),
+            Source::Tcp(SocketAddr::V4(addr)) => PackedSource::V4(addr),
+            Source::Tcp(addr) => PackedSource::V6(Box::new(addr)),
+            Source::Unix(process) => PackedSource::Unix(process),
         }
     }
 }
 
-impl From<PackedPeer> for Peer {
-    fn from(peer: PackedPeer) -> Self {
+impl From<PackedSource> for Source {
+    fn from(peer: PackedSource) -> Self {
         match peer {
-            PackedPeer::V4(addr) => Peer::Tcp(SocketAddr::V4(addr)),
-            PackedPeer::V6(addr) => Peer::Tcp(*addr),
-            PackedPeer::Unix(process) => Peer::Unix(process),
+            PackedSource::V4(addr) => Source::Tcp(SocketAddr::V4(addr)),
+            PackedSource::V6(addr) => Source::Tcp(*addr),
+            PackedSource::Unix(process) => Source::Unix(process),
         }
     }
 }
@@ -406,8 +407,8 @@ impl Parking {
             arrival,
         };
         match woken.peer {
-            Peer::Tcp(_) => woken.resume(tokio::net::TcpStream::from_std(stream.into()), ctx),
-            Peer::Unix(_) => woken.resume(tokio::net::UnixStream::from_std(stream.into()), ctx),
+            Source::Tcp(_) => woken.resume(tokio::net::TcpStream::from_std(stream.into()), ctx),
+            Source::Unix(_) => woken.resume(tokio::net::UnixStream::from_std(stream.into()), ctx),
         }
     }
 
@@ -562,7 +563,7 @@ fn token(seq: u64) -> Token {
 
 /// A parked connection on its way back to a task, but for its socket.
 struct Woken {
-    peer: Peer,
+    peer: Source,
     requests: u64,
     leaky: bool,
     /// The idle period's deadline, kept if the wake brought no request after all.
@@ -652,8 +653,8 @@ impl ParkedTunnel {
             ends,
         };
         match tunnel.ends.peer {
-            Peer::Tcp(_) => tunnel.start(tokio::net::TcpStream::from_std(client.into()), ctx),
-            Peer::Unix(_) => tunnel.start(tokio::net::UnixStream::from_std(client.into()), ctx),
+            Source::Tcp(_) => tunnel.start(tokio::net::TcpStream::from_std(client.into()), ctx),
+            Source::Unix(_) => tunnel.start(tokio::net::UnixStream::from_std(client.into()), ctx),
         }
     }
 
@@ -691,7 +692,7 @@ impl Resumed {
 }
 
 /// The accounting for a connection that ends here rather than in its task.
-fn ended(ctx: &Context, peer: &Peer, requests: u64, idle_closed: bool, held: Held) {
+fn ended(ctx: &Context, peer: &Source, requests: u64, idle_closed: bool, held: Held) {
     finish(
         ctx,
         peer,

@@ -6,22 +6,19 @@
 //! - accept: TCP sets `TCP_NODELAY` and names the peer by address; a Unix-socket accept reads
 //!   the peer's credentials (one `getsockopt`) and names the process, from a cache that reads
 //!   `/proc` only for a process not seen in the last seconds (`clients::process`);
-//! - parking: a parked connection is its bare file descriptor; its [`Peer`] (an address for
+//! - parking: a parked connection is its bare file descriptor; its [`Source`] (an address for
 //!   TCP, a process for the Unix socket) says which socket type to resume it as.
 //!
 //! Not handled here: HTTP (`conn`, `h2`), the accounting by source (`clients`).
 
-use std::fmt;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
-use crate::clients::{Process, ProcessCache, Source};
+use crate::clients::{ProcessCache, Source};
 
 /// An application socket.
 pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 'static {
@@ -43,7 +40,7 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 
     /// Reads without consuming.
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a;
 
-    /// Leaves the runtime, to wait in the parking lot as a bare descriptor (see [`Peer`]).
+    /// Leaves the runtime, to wait in the parking lot as a bare descriptor (see [`Source`]).
     fn into_parked(self) -> io::Result<OwnedFd>;
 }
 
@@ -111,59 +108,20 @@ pub(super) fn recv_peek(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 
 // === peers and accepting ===
 
-/// Who is at the other end of a downstream connection. The variant is also the socket type:
-/// only a TCP accept makes a `Tcp` peer and only the Unix accept a `Unix` one, which is how a
-/// parked descriptor is resumed as the right type without a tag of its own.
-#[derive(Debug, Clone)]
-pub(crate) enum Peer {
-    Tcp(SocketAddr),
-    Unix(Arc<Process>),
-}
-
-impl Peer {
-    /// Where the access log says a request came from.
-    pub(crate) fn log_source(&self) -> crate::access_log::Source {
-        match self {
-            Peer::Tcp(addr) => crate::access_log::Source::Addr(*addr),
-            Peer::Unix(process) => crate::access_log::Source::Process {
-                pid: process.pid,
-                exe: process.exe.clone(),
-            },
-        }
-    }
-
-    /// What the leak detector counts this connection under.
-    pub(crate) fn source(&self) -> Source {
-        match self {
-            Peer::Tcp(addr) => Source::Ip(addr.ip()),
-            Peer::Unix(process) => Source::Process(process.clone()),
-        }
-    }
-}
-
-impl fmt::Display for Peer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Peer::Tcp(addr) => addr.fmt(f),
-            Peer::Unix(process) => process.fmt(f),
-        }
-    }
-}
-
 /// A listening socket the accept loop takes connections from.
 pub(crate) trait Accept: Send + Sync + 'static {
     type Stream: Stream;
 
-    fn accept(&self) -> impl Future<Output = io::Result<(Self::Stream, Peer)>> + Send;
+    fn accept(&self) -> impl Future<Output = io::Result<(Self::Stream, Source)>> + Send;
 }
 
 impl Accept for TcpListener {
     type Stream = TcpStream;
 
-    async fn accept(&self) -> io::Result<(TcpStream, Peer)> {
+    async fn accept(&self) -> io::Result<(TcpStream, Source)> {
         let (stream, addr) = TcpListener::accept(self).await?;
         let _ = stream.set_nodelay(true);
-        Ok((stream, Peer::Tcp(addr)))
+        Ok((stream, Source::Tcp(addr)))
     }
 }
 
@@ -177,7 +135,7 @@ pub(crate) struct UnixAccept {
 impl Accept for UnixAccept {
     type Stream = UnixStream;
 
-    async fn accept(&self) -> io::Result<(UnixStream, Peer)> {
+    async fn accept(&self) -> io::Result<(UnixStream, Source)> {
         let (stream, _) = self.listener.accept().await?;
         let process = match stream.peer_cred() {
             Ok(cred) => {
@@ -191,6 +149,6 @@ impl Accept for UnixAccept {
                 self.processes.lookup(None, u32::MAX)
             }
         };
-        Ok((stream, Peer::Unix(process)))
+        Ok((stream, Source::Unix(process)))
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::Context;
 use crate::config::Config;
 use crate::policy::Guard;
+use crate::proxy::admit::Admit;
 use crate::proxy::Proxy;
 use crate::routing::{Arrival, Router};
 use crate::upstream::Shared;
@@ -25,6 +26,16 @@ pub(crate) fn context_with_drain(
     local: Vec<SocketAddr>,
     limit: usize,
 ) -> (Arc<Context>, tokio::sync::watch::Sender<bool>) {
+    context_admitting(config, local, limit, Admit::default())
+}
+
+/// [`context_with_drain`], its proxy admitting requests as `admit` decides.
+fn context_admitting(
+    config: Config,
+    local: Vec<SocketAddr>,
+    limit: usize,
+    admit: Admit,
+) -> (Arc<Context>, tokio::sync::watch::Sender<bool>) {
     let config = Arc::new(config);
     let (drain_tx, drain) = tokio::sync::watch::channel(false);
     let shared = Shared {
@@ -34,7 +45,7 @@ pub(crate) fn context_with_drain(
         resolver: Arc::new(crate::endpoint::dns::Resolver::new(&config.dns)),
     };
     let metrics = shared.metrics.clone();
-    let proxy = Proxy::new(Router::new(config.clone(), &[], shared));
+    let proxy = Proxy::new(Router::new(config.clone(), &[], shared)).with_admit(admit);
     let ctx = Context::new(config.downstream, proxy, drain, metrics, Default::default(), None);
     let ctx = Arc::new(Context {
         limit: Arc::new(tokio::sync::Semaphore::new(limit)),
@@ -47,6 +58,17 @@ pub(crate) fn context_with_drain(
 pub(crate) async fn serve_for_test(yaml: &str) -> (SocketAddr, Arc<Context>) {
     let (me, ctx, drain_tx) = serve_with_drain(yaml).await;
     std::mem::forget(drain_tx);
+    (me, ctx)
+}
+
+/// [`serve_for_test`], its proxy admitting requests as `admit` decides.
+pub(crate) async fn serve_admitting(yaml: &str, admit: Admit) -> (SocketAddr, Arc<Context>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let me = listener.local_addr().unwrap();
+    let config = crate::config::parse(yaml, &Default::default()).unwrap();
+    let (ctx, drain_tx) = context_admitting(config, vec![me], 16, admit);
+    std::mem::forget(drain_tx);
+    tokio::spawn(super::serve(listener, Arrival::Forward, ctx.clone()));
     (me, ctx)
 }
 

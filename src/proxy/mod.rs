@@ -1,11 +1,13 @@
 //! The request path, from a parsed downstream request to the response the application sees.
 //!
 //! Order, outermost first:
-//! 1. errors become responses ([`ProxyError::to_response`]), logged once here;
+//! 1. [`observe`]: the request's span and access-log line, for HTTP/1.1 and h2c alike; errors
+//!    become responses ([`ProxyError::to_response`]), logged once here;
 //! 2. `routing`: pick the upstream, apply policy and loop detection;
 //! 3. `headers`: origin-form, `Host`, hop-by-hop removal;
-//! 4. `upstream`: pooled connection, response-head deadline, stale-connection retry;
-//! 5. `headers` again on the way back.
+//! 4. [`admit`]: whether the request goes now, after a wait, or is refused;
+//! 5. `upstream`: pooled connection, response-head deadline, stale-connection retry;
+//! 6. `headers` again on the way back.
 //!
 //! Requests that end HTTP on their connection leave this path: CONNECT goes to [`connect`]
 //! (the downstream task calls it directly), and an upgrade request is sent by [`upgrade`] on a
@@ -13,9 +15,10 @@
 //!
 //! Not handled here: the wire format (`wire`), connections (`downstream`).
 
+pub mod admit;
 pub mod connect;
 pub mod headers;
-mod logged;
+pub mod observe;
 mod splice;
 pub mod upgrade;
 
@@ -33,9 +36,10 @@ use std::sync::Arc;
 
 use crate::access_log::{self, AccessLog};
 use crate::caught;
+use crate::clients::Source;
 use crate::error::{ErrorKind, ProxyError};
 use crate::routing::{Arrival, Router};
-use crate::upstream::TimedBody;
+use crate::upstream::{Deadline, TimedBody, Upstream};
 use crate::wire::codec::{self, ResponseFraming};
 use crate::wire::{BoxError, RequestBody, WireFields};
 
@@ -44,6 +48,7 @@ use crate::wire::{BoxError, RequestBody, WireFields};
 pub struct Proxy {
     router: Router,
     access_log: Option<Arc<AccessLog>>,
+    admit: admit::Admit,
 }
 
 impl Proxy {
@@ -52,7 +57,15 @@ impl Proxy {
         Proxy {
             router,
             access_log: None,
+            admit: admit::Admit::default(),
         }
+    }
+
+    /// This proxy, admitting requests as `admit` decides.
+    #[cfg(test)]
+    pub(crate) fn with_admit(mut self, admit: admit::Admit) -> Self {
+        self.admit = admit;
+        self
     }
 
     /// This proxy, writing a line per request (sampled) to `log`.
@@ -67,7 +80,7 @@ impl Proxy {
     }
 
     /// Logs a request refused before it could be forwarded (a malformed or oversized head).
-    pub fn log_refused(&self, source: Option<access_log::Source>, err: &ProxyError) {
+    pub fn log_refused(&self, source: Option<Source>, err: &ProxyError) {
         let Some(log) = self.access_log.as_ref().filter(|log| log.sampled()) else {
             return;
         };
@@ -88,29 +101,33 @@ impl Proxy {
         &self.router
     }
 
-    /// Forwards `req`; failures become sidecar-made error responses.
+    /// Forwards `req`, which came from `source`; failures become sidecar-made error responses.
+    /// The one entry for HTTP/1.1 and h2c requests: the returned future is the request's
+    /// observer ([`observe::Handling`]): its span, and its access-log line when sampled.
     ///
     /// An HTTP/1.1 upstream's fields may come as lines in the body, the map left empty
     /// ([`ResponseBody::take_wire_fields`]): a caller that reads or writes the map calls
     /// [`map_wire_fields`] first.
     ///
     /// The request is lent (it is left spent), not moved: each level of the path that owned it
-    /// would hold a copy of it in its future, and move it once more on the way down.
-    pub async fn handle(&self, req: &mut Request<RequestBody>, arrival: &Arrival) -> Response<ResponseBody> {
-        if let Some(log) = self.access_log.as_ref().filter(|log| log.sampled()) {
+    /// would hold a copy of it in its future, and move it once more on the way down. For the
+    /// same reason the observer is a struct, not one more `async` level around `forward`.
+    pub fn handle<'a>(
+        &'a self,
+        req: &'a mut Request<RequestBody>,
+        arrival: &'a Arrival,
+        source: &'a Source,
+    ) -> observe::Handling<
+        impl Future<Output = observe::Forwarded> + 'a,
+        impl Future<Output = Response<ResponseBody>> + 'a,
+    > {
+        let span = observe::span(req);
+        match self.access_log.as_ref().filter(|log| log.sampled()) {
             // Boxed: the unlogged path should not carry the line's state in its future.
-            return Box::pin(self.handle_logged(req, arrival, log)).await;
-        }
-        match self
-            .forward_caught(req, arrival, &mut logged::Routed::default())
-            .await
-            .unwrap_or_else(internal)
-        {
-            Ok(resp) => resp,
-            Err(err) => {
-                log_error(&err);
-                err.to_response()
+            Some(log) => {
+                observe::Handling::logged(span, Box::pin(self.handle_logged(req, arrival, source, log)))
             }
+            None => observe::Handling::plain(span, self.forward_caught(req, arrival, source, None)),
         }
     }
 
@@ -118,22 +135,18 @@ impl Proxy {
         &self,
         req: &mut Request<RequestBody>,
         arrival: &Arrival,
+        source: &Source,
         log: &Arc<AccessLog>,
     ) -> Response<ResponseBody> {
-        let pending = logged::Pending::begin(req, log);
-        let mut routed = logged::Routed::default();
-        let (resp, error) = match self
-            .forward_caught(req, arrival, &mut routed)
-            .await
-            .unwrap_or_else(internal)
-        {
-            Ok(resp) => (resp, None),
-            Err(err) => {
-                log_error(&err);
-                (err.to_response(), Some(err.kind().as_str()))
-            }
+        let pending = observe::Pending::begin(req, source, log);
+        let mut routed = observe::Routed::default();
+        let forwarded = self.forward_caught(req, arrival, source, Some(&mut routed)).await;
+        let error = match &forwarded {
+            Ok(Err(err)) => Some(err.kind().as_str()),
+            Err(_) => Some(ErrorKind::Internal.as_str()),
+            Ok(Ok(_)) => None,
         };
-        pending.respond(resp, routed, error, log)
+        pending.respond(answer(forwarded), routed, error, log)
     }
 
     /// [`Self::forward`] under the net of `crate::caught`, awaited by the caller: a plain
@@ -142,11 +155,12 @@ impl Proxy {
         &'a self,
         req: &'a mut Request<RequestBody>,
         arrival: &'a Arrival,
-        routed: &'a mut logged::Routed,
+        source: &'a Source,
+        routed: Option<&'a mut observe::Routed>,
     ) -> caught::Caught<impl Future<Output = Result<Response<ResponseBody>, ProxyError>> + 'a, &'a Counter>
     {
         caught::Caught::new(
-            self.forward(req, arrival, routed),
+            self.forward(req, arrival, source, routed),
             &self.router.metrics().families().panics,
         )
     }
@@ -155,7 +169,8 @@ impl Proxy {
         &self,
         req: &mut Request<RequestBody>,
         arrival: &Arrival,
-        routed: &mut logged::Routed,
+        source: &Source,
+        routed: Option<&mut observe::Routed>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         if req.method() == Method::CONNECT {
             // The downstream task hands CONNECT to `connect::serve`; a CONNECT here cannot
@@ -172,7 +187,7 @@ impl Proxy {
         let scanned = headers::scan(req.headers());
         let upgrade = scanned.upgrade() && upgrade::requested(req);
         let target = self.router.route(arrival, req.uri(), req.headers())?;
-        if self.access_log.is_some() {
+        if let Some(routed) = routed {
             routed.upstream = Some(target.upstream.label().into());
             routed.scheme = Some(target.upstream.scheme().as_str());
         }
@@ -184,33 +199,91 @@ impl Proxy {
             headers::take_asked(req, scanned).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
-            target.upstream.rewrite_headers(req.headers_mut());
-            let req = crate::wire::take_request(req);
-            // Boxed: plain requests should not carry the dial's state in their futures.
-            let resp = Box::pin(upgrade::send(&target.upstream, &self.router, req)).await?;
-            let mut resp = resp.map(ResponseBody::Direct);
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                headers::to_downstream_switch(&mut resp);
-            } else {
-                headers::to_downstream(&mut resp);
-            }
-            return Ok(resp);
+        } else {
+            headers::to_upstream_scanned(req, target.upstream.host_header(), scanned);
         }
-        headers::to_upstream_scanned(req, target.upstream.host_header(), scanned);
         target.upstream.rewrite_headers(req.headers_mut());
-        let resp = target.upstream.send(req, asked).await?;
-        let mut resp = resp.map(ResponseBody::Upstream);
-        headers::to_downstream(&mut resp);
+        let deadline = target.upstream.deadline(asked.timeout);
+        let admitting = admit::Admitting {
+            upstream: &target.upstream,
+            request: req,
+            source,
+            deadline,
+        };
+        let (upstream, no_retry) = (&target.upstream, asked.no_retry);
+        match self.admit.admit(admitting) {
+            admit::Admission::Now => {}
+            // Boxed, and a path of its own: a request admitted at once carries no wait's state.
+            later => {
+                return Box::pin(self.send_later(later, req, upstream, no_retry, deadline, upgrade)).await
+            }
+        }
+        if upgrade {
+            // Boxed: plain requests should not carry the dial's state in their futures.
+            return Box::pin(self.upgrade(req, upstream)).await;
+        }
+        let resp = upstream.send(req, no_retry, deadline).await?;
+        Ok(to_downstream(resp))
+    }
+
+    /// The rest of [`Self::forward`] for a request the admission step did not admit at once.
+    async fn send_later(
+        &self,
+        later: admit::Admission,
+        req: &mut Request<RequestBody>,
+        upstream: &Upstream,
+        no_retry: bool,
+        deadline: Option<Deadline>,
+        upgrade: bool,
+    ) -> Result<Response<ResponseBody>, ProxyError> {
+        later.granted().await?;
+        if upgrade {
+            return self.upgrade(req, upstream).await;
+        }
+        let resp = upstream.send(req, no_retry, deadline).await?;
+        Ok(to_downstream(resp))
+    }
+
+    /// Sends an upgrade request on a connection of its own (`upgrade`).
+    async fn upgrade(
+        &self,
+        req: &mut Request<RequestBody>,
+        upstream: &Upstream,
+    ) -> Result<Response<ResponseBody>, ProxyError> {
+        let req = crate::wire::take_request(req);
+        let resp = upgrade::send(upstream, &self.router, req).await?;
+        let mut resp = resp.map(ResponseBody::Direct);
+        if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+            headers::to_downstream_switch(&mut resp);
+        } else {
+            headers::to_downstream(&mut resp);
+        }
         Ok(resp)
     }
 }
 
-/// A panic caught on the request path, as the error the application gets: `502 internal`.
-fn internal(caught::Panicked(message): caught::Panicked) -> Result<Response<ResponseBody>, ProxyError> {
-    Err(ProxyError::new(
-        ErrorKind::Internal,
-        format!("the sidecar failed on this request (a bug: {message})"),
-    ))
+/// A pooled response on its way to the application.
+fn to_downstream(resp: Response<TimedBody>) -> Response<ResponseBody> {
+    let mut resp = resp.map(ResponseBody::Upstream);
+    headers::to_downstream(&mut resp);
+    resp
+}
+
+/// What the application gets for a forwarded request: the response, or the error (a caught
+/// panic is `502 internal`) as a sidecar-made response, logged once here.
+fn answer(
+    forwarded: Result<Result<Response<ResponseBody>, ProxyError>, caught::Panicked>,
+) -> Response<ResponseBody> {
+    let err = match forwarded {
+        Ok(Ok(resp)) => return resp,
+        Ok(Err(err)) => err,
+        Err(caught::Panicked(message)) => ProxyError::new(
+            ErrorKind::Internal,
+            format!("the sidecar failed on this request (a bug: {message})"),
+        ),
+    };
+    log_error(&err);
+    err.to_response()
 }
 
 /// Logs a sidecar-made error once: server errors as warnings, refusals as information.
@@ -254,7 +327,7 @@ pub enum ResponseBody {
     /// A complete body (error responses).
     Full(Option<Bytes>),
     /// Any of the above, under the access log.
-    Logged(Box<logged::Logged>),
+    Logged(Box<observe::Logged>),
 }
 
 impl ResponseBody {

@@ -1,7 +1,12 @@
-//! The request path's net (`crate::caught`) on a served connection: a panic in a request's
-//! task is answered `502 internal`, counted, and the connection goes on serving.
+//! The request path on served connections: its net (`crate::caught`), under which a panic in
+//! a request's task is answered `502 internal`, counted, and the connection goes on serving;
+//! and its span, the same for HTTP/1.1 and h2c.
 
+use std::net::SocketAddr;
 use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -9,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub(crate) const PANIC_HEADER: &str = "x-egress-test-panic";
 
 /// Reads one response head and its `Content-Length` body off `client`.
-async fn read_response(client: &mut tokio::net::TcpStream) -> String {
+pub(crate) async fn read_response(client: &mut tokio::net::TcpStream) -> String {
     let mut got = Vec::new();
     let mut chunk = [0u8; 1024];
     loop {
@@ -34,6 +39,28 @@ async fn read_response(client: &mut tokio::net::TcpStream) -> String {
         assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
         got.extend_from_slice(&chunk[..n]);
     }
+}
+
+/// An h2c GET of `uri` with `header`, through the sidecar at `me`: the client's address, and
+/// the status and body it got.
+pub(crate) async fn h2c_get(me: SocketAddr, uri: &str, header: (&str, &str)) -> (SocketAddr, u16, Bytes) {
+    let stream = tokio::net::TcpStream::connect(me).await.unwrap();
+    let local = stream.local_addr().unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(uri)
+        .header(header.0, header.1)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (local, status, body)
 }
 
 /// What the sidecar logs, kept for the test to read.
@@ -89,4 +116,40 @@ async fn a_panic_in_a_request_is_answered_502_internal_and_counted() {
     let answer = read_response(&mut client).await;
     assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
     assert_eq!(ctx.metrics.families().panics.get(), 1);
+}
+
+#[tokio::test]
+async fn an_h2c_request_logs_in_the_same_request_span_as_an_http1_one() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let (me, _ctx) = crate::downstream::testing::serve_for_test("").await;
+    let mut client = tokio::net::TcpStream::connect(me).await.unwrap();
+    client
+        .write_all(
+            b"GET http://h1.panic.test/a HTTP/1.1\r\nHost: h1.panic.test\r\nx-egress-test-panic: 1\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    assert!(read_response(&mut client).await.starts_with("HTTP/1.1 502 "));
+    let (_, status, _) = h2c_get(me, "http://h2.panic.test/b", (PANIC_HEADER, "1")).await;
+    assert_eq!(status, 502);
+
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    for span in [
+        "request{method=GET uri=http://h1.panic.test/a}",
+        "request{method=GET uri=http://h2.panic.test/b}",
+    ] {
+        assert!(
+            logged
+                .lines()
+                .any(|l| l.contains("panic caught") && l.contains(span)),
+            "no panic logged in {span}:\n{logged}"
+        );
+    }
 }

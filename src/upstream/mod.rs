@@ -28,7 +28,7 @@ mod timed;
 
 use grpc::GrpcPool;
 use retry::{is_idempotent, Reason, Retries};
-pub use timed::{CutCounters, Deadlines, TimedBody};
+pub use timed::{CutCounters, Deadline, Deadlines, TimedBody};
 
 use crate::config::ParentRoute;
 use crate::connector::parent::Parent;
@@ -500,30 +500,37 @@ impl Upstream {
         ProxyError::new(kind, cause).with_upstream(&*self.label)
     }
 
+    /// When a request sent now must have its response head: the `x-egress-timeout` it `asked`
+    /// for, else this upstream's `request_timeout`; `None` when neither is set (or either is
+    /// zero).
+    pub fn deadline(&self, asked: Option<Duration>) -> Option<Deadline> {
+        let limit = asked.or(self.settings.request_timeout).filter(|d| !d.is_zero())?;
+        Some(Deadline::after(limit))
+    }
+
     /// Sends an origin-form request and returns the response head; the body streams from the
     /// pooled connection, under the exchange's deadlines, and gives it back when it ends.
+    /// `deadline` is [`Upstream::deadline`], taken before the request was admitted: a wait for
+    /// admission counts against it. `no_retry`: the application asked for no retries by policy.
     ///
     /// The request is lent and left spent (see `Proxy::handle`).
     pub async fn send(
         &self,
         req: &mut Request<RequestBody>,
-        asked: Asked,
+        no_retry: bool,
+        deadline: Option<Deadline>,
     ) -> Result<Response<TimedBody>, ProxyError> {
-        let limit = asked
-            .timeout
-            .or(self.settings.request_timeout)
-            .filter(|d| !d.is_zero());
-        let at = limit.map(|d| tokio::time::Instant::now() + d);
+        let at = deadline.map(|d| d.at);
         if let Some(idle) = self.settings.body_idle_timeout {
             req.body_mut().set_idle_timeout(idle);
         }
         let mut retries = 0;
         // A request's future is moved, whole, a few times on its way down: the deadline's
         // machinery, which most requests never use, is boxed rather than carried by all.
-        let result = match at.zip(limit) {
+        let result = match deadline {
             // send_with_policy, written out: its answer is not moved once more on the way.
             None => {
-                let retrying = self.retrying(req, !asked.no_retry);
+                let retrying = self.retrying(req, !no_retry);
                 let first = self
                     .send_with_retries(req, None, retrying.is_some(), &mut retries)
                     .await;
@@ -542,8 +549,8 @@ impl Upstream {
             Some(deadline) => {
                 Box::pin(self.send_by_policy(
                     crate::wire::take_request(req),
-                    !asked.no_retry,
-                    deadline,
+                    !no_retry,
+                    (deadline.at, deadline.limit()),
                     &mut retries,
                 ))
                 .await

@@ -33,6 +33,33 @@ pub struct CutCounters {
     pub body_idle: Counter,
 }
 
+/// When a request must have its response head (`request_timeout` or `x-egress-timeout`):
+/// taken once, before the request is admitted, and kept through its attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    /// The instant.
+    pub at: Instant,
+    /// The timeout it came from, in nanoseconds, for the error that names it: 8 bytes where a
+    /// `Duration` takes 16, in the state of every request with a deadline (a timeout is at
+    /// most `duration::LONGEST`, a year: far within a `u64` of nanoseconds).
+    limit_nanos: u64,
+}
+
+impl Deadline {
+    /// `limit` from now.
+    pub fn after(limit: Duration) -> Self {
+        Deadline {
+            at: Instant::now() + limit,
+            limit_nanos: u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The timeout it came from.
+    pub fn limit(&self) -> Duration {
+        Duration::from_nanos(self.limit_nanos)
+    }
+}
+
 /// The deadlines of one response body.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Deadlines {

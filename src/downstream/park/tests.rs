@@ -67,11 +67,12 @@ fn a_parked_tunnel_record_stays_small() {
 
 #[test]
 fn a_packed_peer_gives_back_the_address_it_took() {
-    use super::{PackedPeer, Peer};
+    use super::PackedSource;
+    use crate::clients::Source;
     for addr in ["127.0.0.1:40000", "[::1]:40001", "[fe80::1%2]:40002"] {
         let addr: std::net::SocketAddr = addr.parse().unwrap();
-        let back = Peer::from(PackedPeer::from(Peer::Tcp(addr)));
-        assert!(matches!(back, Peer::Tcp(a) if a == addr), "{addr}: {back:?}");
+        let back = Source::from(PackedSource::from(Source::Tcp(addr)));
+        assert!(matches!(back, Source::Tcp(a) if a == addr), "{addr}: {back:?}");
     }
 }
 

@@ -1,8 +1,11 @@
-//! A request under the access log: what its line needs is read off the request before it is
-//! forwarded, off the response head when it comes, and off the response body as it streams;
-//! the line is queued when the body ends or is dropped (a client that left mid-body still gets
-//! its line, with the bytes that went out).
+//! The one place that sees a request whole, on HTTP/1.1 and h2c alike: its span, entered
+//! around every poll of its handling, and its access-log line. What the line needs is read off
+//! the request before it is forwarded, off the routing decision, off the response head and what
+//! was served when it comes, and off the response body as it streams; the line is queued when
+//! the body ends or is dropped (a client that left mid-body still gets its line, with the bytes
+//! that went out).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,9 +17,87 @@ use http::{Request, Response, Version};
 use http_body::{Body, Frame, SizeHint};
 
 use super::ResponseBody;
-use crate::access_log::{trace_id, AccessLog, Record, Source};
+use crate::access_log::{trace_id, AccessLog, Record};
+use crate::clients::Source;
 use crate::redact;
 use crate::wire::{BoxError, RequestBody};
+
+pin_project_lite::pin_project! {
+    /// A request being handled, in its span: entered around each poll (not `Instrumented`,
+    /// which would move the whole future once more), so that what the request path logs
+    /// carries the request's method and target. `F` forwards it unlogged, under the net of
+    /// `crate::caught`; `L` forwards it under its access-log line.
+    pub struct Handling<F, L> {
+        span: tracing::Span,
+        #[pin]
+        forwarding: Forwarding<F, L>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = ForwardingProj]
+    enum Forwarding<F, L> {
+        Plain { #[pin] forward: F },
+        Logged { logged: Pin<Box<L>> },
+    }
+}
+
+impl<F, L> Handling<F, L> {
+    /// `forward`, unlogged, in `span` (see [`span`]).
+    pub(super) fn plain(span: tracing::Span, forward: F) -> Self {
+        Handling {
+            span,
+            forwarding: Forwarding::Plain { forward },
+        }
+    }
+
+    /// `logged`, which writes the request's line, in `span`.
+    pub(super) fn logged(span: tracing::Span, logged: Pin<Box<L>>) -> Self {
+        Handling {
+            span,
+            forwarding: Forwarding::Logged { logged },
+        }
+    }
+
+    /// The request's span, taken: for what goes on after the response (a switch of protocols).
+    pub fn take_span(self: Pin<&mut Self>) -> tracing::Span {
+        std::mem::replace(self.project().span, tracing::Span::none())
+    }
+}
+
+/// A new span for `req`: its method and target, userinfo removed.
+pub(super) fn span(req: &Request<RequestBody>) -> tracing::Span {
+    tracing::debug_span!("request", method = %req.method(), uri = %redact::uri(req.uri()))
+}
+
+/// How forwarding a request ended: its response, the error to answer with, or a caught panic.
+pub type Forwarded =
+    Result<Result<Response<ResponseBody>, crate::error::ProxyError>, crate::caught::Panicked>;
+
+impl<F, L> Future for Handling<F, L>
+where
+    F: Future<Output = Forwarded>,
+    L: Future<Output = Response<ResponseBody>>,
+{
+    type Output = Response<ResponseBody>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response<ResponseBody>> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        match this.forwarding.project() {
+            ForwardingProj::Plain { forward } => forward.poll(cx).map(super::answer),
+            ForwardingProj::Logged { logged } => logged.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, L> std::fmt::Debug for Handling<F, L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handling")
+            .field("span", &self.span)
+            .finish_non_exhaustive()
+    }
+}
 
 /// What [`super::Proxy::forward`] learned of the upstream, for the line.
 #[derive(Debug, Default)]
@@ -37,8 +118,7 @@ pub(super) struct Pending {
 
 impl Pending {
     /// Reads the line's request fields off `req` (and counts its body from now on).
-    pub(super) fn begin(req: &mut Request<RequestBody>, log: &AccessLog) -> Self {
-        let source = req.extensions_mut().remove::<Source>();
+    pub(super) fn begin(req: &mut Request<RequestBody>, source: &Source, log: &AccessLog) -> Self {
         let headers = req.headers();
         let text = |name: http::header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
         let authority = req
@@ -53,7 +133,7 @@ impl Pending {
         };
         let mut record = Record::begin(
             SystemTime::now(),
-            source,
+            Some(source.clone()),
             req.method().to_string(),
             authority,
             path,
