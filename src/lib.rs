@@ -12,7 +12,7 @@
 //! |---|---|---|
 //! | entry | `app`, `admin`, `inject`, `fuzzing` | wiring: listeners, run, drain, reload apply, the handles services act through; the admin listener; the injection webhook; fuzz entry points |
 //! | downstream | `downstream/` | accept, the connection task, parking idle connections, the h2c server, the Unix socket |
-//! | request path | `proxy/` | one request from routing to response; header rewriting; CONNECT tunnels and upgrades |
+//! | request path | `proxy/` | one request from routing to response: its observer (span, access-log line) and admission step, for HTTP/1.1 and h2c alike; header rewriting; CONNECT tunnels and upgrades |
 //! | routing | `routing` | which upstream a request means; on-the-fly upstreams; switching routes on reload |
 //! | upstream | `upstream/` | an upstream's identity, spec and pool key; one request on a pooled connection with its deadline and retry |
 //! | pool | `pool/` | cap, waiters, dial scheduling, the HTTP/1.1 idle list, HTTP/2 streams, leases, learning, reports, the registry of live pools |
@@ -27,7 +27,11 @@
 //!                                 │        idle/header timeouts, leak detector by source)
 //!                                 │ Request<wire::RequestBody>
 //!                                 ▼
+//!                            proxy::observe (the request's span and access-log line; h2c streams too)
+//!                                 │
 //!                            proxy ─▶ routing (upstream, policy, loop) ─▶ proxy::headers (origin-form, hop-by-hop)
+//!                                 │
+//!                            proxy::admit (now, after a wait, or refused: given upstream, head, source, deadline)
 //!                                 │
 //!                                 ▼
 //!                            upstream (retry, response deadline) ─▶ pool (cap, FIFO queue, MRU idle)
