@@ -127,9 +127,9 @@ pub(super) async fn serve<S: Stream>(
             }
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
-                if super::h2::starts_with_preface(&conn.stream, deadline).await {
+                if super::h2c::starts_with_preface(&conn.stream, deadline).await {
                     let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
-                    let _ = Box::pin(super::h2::serve(
+                    let _ = Box::pin(super::h2c::serve(
                         conn.stream,
                         arrival.clone(),
                         source,
@@ -225,7 +225,7 @@ async fn serve_requests<S: Stream>(
                         let requests = conn.requests;
                         let arrival = Arrival::Tunnel(Arc::new(tunnel));
                         let source = ctx.proxy.logs_access().then(|| conn.peer.log_source());
-                        if Box::pin(super::h2::serve(conn.stream, arrival, source, ctx.clone())).await {
+                        if Box::pin(super::h2c::serve(conn.stream, arrival, source, ctx.clone())).await {
                             ctx.metrics.families().tunnel_refused("h2_error");
                         }
                         return Stay::Ended(Ended::Closed(Served {
