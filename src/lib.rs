@@ -34,7 +34,7 @@
 //!                                 │                                    │ connector::dial (resolve, connect, handshake)
 //!                                 ▼                                    ▼
 //!  application ◀──stream── PooledBody ◀── connector::h1 (HTTP/1.1, run by the request's task) ──▶ upstream
-//!                                        ◀── connector::h2 (streams on the h2 crate; connection task) ──▶ upstream
+//!                                        ◀── connector::http2 (streams on the h2 crate; connection task) ──▶ upstream
 //! ```
 //!
 //! CONNECT tunnels (`proxy::connect`) and protocol upgrades such as WebSocket (`proxy::upgrade`)

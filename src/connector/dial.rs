@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::h1::{self, Transport};
-use super::h2;
+use super::http2;
 use super::parent::Parent;
 use super::tls::TlsConnector;
 use super::{Connect, Dialed, Place};
@@ -236,7 +236,7 @@ impl Connector {
         // would ever use marks "not heard yet": the pool must not hand out a connection's worth
         // of streams to a server that allows fewer.
         let unheard = self.http2.max_streams_per_connection as usize + 1;
-        let keepalive = self.http2.keepalive_interval.map(|interval| h2::Keepalive {
+        let keepalive = self.http2.keepalive_interval.map(|interval| http2::Keepalive {
             interval,
             timeout: self.http2.keepalive_timeout,
         });
@@ -248,7 +248,7 @@ impl Connector {
             }
             drop(place);
         };
-        let sender = h2::handshake(io, unheard, keepalive, on_end)
+        let sender = http2::handshake(io, unheard, keepalive, on_end)
             .await
             .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/2 handshake: {e}")))?;
         // The driver task applies the server's SETTINGS; wait here about one round trip for

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::Lease;
-use crate::connector::{h1, h2};
+use crate::connector::{h1, http2};
 use crate::wire::{BoxError, WireFields};
 
 /// The body of a response as [`Lease::send`] returns it, before it is tied to its lease.
@@ -22,7 +22,7 @@ pub enum UpstreamBody {
     /// HTTP/1.1: the rest of the exchange, run on the leased connection.
     Http1(h1::Transfer),
     /// HTTP/2: the stream's response body.
-    Http2(h2::Body),
+    Http2(http2::Body),
 }
 
 /// Why [`Lease::send`] got no response head.
@@ -31,8 +31,8 @@ pub enum SendError {
     /// On HTTP/1.1.
     Http1(h1::Error),
     /// On HTTP/2; the request is left in place when it was never sent
-    /// ([`h2::Error::Unsent`]).
-    Http2(h2::Error),
+    /// ([`http2::Error::Unsent`]).
+    Http2(http2::Error),
 }
 
 /// A response body from a pooled connection.

@@ -32,7 +32,7 @@ pub use timed::{CutCounters, Deadlines, TimedBody};
 
 use crate::config::ParentRoute;
 use crate::connector::parent::Parent;
-use crate::connector::{dial, h1, h2, tls};
+use crate::connector::{dial, h1, http2, tls};
 use crate::duration::DurationError;
 use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
@@ -892,7 +892,7 @@ impl Upstream {
             SendError::Http2(e) => {
                 let (err, refused) = self.classify_h2(&e);
                 match (&e, refused) {
-                    (h2::Error::Unsent(_), _) => Failure::Unsent(err),
+                    (http2::Error::Unsent(_), _) => Failure::Unsent(err),
                     (_, true) => Failure::Refused(err),
                     (_, false) => Failure::Sent(err),
                 }
