@@ -63,9 +63,10 @@ pub struct Connector {
     parent: Option<Arc<Parent>>,
 }
 
-/// Where to dial and how.
+/// A pool connector's [`DialTarget`], owned: the connector dials it for as long as its pool
+/// lives, through `parent` when there is one.
 #[derive(Debug)]
-pub struct Peer {
+pub struct OwnedTarget {
     /// Label in errors and logs.
     pub label: Arc<str>,
     /// Host and port (DNS name or IP).
@@ -81,23 +82,23 @@ pub struct Peer {
 }
 
 impl Connector {
-    /// A connector for `peer`; `tls` is `None` for plain TCP.
+    /// A connector for `target`; `tls` is `None` for plain TCP.
     pub fn new(
-        peer: Peer,
+        target: OwnedTarget,
         tls: Option<Result<TlsConnector, String>>,
         protocol: Protocol,
         http2: Http2Config,
     ) -> Self {
         Connector {
-            label: peer.label,
-            authority: peer.authority,
-            endpoints: peer.endpoints,
-            connect_timeout: peer.connect_timeout,
-            guard: peer.guard,
+            label: target.label,
+            authority: target.authority,
+            endpoints: target.endpoints,
+            connect_timeout: target.connect_timeout,
+            guard: target.guard,
             tls,
             protocol,
             http2,
-            parent: peer.parent,
+            parent: target.parent,
         }
     }
 

@@ -255,7 +255,7 @@ impl Upstream {
             }
             // Through a parent, connections go to the parent's addresses, which the operator
             // chose: the policy judges the upstream's name at routing, not the parent.
-            None => endpoint::Set::new(endpoint::Spec {
+            None => endpoint::Set::new(endpoint::SetSpec {
                 label: label.clone(),
                 authority: parent.as_ref().map_or(&authority, |p| p.authority()).clone(),
                 addresses: if parent.is_some() { Vec::new() } else { addresses },
@@ -340,7 +340,7 @@ impl Upstream {
             (Protocol::Http1, _) | (Protocol::Auto, Scheme::Http) => pool::Negotiated::Http1,
             (Protocol::Auto, Scheme::Https) => pool::Negotiated::Unknown,
         };
-        let peer = dial::Peer {
+        let target = dial::OwnedTarget {
             label: label.clone(),
             authority: key.authority.clone(),
             endpoints: endpoints.clone(),
@@ -348,7 +348,7 @@ impl Upstream {
             guard: guard.clone(),
             parent: parent.cloned(),
         };
-        let connector = dial::Connector::new(peer, connector_tls, protocol, settings.http2.clone());
+        let connector = dial::Connector::new(target, connector_tls, protocol, settings.http2.clone());
         Pool::new(
             label.clone(),
             settings.pool,
