@@ -48,7 +48,7 @@ pub struct PooledBody(Box<Pooled>);
 struct Pooled {
     inner: UpstreamBody,
     lease: Option<Lease>,
-    info: Served,
+    info: ServedBy,
     /// Taken off the connection before the lease can go back to the pool.
     wire: Option<WireFields>,
 }
@@ -56,7 +56,7 @@ struct Pooled {
 /// How a response was served, as the access log shows it: read at the head, since the lease
 /// may go back to the pool before anyone asks.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Served {
+pub struct ServedBy {
     /// The endpoint's address.
     pub endpoint: Option<std::net::SocketAddr>,
     /// The connection had served before.
@@ -69,7 +69,7 @@ impl PooledBody {
     /// Ties `inner` to `lease`, which returns to the pool when the body ends.
     /// `served` is the lease's as it was before the request went out (a connection counts the
     /// request it carries, so reuse is read before).
-    pub fn new(inner: UpstreamBody, mut lease: Lease, info: Served) -> Self {
+    pub fn new(inner: UpstreamBody, mut lease: Lease, info: ServedBy) -> Self {
         let wire = lease.h1_mut().and_then(h1::Connection::take_wire_fields);
         // A body that came whole with its head (or none) frees the connection at once.
         let lease = if inner.is_end_stream() {
@@ -87,7 +87,7 @@ impl PooledBody {
     }
 
     /// How the response was served.
-    pub fn served(&self) -> Served {
+    pub fn served(&self) -> ServedBy {
         self.0.info
     }
 

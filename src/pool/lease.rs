@@ -338,8 +338,8 @@ impl Lease {
     }
 
     /// How this lease serves its request: endpoint, reuse, protocol.
-    pub fn served(&self) -> super::Served {
-        super::Served {
+    pub fn served(&self) -> super::ServedBy {
+        super::ServedBy {
             endpoint: self.endpoint_ref().map(|e| e.addr()),
             reused: self.is_reused(),
             http2: self.is_http2(),

@@ -79,7 +79,7 @@ use std::task::Waker;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
-pub use body::{PooledBody, SendError, Served, UpstreamBody};
+pub use body::{PooledBody, SendError, ServedBy, UpstreamBody};
 pub use streams::H2Stream;
 pub use idle::Conn;
 pub use lease::{Lease, Slot, Tracker};
