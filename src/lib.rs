@@ -10,7 +10,7 @@
 //!
 //! | layer | modules | owns |
 //! |---|---|---|
-//! | entry | `app`, `admin`, `inject`, `fuzzing` | wiring: listeners, run, drain, reload apply, the handles services act through; the admin listener; the injection webhook; fuzz entry points |
+//! | entry | `app`, `admin`, `inject` | wiring: listeners, run, drain, reload apply, the handles services act through; the admin listener; the injection webhook |
 //! | downstream | `downstream/` | accept, the connection task, parking idle connections, the h2c server, the Unix socket |
 //! | request path | `proxy/` | one request from routing to response; header rewriting; CONNECT tunnels and upgrades |
 //! | routing | `routing` | which upstream a request means; on-the-fly upstreams; switching routes on reload |
@@ -65,6 +65,8 @@ pub mod downstream;
 pub mod duration;
 pub mod endpoint;
 pub mod error;
+// Test code: cargo-fuzz builds with `--cfg fuzzing`; `cargo test` replays the corpus.
+#[cfg(any(fuzzing, test))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod inject;
