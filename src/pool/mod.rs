@@ -59,8 +59,8 @@
 //! first, and a stream that crosses it comes back unsent and is retried whatever its method.
 
 mod body;
-mod streams;
 mod idle;
+mod streams;
 // Tests and benches of the pool only; `test-support` lets benches/pool.rs reach it.
 #[cfg(any(test, feature = "test-support"))]
 pub mod in_memory;
@@ -80,20 +80,20 @@ use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 pub use body::{PooledBody, SendError, ServedBy, UpstreamBody};
-pub use streams::H2Stream;
 pub use idle::Conn;
 pub use lease::{Lease, Slot, Tracker};
 pub use registry::Registry;
 pub use report::{ConnectionReport, PoolReport, PoolSnapshot};
+pub use streams::H2Stream;
 
 use crate::config::PoolConfig;
 use crate::connector::{Connect, Dialed};
 use crate::endpoint::{self, Endpoint};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::UpstreamMetrics;
-use streams::H2Conn;
 use idle::{expiry_reason, idle_deadline, upstream_closed_idle, Idle};
 use lease::{LeaseKind, Waiting};
+use streams::H2Conn;
 
 /// What the pool knows the upstream speaks; it decides how many dials a queue needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
