@@ -415,6 +415,7 @@ impl Families {
     }
 
     /// Tunnels of `kind` opened so far and open now.
+    #[cfg(test)]
     pub fn tunnel_counts(&self, kind: &'static str) -> (u64, i64) {
         let label = KindLabel { kind };
         (

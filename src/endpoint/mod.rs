@@ -306,6 +306,7 @@ impl Set {
 
     /// A set of one static address, with the default balance and outlier settings (pools
     /// dialed in memory, in tests and benches).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn single(label: Arc<str>, addr: SocketAddr, metrics: UpstreamMetrics) -> Arc<Self> {
         Set::new(SetSpec {
             authority: Authority {

@@ -263,6 +263,7 @@ impl Lease {
     }
 
     /// The connection's id within its pool (1 = first opened).
+    #[cfg(test)]
     pub fn connection_id(&self) -> u64 {
         match &self.kind {
             LeaseKind::H1(conn) => conn.as_ref().map_or(0, |c| c.id),

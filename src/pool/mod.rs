@@ -322,15 +322,18 @@ impl Pool {
     }
 
     /// Waits for a ready connection (or HTTP/2 stream slot): an idle one, a freed one, or a new
-    /// one.
+    /// one. Tests and benches only: the request path checks out through
+    /// [`Pool::checkout_avoiding`].
+    #[cfg(any(test, feature = "test-support"))]
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, ProxyError> {
         self.checkout_avoiding(None).await
     }
 
-    /// [`Pool::checkout`] for a retry away from `avoid` (the endpoint that just failed the
-    /// request): an idle connection or stream to another endpoint when there is one; else,
-    /// while the cap allows and the set has other endpoints, a new connection (which the
-    /// balance sends to the least loaded, and `avoid` counts the connection just used).
+    /// Waits for a ready connection (or HTTP/2 stream slot): an idle one, a freed one, or a new
+    /// one. For a retry, away from `avoid` (the endpoint that just failed the request): an idle
+    /// connection or stream to another endpoint when there is one; else, while the cap allows
+    /// and the set has other endpoints, a new connection (which the balance sends to the least
+    /// loaded, and `avoid` counts the connection just used).
     pub async fn checkout_avoiding(
         self: &Arc<Self>,
         avoid: Option<&Arc<Endpoint>>,
