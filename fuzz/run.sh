@@ -6,7 +6,7 @@
 # cargo-fuzz with `cargo install --locked` if missing. The corpus in tests/fuzz_corpus/<target>/
 # is copied to a scratch directory first, so a run never rewrites the committed one; a crash
 # leaves its input in fuzz/artifacts/<target>/ and fails the run: add that input to the corpus
-# (it then runs in every `cargo test` through tests/fuzz_corpus.rs) and fix the code.
+# (it then runs in every `cargo test` through src/fuzzing.rs's test) and fix the code.
 set -euo pipefail
 SECONDS_PER_TARGET=${1:-60}
 cd "$(dirname "$0")"

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::access_log::AccessLog;
 use crate::config::Config;
@@ -122,120 +123,178 @@ pub async fn run_with_reload(
     if let Some(warning) = policy::open_proxy_warning(&listeners.proxy_addrs(), &config.policy) {
         tracing::warn!("{warning}");
     }
-    let shared = Shared {
-        guard: Arc::new(policy::Guard::new(local, config.policy.clone())),
-        metrics: Arc::new(Metrics::new()),
-        pools: Arc::new(Registry::default()),
-        resolver: Arc::new(Resolver::new(&config.dns)),
-    };
-    let metrics = shared.metrics.clone();
-    let pools = shared.pools.clone();
-    let clients = Arc::new(clients::Clients::with_listeners(listeners.proxy_addrs()));
-    let upstreams: Vec<Arc<Upstream>> = config
-        .upstreams
-        .iter()
-        .map(|cfg| Arc::new(Upstream::configured(cfg, &shared)))
-        .collect();
-    let router = Router::new(config.clone(), &upstreams, shared);
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let budget = budget::Limit::discover(&config.budget, std::path::Path::new("/"), std::process::id())
-        .map(|l| Arc::new(budget::Budget::new(l, &metrics)));
-    let ctx = Arc::new(Context::new(
-        config.downstream,
-        Proxy::new(router).with_access_log(AccessLog::start(
-            &config.access_log,
-            metrics.families().access_log_dropped.clone(),
-        )),
-        drain_rx.clone(),
-        metrics.clone(),
-        clients.clone(),
-        budget.clone(),
-    ));
-    let wiring = Arc::new(Wiring {
-        ctx: ctx.clone(),
-        pools: pools.clone(),
-    });
+    let built = Built::new(config, local, listeners.proxy_addrs());
 
     let ready = Arc::new(AtomicBool::new(true));
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let admin_task = tokio::spawn(admin::serve(
         listeners.admin,
         ready.clone(),
-        metrics.clone(),
-        pools.clone(),
-        clients,
-        budget.clone(),
+        built.metrics.clone(),
+        built.pools.clone(),
+        built.clients.clone(),
+        built.budget.clone(),
         admin_stop_rx,
     ));
     tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %admin_addr, "forward proxy listening");
-    let mut accept_tasks = vec![tokio::spawn(downstream::serve(
-        listeners.proxy,
-        Arrival::Forward,
-        ctx.clone(),
-    ))];
-    // Kept to the end: the socket file goes once nothing accepts on it any more.
-    let mut unix_file = None;
-    if let Some(unix) = listeners.unix {
-        tracing::info!(listen_unix = %unix.file.path().display(), "forward proxy listening on a unix socket");
-        unix_file = Some(unix.file);
-        accept_tasks.push(tokio::spawn(downstream::serve_unix(
-            unix.listener,
-            Arrival::Forward,
-            ctx.clone(),
-        )));
-    }
-    for (i, listener) in listeners.routes {
-        let name: Arc<str> = upstreams[i].label().into();
-        tracing::info!(upstream = %name, listen = %downstream::describe(&listener), "route listener");
-        accept_tasks.push(tokio::spawn(downstream::serve(
-            listener,
-            Arrival::Route(name),
-            ctx.clone(),
-        )));
-    }
-    if let Some(budget) = budget {
-        accept_tasks.push(tokio::spawn(budget::enforce(
-            budget,
-            wiring.clone(),
-            metrics.clone(),
-        )));
-    }
-    if let Some(watcher) = reload {
-        accept_tasks.push(tokio::spawn(reload::watch(
-            watcher,
-            wiring.clone(),
-            metrics.clone(),
-            drain_rx.clone(),
-        )));
-    }
+    let (mut tasks, unix_file) = built.accept(listeners.proxy, listeners.unix, listeners.routes);
+    tasks.extend(built.services(reload));
 
     shutdown.await;
-    // Draining: readiness off, idle keep-alive connections closed, every response carries
-    // `Connection: close`, but the listeners keep accepting: applications still finishing
-    // their work need egress. Done when no application connection is left, or at the deadline.
-    let drain_timeout = ctx.proxy.router().config().shutdown.drain_timeout;
-    tracing::info!(open = ctx.open_connections(), timeout = %humantime::format_duration(drain_timeout), "draining");
-    ready.store(false, Ordering::Relaxed);
-    let _ = drain_tx.send(true);
-    let all_closed = async {
-        while ctx.open_connections() > 0 {
-            tokio::time::sleep(DRAIN_POLL).await;
-        }
-    };
-    if tokio::time::timeout(drain_timeout, all_closed).await.is_err() {
-        tracing::warn!(
-            open = ctx.open_connections(),
-            "drain timeout passed with connections open"
-        );
-    }
-    for task in accept_tasks {
+    built.drain(&ready).await;
+    for task in tasks {
         task.abort();
     }
-    close_pools(&pools).await;
+    close_pools(&built.pools).await;
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;
     drop(unix_file);
     tracing::info!("stopped");
+}
+
+/// What the request path and the services share, built once at start: the downstream context
+/// (and, through it, the proxy and its router), the metrics, the pools, the per-source
+/// accounting, the memory budget, and the drain signal.
+struct Built {
+    ctx: Arc<Context>,
+    metrics: Arc<Metrics>,
+    pools: Arc<Registry>,
+    clients: Arc<clients::Clients>,
+    budget: Option<Arc<budget::Budget>>,
+    /// The configured upstreams, in config order (route listeners name theirs by index).
+    upstreams: Vec<Arc<Upstream>>,
+    wiring: Arc<Wiring>,
+    drain_tx: watch::Sender<bool>,
+    drain_rx: watch::Receiver<bool>,
+}
+
+impl Built {
+    /// The policy guard (with the sidecar's own `local` addresses), metrics, pools, resolver,
+    /// configured upstreams, router, memory budget, access log and downstream context.
+    fn new(config: Arc<Config>, local: Vec<SocketAddr>, proxy_addrs: Vec<SocketAddr>) -> Self {
+        let shared = Shared {
+            guard: Arc::new(policy::Guard::new(local, config.policy.clone())),
+            metrics: Arc::new(Metrics::new()),
+            pools: Arc::new(Registry::default()),
+            resolver: Arc::new(Resolver::new(&config.dns)),
+        };
+        let metrics = shared.metrics.clone();
+        let pools = shared.pools.clone();
+        let clients = Arc::new(clients::Clients::with_listeners(proxy_addrs));
+        let upstreams: Vec<Arc<Upstream>> = config
+            .upstreams
+            .iter()
+            .map(|cfg| Arc::new(Upstream::configured(cfg, &shared)))
+            .collect();
+        let router = Router::new(config.clone(), &upstreams, shared);
+        let (drain_tx, drain_rx) = watch::channel(false);
+        let budget = budget::Limit::discover(&config.budget, std::path::Path::new("/"), std::process::id())
+            .map(|l| Arc::new(budget::Budget::new(l, &metrics)));
+        let ctx = Arc::new(Context::new(
+            config.downstream,
+            Proxy::new(router).with_access_log(AccessLog::start(
+                &config.access_log,
+                metrics.families().access_log_dropped.clone(),
+            )),
+            drain_rx.clone(),
+            metrics.clone(),
+            clients.clone(),
+            budget.clone(),
+        ));
+        let wiring = Arc::new(Wiring {
+            ctx: ctx.clone(),
+            pools: pools.clone(),
+        });
+        Built {
+            ctx,
+            metrics,
+            pools,
+            clients,
+            budget,
+            upstreams,
+            wiring,
+            drain_tx,
+            drain_rx,
+        }
+    }
+
+    /// The accept loops: the forward proxy, its Unix socket, the route listeners. Returns their
+    /// tasks and the Unix socket's file, to be kept until nothing accepts on it any more.
+    fn accept(
+        &self,
+        proxy: TcpListener,
+        unix: Option<downstream::unix::UnixSocket>,
+        routes: Vec<(usize, TcpListener)>,
+    ) -> (Vec<JoinHandle<()>>, Option<downstream::unix::SocketFile>) {
+        let mut tasks = vec![tokio::spawn(downstream::serve(
+            proxy,
+            Arrival::Forward,
+            self.ctx.clone(),
+        ))];
+        let mut unix_file = None;
+        if let Some(unix) = unix {
+            tracing::info!(listen_unix = %unix.file.path().display(), "forward proxy listening on a unix socket");
+            unix_file = Some(unix.file);
+            tasks.push(tokio::spawn(downstream::serve_unix(
+                unix.listener,
+                Arrival::Forward,
+                self.ctx.clone(),
+            )));
+        }
+        for (i, listener) in routes {
+            let name: Arc<str> = self.upstreams[i].label().into();
+            tracing::info!(upstream = %name, listen = %downstream::describe(&listener), "route listener");
+            tasks.push(tokio::spawn(downstream::serve(
+                listener,
+                Arrival::Route(name),
+                self.ctx.clone(),
+            )));
+        }
+        (tasks, unix_file)
+    }
+
+    /// The services beside the request path: the memory budget's enforcement and reloading.
+    fn services(&self, reload: Option<reload::Watcher>) -> Vec<JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        if let Some(budget) = self.budget.clone() {
+            tasks.push(tokio::spawn(budget::enforce(
+                budget,
+                self.wiring.clone(),
+                self.metrics.clone(),
+            )));
+        }
+        if let Some(watcher) = reload {
+            tasks.push(tokio::spawn(reload::watch(
+                watcher,
+                self.wiring.clone(),
+                self.metrics.clone(),
+                self.drain_rx.clone(),
+            )));
+        }
+        tasks
+    }
+
+    /// Draining: readiness off, idle keep-alive connections closed, every response carries
+    /// `Connection: close`, but the listeners keep accepting: applications still finishing
+    /// their work need egress. Done when no application connection is left, or at the deadline.
+    async fn drain(&self, ready: &AtomicBool) {
+        let ctx = &self.ctx;
+        let drain_timeout = ctx.proxy.router().config().shutdown.drain_timeout;
+        tracing::info!(open = ctx.open_connections(), timeout = %humantime::format_duration(drain_timeout), "draining");
+        ready.store(false, Ordering::Relaxed);
+        let _ = self.drain_tx.send(true);
+        let all_closed = async {
+            while ctx.open_connections() > 0 {
+                tokio::time::sleep(DRAIN_POLL).await;
+            }
+        };
+        if tokio::time::timeout(drain_timeout, all_closed).await.is_err() {
+            tracing::warn!(
+                open = ctx.open_connections(),
+                "drain timeout passed with connections open"
+            );
+        }
+    }
 }
 
 /// The narrow handles the memory budget and reloading act through: the downstream connections

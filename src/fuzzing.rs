@@ -1,13 +1,12 @@
 //! Fuzz entry points: each takes arbitrary bytes, drives one parser the way the request path
 //! does, and asserts the invariants the rest of the sidecar relies on (a panic is a finding).
 //!
-//! `fuzz/` runs them under libFuzzer (cargo-fuzz, which needs a nightly toolchain);
-//! `tests/fuzz_corpus.rs` replays the committed corpus (`tests/fuzz_corpus/<target>/`) through
-//! them on stable in every `cargo test`, so each input that once found a bug stays a regression
-//! test.
+//! `fuzz/` runs them under libFuzzer (cargo-fuzz, which needs a nightly toolchain); the test
+//! below replays the committed corpus (`tests/fuzz_corpus/<target>/`) through them on stable in
+//! every `cargo test`, so each input that once found a bug stays a regression test.
 //!
-//! Not a public API: hidden from the docs, kept in the library only so that both runners share
-//! one definition of each target.
+//! Not a public API and not in the release library: compiled only under `cfg(fuzzing)`, which
+//! cargo-fuzz sets, and `cfg(test)`, so that both runners share one definition of each target.
 
 use std::net::IpAddr;
 
@@ -214,5 +213,31 @@ pub fn duration(data: &[u8]) {
             std::time::Instant::now().checked_add(d).is_some(),
             "{text:?}: Instant + {d:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// The committed corpus, replayed through the same targets cargo-fuzz runs, on stable: every
+    /// input that once found a bug, and every seed, stays a regression test without a nightly
+    /// toolchain.
+    #[test]
+    fn every_corpus_input_passes_its_target() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_corpus");
+        for (name, target) in super::TARGETS {
+            let dir = root.join(name);
+            let inputs: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .map(|entry| entry.unwrap().path())
+                .collect();
+            assert!(!inputs.is_empty(), "{name}: empty corpus");
+            for input in inputs {
+                let data = std::fs::read(&input).unwrap();
+                let outcome = std::panic::catch_unwind(|| target(&data));
+                assert!(outcome.is_ok(), "{name}: {} fails", input.display());
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@
 //!
 //! | layer | modules | owns |
 //! |---|---|---|
-//! | entry | `app`, `admin`, `inject`, `fuzzing` | wiring: listeners, run, drain, reload apply, the handles services act through; the admin listener; the injection webhook; fuzz entry points |
+//! | entry | `app`, `admin`, `inject` | wiring: listeners, run, drain, reload apply, the handles services act through; the admin listener; the injection webhook |
 //! | downstream | `downstream/` | accept, the connection task, parking idle connections, the h2c server, the Unix socket |
 //! | request path | `proxy/` | one request from routing to response: its observer (span, access-log line) and admission step, for HTTP/1.1 and h2c alike; header rewriting; CONNECT tunnels and upgrades |
 //! | routing | `routing` | which upstream a request means; on-the-fly upstreams; switching routes on reload |
@@ -38,7 +38,7 @@
 //!                                 │                                    │ connector::dial (resolve, connect, handshake)
 //!                                 ▼                                    ▼
 //!  application ◀──stream── PooledBody ◀── connector::h1 (HTTP/1.1, run by the request's task) ──▶ upstream
-//!                                        ◀── connector::h2 (streams on the h2 crate; connection task) ──▶ upstream
+//!                                        ◀── connector::http2 (streams on the h2 crate; connection task) ──▶ upstream
 //! ```
 //!
 //! CONNECT tunnels (`proxy::connect`) and protocol upgrades such as WebSocket (`proxy::upgrade`)
@@ -69,6 +69,8 @@ pub mod downstream;
 pub mod duration;
 pub mod endpoint;
 pub mod error;
+// Test code: cargo-fuzz builds with `--cfg fuzzing`; `cargo test` replays the corpus.
+#[cfg(any(fuzzing, test))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod inject;

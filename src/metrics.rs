@@ -170,6 +170,218 @@ pub struct Families {
 }
 
 impl Families {
+    /// Every family empty, every counter and gauge at 0.
+    fn new() -> Self {
+        Families {
+            opened: Family::default(),
+            closed: Family::default(),
+            requests: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            wait: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            reused: Family::default(),
+            rejected: Family::default(),
+            retries: Family::default(),
+            retry_budget_exhausted: Family::default(),
+            timeouts: Family::default(),
+            ejections: Family::default(),
+            dns_refreshes: Family::default(),
+            dns_failures: Family::default(),
+            ignored_headers: Family::default(),
+            panics: Counter::default(),
+            access_log_dropped: Counter::default(),
+            downstream_opened: Counter::default(),
+            downstream_open: Gauge::default(),
+            downstream_parked: Gauge::default(),
+            downstream_idle_closed: Counter::default(),
+            downstream_requests_per_connection: requests_per_connection_histogram(),
+            tunnels_opened: Family::default(),
+            tunnels_active: Family::default(),
+            tunnels_refused: Family::default(),
+            reloads: Family::default(),
+            last_reload_successful: Gauge::default(),
+            memory_budget: Gauge::default(),
+            memory_usage: Gauge::default(),
+            memory_sheds: Family::default(),
+        }
+    }
+
+    /// Upstream connections and the requests they carry: opened, closed, sent, timed,
+    /// reused, refused by the pool, retried.
+    fn register_upstream_traffic(&self, registry: &mut Registry) {
+        registry.register(
+            "upstream_connections_opened",
+            "Upstream connections opened",
+            self.opened.clone(),
+        );
+        registry.register(
+            "upstream_connections_closed",
+            "Upstream connections closed, by reason",
+            self.closed.clone(),
+        );
+        registry.register(
+            "upstream_requests",
+            "Requests sent to upstreams, by final status (sidecar-made errors included)",
+            self.requests.clone(),
+        );
+        registry.register(
+            "upstream_request_duration_seconds",
+            "Time from sending a request upstream to its response head",
+            self.duration.clone(),
+        );
+        registry.register(
+            "pool_wait_duration_seconds",
+            "Time a request waited for a pooled connection or stream",
+            self.wait.clone(),
+        );
+        registry.register(
+            "pool_reused",
+            "Requests that reused an open connection",
+            self.reused.clone(),
+        );
+        registry.register(
+            "pool_rejected",
+            "Requests refused by the pool, by reason",
+            self.rejected.clone(),
+        );
+        registry.register(
+            "upstream_retries",
+            "Requests sent again, by reason: connect_failure, reset, a response status, or the \
+             connection-level stale_connection, refused_stream, unsent",
+            self.retries.clone(),
+        );
+        registry.register(
+            "upstream_ignored_headers",
+            "Header values an upstream sent that were ignored: a Retry-After or retry-after-ms that is no bounded duration",
+            self.ignored_headers.clone(),
+        );
+    }
+
+    /// What went wrong inside the sidecar: caught panics, access log lines dropped.
+    fn register_faults(&self, registry: &mut Registry) {
+        registry.register(
+            "panics",
+            "Panics caught in a request's or a connection's task: a bug; the request got 502 internal where it still could",
+            self.panics.clone(),
+        );
+        registry.register(
+            "access_log_dropped",
+            "Access log lines dropped because the writer was behind",
+            self.access_log_dropped.clone(),
+        );
+    }
+
+    /// An upstream's health: its retry budget, deadlines, outlier ejections, DNS.
+    fn register_upstream_health(&self, registry: &mut Registry) {
+        registry.register(
+            "upstream_retry_budget_exhausted",
+            "Retries not made because the upstream's retry budget was spent",
+            self.retry_budget_exhausted.clone(),
+        );
+        registry.register(
+            "upstream_timeouts",
+            "Exchanges cut by a deadline, by kind: request (request_timeout), body_idle \
+             (body_idle_timeout), response_header (response_header_timeout)",
+            self.timeouts.clone(),
+        );
+        registry.register(
+            "upstream_ejections",
+            "Endpoints ejected by outlier detection (consecutive connect failures or resets)",
+            self.ejections.clone(),
+        );
+        registry.register(
+            "upstream_dns_refreshes",
+            "Resolutions of an upstream's host name",
+            self.dns_refreshes.clone(),
+        );
+        registry.register(
+            "upstream_dns_failures",
+            "Resolutions of an upstream's host name that failed (the last good answer is kept up to dns.max_ttl)",
+            self.dns_failures.clone(),
+        );
+    }
+
+    /// Application connections: accepted, open, parked, closed idle, requests per
+    /// connection.
+    fn register_downstream(&self, registry: &mut Registry) {
+        registry.register(
+            "downstream_connections_opened",
+            "Application connections accepted",
+            self.downstream_opened.clone(),
+        );
+        registry.register(
+            "downstream_connections",
+            "Open application connections",
+            self.downstream_open.clone(),
+        );
+        registry.register(
+            "downstream_parked_connections",
+            "Idle application keep-alive connections parked outside their tasks (idle over 100 ms)",
+            self.downstream_parked.clone(),
+        );
+        registry.register(
+            "downstream_idle_closed",
+            "Application keep-alive connections closed by downstream.idle_timeout",
+            self.downstream_idle_closed.clone(),
+        );
+        registry.register(
+            "downstream_requests_per_connection",
+            "Requests per application connection, observed at close (1 everywhere = a leaky client)",
+            self.downstream_requests_per_connection.clone(),
+        );
+    }
+
+    /// Tunnels: opened, active, refused.
+    fn register_tunnels(&self, registry: &mut Registry) {
+        registry.register(
+            "tunnels_opened",
+            "Tunnels established: opaque CONNECT (kind=connect), plain HTTP inside a CONNECT served through the pool (kind=connect_http, connect_h2) and protocol switches such as WebSocket (kind=upgrade)",
+            self.tunnels_opened.clone(),
+        );
+        registry.register(
+            "tunnels_active",
+            "Tunnels open now, by kind",
+            self.tunnels_active.clone(),
+        );
+        registry.register(
+            "tunnels_refused",
+            "CONNECTs the sidecar answered itself and closed without serving, by reason",
+            self.tunnels_refused.clone(),
+        );
+    }
+
+    /// Config reloads: by result, and whether the last one applied.
+    fn register_reloads(&self, registry: &mut Registry) {
+        registry.register(
+            "config_reloads",
+            "Config reloads (SIGHUP or file change), by result",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "config_last_reload_successful",
+            "1 when the last config reload was applied (or none was tried), 0 when it was rejected",
+            self.last_reload_successful.clone(),
+        );
+    }
+
+    /// The memory budget: its size, the usage it measures, what it shed.
+    fn register_memory(&self, registry: &mut Registry) {
+        registry.register(
+            "memory_budget_bytes",
+            "The memory budget: budget.memory_bytes, or budget.memory_fraction of the cgroup limit (0: none)",
+            self.memory_budget.clone(),
+        );
+        registry.register(
+            "memory_usage_bytes",
+            "Memory usage as the budget measures it (cgroup working set, or RSS), at the last measurement",
+            self.memory_usage.clone(),
+        );
+        registry.register(
+            "memory_sheds",
+            "What the memory budget shed: idle application connections (downstream_idle), idle upstream connections (upstream_idle), accept pauses (accept_paused)",
+            self.memory_sheds.clone(),
+        );
+    }
+
     /// Counts a tunnel of `kind` opened; the returned gauge handle counts it as active until
     /// decremented.
     pub fn tunnel_opened(&self, kind: &'static str) -> Gauge {
@@ -203,6 +415,7 @@ impl Families {
     }
 
     /// Tunnels of `kind` opened so far and open now.
+    #[cfg(test)]
     pub fn tunnel_counts(&self, kind: &'static str) -> (u64, i64) {
         let label = KindLabel { kind };
         (
@@ -272,190 +485,20 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A registry with every metric of the contract, prefixed `egress_`.
+    /// A registry with every metric of the contract, prefixed `egress_`. Families register in
+    /// the order the exposition lists them.
     pub fn new() -> Self {
-        let families = Arc::new(Families {
-            opened: Family::default(),
-            closed: Family::default(),
-            requests: Family::default(),
-            duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
-            wait: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
-            reused: Family::default(),
-            rejected: Family::default(),
-            retries: Family::default(),
-            retry_budget_exhausted: Family::default(),
-            timeouts: Family::default(),
-            ejections: Family::default(),
-            dns_refreshes: Family::default(),
-            dns_failures: Family::default(),
-            ignored_headers: Family::default(),
-            panics: Counter::default(),
-            access_log_dropped: Counter::default(),
-            downstream_opened: Counter::default(),
-            downstream_open: Gauge::default(),
-            downstream_parked: Gauge::default(),
-            downstream_idle_closed: Counter::default(),
-            downstream_requests_per_connection: requests_per_connection_histogram(),
-            tunnels_opened: Family::default(),
-            tunnels_active: Family::default(),
-            tunnels_refused: Family::default(),
-            reloads: Family::default(),
-            last_reload_successful: Gauge::default(),
-            memory_budget: Gauge::default(),
-            memory_usage: Gauge::default(),
-            memory_sheds: Family::default(),
-        });
+        let families = Arc::new(Families::new());
         families.last_reload_successful.set(1);
         let sources = Arc::new(GaugeSources::default());
         let mut registry = Registry::with_prefix("egress");
-        let f = &families;
-        registry.register(
-            "upstream_connections_opened",
-            "Upstream connections opened",
-            f.opened.clone(),
-        );
-        registry.register(
-            "upstream_connections_closed",
-            "Upstream connections closed, by reason",
-            f.closed.clone(),
-        );
-        registry.register(
-            "upstream_requests",
-            "Requests sent to upstreams, by final status (sidecar-made errors included)",
-            f.requests.clone(),
-        );
-        registry.register(
-            "upstream_request_duration_seconds",
-            "Time from sending a request upstream to its response head",
-            f.duration.clone(),
-        );
-        registry.register(
-            "pool_wait_duration_seconds",
-            "Time a request waited for a pooled connection or stream",
-            f.wait.clone(),
-        );
-        registry.register(
-            "pool_reused",
-            "Requests that reused an open connection",
-            f.reused.clone(),
-        );
-        registry.register(
-            "pool_rejected",
-            "Requests refused by the pool, by reason",
-            f.rejected.clone(),
-        );
-        registry.register(
-            "upstream_retries",
-            "Requests sent again, by reason: connect_failure, reset, a response status, or the \
-             connection-level stale_connection, refused_stream, unsent",
-            f.retries.clone(),
-        );
-        registry.register(
-            "upstream_ignored_headers",
-            "Header values an upstream sent that were ignored: a Retry-After or retry-after-ms that is no bounded duration",
-            f.ignored_headers.clone(),
-        );
-        registry.register(
-            "panics",
-            "Panics caught in a request's or a connection's task: a bug; the request got 502 internal where it still could",
-            f.panics.clone(),
-        );
-        registry.register(
-            "access_log_dropped",
-            "Access log lines dropped because the writer was behind",
-            f.access_log_dropped.clone(),
-        );
-        registry.register(
-            "upstream_retry_budget_exhausted",
-            "Retries not made because the upstream's retry budget was spent",
-            f.retry_budget_exhausted.clone(),
-        );
-        registry.register(
-            "upstream_timeouts",
-            "Exchanges cut by a deadline, by kind: request (request_timeout), body_idle \
-             (body_idle_timeout), response_header (response_header_timeout)",
-            f.timeouts.clone(),
-        );
-        registry.register(
-            "upstream_ejections",
-            "Endpoints ejected by outlier detection (consecutive connect failures or resets)",
-            f.ejections.clone(),
-        );
-        registry.register(
-            "upstream_dns_refreshes",
-            "Resolutions of an upstream's host name",
-            f.dns_refreshes.clone(),
-        );
-        registry.register(
-            "upstream_dns_failures",
-            "Resolutions of an upstream's host name that failed (the last good answer is kept up to dns.max_ttl)",
-            f.dns_failures.clone(),
-        );
-        registry.register(
-            "downstream_connections_opened",
-            "Application connections accepted",
-            f.downstream_opened.clone(),
-        );
-        registry.register(
-            "downstream_connections",
-            "Open application connections",
-            f.downstream_open.clone(),
-        );
-        registry.register(
-            "downstream_parked_connections",
-            "Idle application keep-alive connections parked outside their tasks (idle over 100 ms)",
-            f.downstream_parked.clone(),
-        );
-        registry.register(
-            "downstream_idle_closed",
-            "Application keep-alive connections closed by downstream.idle_timeout",
-            f.downstream_idle_closed.clone(),
-        );
-        registry.register(
-            "downstream_requests_per_connection",
-            "Requests per application connection, observed at close (1 everywhere = a leaky client)",
-            f.downstream_requests_per_connection.clone(),
-        );
-        registry.register(
-            "tunnels_opened",
-            "Tunnels established: opaque CONNECT (kind=connect), plain HTTP inside a CONNECT served through the pool (kind=connect_http, connect_h2) and protocol switches such as WebSocket (kind=upgrade)",
-            f.tunnels_opened.clone(),
-        );
-        registry.register(
-            "tunnels_active",
-            "Tunnels open now, by kind",
-            f.tunnels_active.clone(),
-        );
-        registry.register(
-            "tunnels_refused",
-            "CONNECTs the sidecar answered itself and closed without serving, by reason",
-            f.tunnels_refused.clone(),
-        );
-        registry.register(
-            "config_reloads",
-            "Config reloads (SIGHUP or file change), by result",
-            f.reloads.clone(),
-        );
-        registry.register(
-            "config_last_reload_successful",
-            "1 when the last config reload was applied (or none was tried), 0 when it was rejected",
-            f.last_reload_successful.clone(),
-        );
-        registry.register(
-            "memory_budget_bytes",
-            "The memory budget: budget.memory_bytes, or budget.memory_fraction of the cgroup limit (0: none)",
-            f.memory_budget.clone(),
-        );
-        registry.register(
-            "memory_usage_bytes",
-            "Memory usage as the budget measures it (cgroup working set, or RSS), at the last measurement",
-            f.memory_usage.clone(),
-        );
-        registry.register(
-            "memory_sheds",
-            "What the memory budget shed: idle application connections (downstream_idle), idle upstream connections (upstream_idle), accept pauses (accept_paused)",
-            f.memory_sheds.clone(),
-        );
+        families.register_upstream_traffic(&mut registry);
+        families.register_faults(&mut registry);
+        families.register_upstream_health(&mut registry);
+        families.register_downstream(&mut registry);
+        families.register_tunnels(&mut registry);
+        families.register_reloads(&mut registry);
+        families.register_memory(&mut registry);
         registry.register_collector(Box::new(GaugeCollector(sources.clone())));
         Metrics {
             registry,

@@ -630,3 +630,234 @@ fn where_a_request_came_from_is_one_type() {
     }
     assert_eq!(defined, ["clients.rs: enum Source"]);
 }
+
+// === module names ===
+
+/// The crates `[dependencies]` in Cargo.toml names, as Rust paths spell them (`hyper-util` is
+/// `hyper_util`).
+fn dependency_crates(cargo_toml: &str) -> BTreeSet<String> {
+    let mut crates = BTreeSet::new();
+    let mut in_deps = false;
+    for line in cargo_toml.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if !in_deps || line.starts_with('#') {
+            continue;
+        }
+        if let Some((name, _)) = line.split_once('=') {
+            crates.insert(name.trim().replace('-', "_"));
+        }
+    }
+    crates
+}
+
+/// Library modules (files and directories under `src/`) named like a crate the library
+/// depends on: inside its parent such a module shadows the crate, so `h2::Error` means one
+/// thing in one file and another in the next.
+fn modules_named_like_crates(root: &Path) -> Vec<String> {
+    let cargo_toml = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let crates = dependency_crates(&cargo_toml);
+    let src = root.join("src");
+    let mut found = Vec::new();
+    for (file, module) in library_files(&src) {
+        // `foo/mod.rs` is named by its directory, which is the module path's last segment.
+        let Some(name) = module.last() else { continue };
+        if crates.contains(name) {
+            found.push(format!(
+                "{}: module `{}` is named like the `{name}` crate in Cargo.toml's [dependencies]",
+                file.strip_prefix(root).unwrap().display(),
+                module.join("::")
+            ));
+        }
+    }
+    found.sort();
+    found.dedup();
+    found
+}
+
+#[test]
+fn no_module_is_named_like_a_crate_it_depends_on() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let found = modules_named_like_crates(root);
+    assert!(
+        found.is_empty(),
+        "{} module(s) shadow a crate:\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+// === file-level cycles inside a module directory ===
+
+/// Directories whose files must not import each other in a circle (`mod.rs`, which declares
+/// them and re-exports their items, aside). A directory gets a row here once its files' circles
+/// are untied.
+const ACYCLIC_DIRS: &[&str] = &["src/config"];
+
+/// Where each name a `mod.rs` imports from one of its child files comes from: `pub use
+/// via::{Via, ViaConfig}` maps `Via` and `ViaConfig` to `via`.
+fn reexports(mod_rs: &str, children: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for statement in mod_rs.split(';') {
+        let statement = statement.trim();
+        let Some(at) = statement.find("use ") else {
+            continue;
+        };
+        let before = statement[..at].trim();
+        if !(before.is_empty() || before.starts_with("pub")) {
+            continue;
+        }
+        let path = statement[at + 4..].trim();
+        let path = path.strip_prefix("self::").unwrap_or(path);
+        let Some((head, rest)) = path.split_once("::") else {
+            continue;
+        };
+        if !children.contains(head) {
+            continue;
+        }
+        for item in rest.split(['{', '}', ',']) {
+            let item = item.trim();
+            let name = match item.split_once(" as ") {
+                Some((_, alias)) => alias.trim(),
+                None => item.rsplit("::").next().unwrap_or("").trim(),
+            };
+            if !name.is_empty() && name != "self" && name != "*" {
+                out.insert(name.to_string(), head.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The sibling files `src` (one child of a directory module, test code stripped) imports: by
+/// `super::file::` or `super::{file, ..}`, or through a name `mod.rs` re-exports from `file`.
+fn sibling_imports(
+    src: &str,
+    dir_module: &str,
+    children: &BTreeSet<String>,
+    reexported: &BTreeMap<String, String>,
+) -> BTreeSet<String> {
+    let s = src.as_bytes();
+    let mut found = BTreeSet::new();
+    let boundary =
+        |at: usize| at == 0 || !(s[at - 1].is_ascii_alphanumeric() || s[at - 1] == b'_' || s[at - 1] == b':');
+    let crate_path = format!("crate::{dir_module}::");
+    for prefix in ["super::", crate_path.as_str()] {
+        let mut i = 0;
+        while let Some(at) = find(s, i, prefix.as_bytes()) {
+            i = at + prefix.len();
+            if !boundary(at) || s[i..].starts_with(b"super::") {
+                continue;
+            }
+            for (head, _) in heads_after(s, i) {
+                if children.contains(&head) {
+                    found.insert(head);
+                } else if let Some(file) = reexported.get(&head) {
+                    found.insert(file.clone());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Each circle of imports among the files of `dir` (relative to the crate root), as
+/// `a.rs -> b.rs -> a.rs`.
+fn file_cycles(root: &Path, dir: &str) -> Vec<String> {
+    let dir_path = root.join(dir);
+    let dir_module = dir.trim_start_matches("src/").replace('/', "::");
+    let mut sources = BTreeMap::new();
+    for entry in std::fs::read_dir(&dir_path).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            sources.insert(stem, strip_test_items(&strip_comments_and_strings(&text)));
+        }
+    }
+    let mod_rs = sources.remove("mod").unwrap_or_default();
+    let children: BTreeSet<String> = sources.keys().cloned().collect();
+    let reexported = reexports(&mod_rs, &children);
+    let graph: BTreeMap<String, BTreeSet<String>> = sources
+        .iter()
+        .map(|(file, src)| {
+            let mut deps = sibling_imports(src, &dir_module, &children, &reexported);
+            deps.remove(file);
+            (file.clone(), deps)
+        })
+        .collect();
+    let mut cycles = BTreeSet::new();
+    for start in graph.keys() {
+        // The shortest way back to `start`, found breadth first.
+        let mut came_from: BTreeMap<String, String> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start.clone()]);
+        let mut back = None;
+        'search: while let Some(file) = queue.pop_front() {
+            for next in &graph[&file] {
+                if next == start {
+                    back = Some(file.clone());
+                    break 'search;
+                }
+                if !came_from.contains_key(next) {
+                    came_from.insert(next.clone(), file.clone());
+                    queue.push_back(next.clone());
+                }
+            }
+        }
+        let Some(mut file) = back else { continue };
+        let mut circle = Vec::new();
+        while file != *start {
+            circle.push(file.clone());
+            file = came_from[&file].clone();
+        }
+        circle.push(start.clone());
+        circle.reverse();
+        // Each circle once, told from its first file by name.
+        let first = circle
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, f)| *f)
+            .map_or(0, |(i, _)| i);
+        circle.rotate_left(first);
+        circle.push(circle[0].clone());
+        let shown: Vec<String> = circle.iter().map(|f| format!("{dir}/{f}.rs")).collect();
+        cycles.insert(shown.join(" -> "));
+    }
+    cycles.into_iter().collect()
+}
+
+#[test]
+fn the_files_of_a_module_directory_import_each_other_in_no_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cycles: Vec<String> = ACYCLIC_DIRS
+        .iter()
+        .flat_map(|dir| file_cycles(root, dir))
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "{} import circle(s) among a directory's files:\n{}",
+        cycles.len(),
+        cycles.join("\n")
+    );
+}
+
+/// The two readers above must see what they are meant to see.
+#[test]
+fn the_name_and_circle_readers_find_what_they_look_for() {
+    let deps = dependency_crates(
+        "[dependencies]\nh2 = \"0.4\"\n# a comment\nhyper-util = { version = \"0.1\" }\n\n[dev-dependencies]\nrcgen = \"1\"\n",
+    );
+    assert_eq!(deps, ["h2", "hyper_util"].map(String::from).into());
+
+    let children: BTreeSet<String> = ["problems", "via", "host"].map(String::from).into();
+    let mod_rs = "mod via;\npub use via::{Via, ViaConfig as Config};\npub(crate) use host::canonical_ip;\nuse std::fmt;";
+    let reexported = reexports(mod_rs, &children);
+    assert_eq!(reexported.get("Config").map(String::as_str), Some("via"));
+    assert_eq!(reexported.get("canonical_ip").map(String::as_str), Some("host"));
+    assert_eq!(reexported.get("fmt"), None);
+    let src = "use super::problems::Problems;\nuse super::{Via, Scheme};\nfn f() { crate::config::host::x(); super::super::other::y(); }";
+    let found = sibling_imports(src, "config", &children, &reexported);
+    assert_eq!(found, ["host", "problems", "via"].map(String::from).into());
+}

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use super::problems::Problems;
 use super::schema::FileAccessLog;
-use super::validate::Problems;
 
 /// The access log.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::problems::{duration_or, Problems};
 use super::schema::{FileDns, FileOutlier, Scalar};
 use super::ser_duration;
-use super::validate::{duration_or, Problems};
 
 /// The shortest time an answer is kept when `dns.min_ttl` is not set (Envoy's
 /// `dns_min_refresh_rate` default): a TTL of 0 must not become a query per dial.

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use http::{HeaderName, HeaderValue};
 use serde::Serialize;
 
+use super::problems::Problems;
 use super::schema::{FileHeaderRules, FileHeaderValue, Scalar};
-use super::validate::Problems;
 
 /// Header rules of one upstream (its own merged over `defaults`').
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

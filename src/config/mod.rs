@@ -18,6 +18,7 @@ mod access_log;
 mod endpoints;
 mod header_rules;
 mod host;
+mod problems;
 mod retry;
 mod schema;
 mod validate;

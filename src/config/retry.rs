@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::problems::{duration_or, parse_size, Problems};
 use super::schema::{FileBackoff, FileRetry, FileRetryBudget, Scalar};
-use super::validate::{duration_or, parse_size, Problems};
 use super::{ser_duration, ser_size};
 
 /// `body_idle_timeout` when not set: long enough for a model that thinks between tokens,

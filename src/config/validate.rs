@@ -6,8 +6,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
+use super::problems::{duration_or, opt_duration_or, parse_size, Problems};
 use super::schema::{
     FileBudget, FileConfig, FileDownstream, FileHeaderRules, FileHttp2, FileOutlier, FilePolicy, FilePool,
     FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
@@ -16,8 +16,8 @@ use super::via::ViaConfig;
 use super::{access_log, endpoints, header_rules, retry, via};
 use super::{
     load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HeaderRules,
-    HostPattern, Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Problem, Protocol,
-    RetryConfig, Scheme, ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
+    HostPattern, Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Protocol, RetryConfig,
+    Scheme, ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
     DEFAULT_BUDGET_MEMORY_FRACTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DOWNSTREAM_IDLE_TIMEOUT,
     DEFAULT_DOWNSTREAM_MAX_CONNECTIONS, DEFAULT_DRAIN_TIMEOUT, DEFAULT_H2_KEEPALIVE_INTERVAL,
     DEFAULT_H2_KEEPALIVE_TIMEOUT, DEFAULT_H2_MAX_STREAMS, DEFAULT_HEADER_READ_TIMEOUT,
@@ -32,26 +32,6 @@ const MAX_DOWNSTREAM_CONNECTIONS: usize = 1_000_000;
 /// Smallest explicit budget accepted: below it the sidecar could not hold its own start-up
 /// footprint and would stop accepting for good.
 const MIN_BUDGET_BYTES: usize = 8 << 20;
-
-#[derive(Default)]
-pub(super) struct Problems(Vec<Problem>);
-
-impl Problems {
-    pub(super) fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
-        self.0.push(Problem {
-            key: key.into(),
-            reason: reason.into(),
-        });
-    }
-
-    /// Unwraps a parse result, recording the error against `key` and falling back to `fallback`.
-    fn take<T>(&mut self, key: &str, result: Result<T, String>, fallback: T) -> T {
-        result.unwrap_or_else(|reason| {
-            self.add(key, reason);
-            fallback
-        })
-    }
-}
 
 pub(super) fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config, ConfigError> {
     let mut problems = Problems::default();
@@ -108,8 +88,9 @@ pub(super) fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config
     let dns = endpoints::validate_dns(&file.dns, &mut problems);
     let access_log = access_log::validate_access_log(&file.access_log, &mut problems);
 
-    if !problems.0.is_empty() {
-        return Err(ConfigError::Invalid(problems.0));
+    let problems = problems.into_vec();
+    if !problems.is_empty() {
+        return Err(ConfigError::Invalid(problems));
     }
     Ok(Config {
         listen,
@@ -750,84 +731,4 @@ fn parse_upstream_url(text: &str) -> Result<(Scheme, Authority), String> {
     }
     let authority = Authority::parse(authority.as_str(), scheme.default_port())?;
     Ok((scheme, authority))
-}
-
-fn parse_duration(value: &Scalar) -> Result<Duration, String> {
-    match value {
-        Scalar::Int(0) => Ok(Duration::ZERO),
-        Scalar::Int(n) => Err(format!("{n} needs a unit, e.g. {n}s or {n}ms")),
-        Scalar::Str(s) if s.trim() == "0" => Ok(Duration::ZERO),
-        Scalar::Str(s) => crate::duration::human(s).map_err(|e| format!("{s:?} {e}")),
-    }
-}
-
-pub(super) fn duration_or(
-    raw: &Option<Scalar>,
-    base: Duration,
-    key: &str,
-    problems: &mut Problems,
-) -> Duration {
-    match raw {
-        Some(v) => problems.take(key, parse_duration(v), base),
-        None => base,
-    }
-}
-
-/// Like [`duration_or`], where 0 means "off".
-pub(super) fn opt_duration_or(
-    raw: &Option<Scalar>,
-    base: Option<Duration>,
-    key: &str,
-    problems: &mut Problems,
-) -> Option<Duration> {
-    match raw {
-        Some(v) => problems
-            .take(key, parse_duration(v).map(Some), base)
-            .filter(|d| !d.is_zero()),
-        None => base,
-    }
-}
-
-/// `65536`, `64KiB`, `1MiB`, `64KB` (KB/MB/GB are powers of 1000, KiB/MiB/GiB of 1024).
-pub(super) fn parse_size(value: &Scalar) -> Result<usize, String> {
-    let text = match value {
-        Scalar::Int(n) => return usize::try_from(*n).map_err(|_| format!("{n} is too large")),
-        Scalar::Str(s) => s.trim(),
-    };
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let number: usize = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size like 65536, 64KiB or 1MiB"))?;
-    let multiplier: usize = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" | "K" | "k" => 1 << 10,
-        "MiB" | "M" | "m" => 1 << 20,
-        "GiB" | "G" | "g" => 1 << 30,
-        "KB" | "kB" => 1000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        other => return Err(format!("{text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB)")),
-    };
-    number
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_and_durations() {
-        assert_eq!(parse_size(&Scalar::Str("64KiB".into())), Ok(65536));
-        assert_eq!(parse_size(&Scalar::Int(4096)), Ok(4096));
-        assert!(parse_size(&Scalar::Str("64 parsecs".into())).is_err());
-        assert_eq!(
-            parse_duration(&Scalar::Str("250ms".into())),
-            Ok(Duration::from_millis(250))
-        );
-        assert_eq!(parse_duration(&Scalar::Int(0)), Ok(Duration::ZERO));
-        assert!(parse_duration(&Scalar::Int(5)).is_err());
-    }
 }

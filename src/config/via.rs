@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use super::problems::Problems;
 use super::schema::FileVia;
-use super::validate::Problems;
 use super::{Authority, HostPattern, Scheme};
 use crate::redact;
 

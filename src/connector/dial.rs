@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::h1::{self, Transport};
-use super::h2;
+use super::http2;
 use super::parent::Parent;
 use super::tls::TlsConnector;
 use super::{Connect, Dialed, Place};
@@ -63,9 +63,10 @@ pub struct Connector {
     parent: Option<Arc<Parent>>,
 }
 
-/// Where to dial and how.
+/// A pool connector's [`DialTarget`], owned: the connector dials it for as long as its pool
+/// lives, through `parent` when there is one.
 #[derive(Debug)]
-pub struct Peer {
+pub struct OwnedTarget {
     /// Label in errors and logs.
     pub label: Arc<str>,
     /// Host and port (DNS name or IP).
@@ -81,23 +82,23 @@ pub struct Peer {
 }
 
 impl Connector {
-    /// A connector for `peer`; `tls` is `None` for plain TCP.
+    /// A connector for `target`; `tls` is `None` for plain TCP.
     pub fn new(
-        peer: Peer,
+        target: OwnedTarget,
         tls: Option<Result<TlsConnector, String>>,
         protocol: Protocol,
         http2: Http2Config,
     ) -> Self {
         Connector {
-            label: peer.label,
-            authority: peer.authority,
-            endpoints: peer.endpoints,
-            connect_timeout: peer.connect_timeout,
-            guard: peer.guard,
+            label: target.label,
+            authority: target.authority,
+            endpoints: target.endpoints,
+            connect_timeout: target.connect_timeout,
+            guard: target.guard,
             tls,
             protocol,
             http2,
-            parent: peer.parent,
+            parent: target.parent,
         }
     }
 
@@ -236,7 +237,7 @@ impl Connector {
         // would ever use marks "not heard yet": the pool must not hand out a connection's worth
         // of streams to a server that allows fewer.
         let unheard = self.http2.max_streams_per_connection as usize + 1;
-        let keepalive = self.http2.keepalive_interval.map(|interval| h2::Keepalive {
+        let keepalive = self.http2.keepalive_interval.map(|interval| http2::Keepalive {
             interval,
             timeout: self.http2.keepalive_timeout,
         });
@@ -248,7 +249,7 @@ impl Connector {
             }
             drop(place);
         };
-        let sender = h2::handshake(io, unheard, keepalive, on_end)
+        let sender = http2::handshake(io, unheard, keepalive, on_end)
             .await
             .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/2 handshake: {e}")))?;
         // The driver task applies the server's SETTINGS; wait here about one round trip for

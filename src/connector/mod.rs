@@ -11,7 +11,7 @@
 
 pub mod dial;
 pub mod h1;
-pub mod h2;
+pub mod http2;
 pub mod parent;
 mod pinned;
 pub mod tls;
@@ -34,7 +34,7 @@ pub trait Place: Send + Sync + fmt::Debug + 'static {
 }
 
 /// The request handle of one upstream HTTP/2 connection (cloned per stream).
-pub type H2Sender = h2::Sender;
+pub type H2Sender = http2::Sender;
 
 /// A freshly dialed connection, by the protocol it speaks.
 #[derive(Debug)]
@@ -42,7 +42,7 @@ pub enum Dialed {
     /// HTTP/1.1: one request at a time, run by the task of the request it carries.
     Http1(h1::Connection),
     /// HTTP/2: many streams, up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, which the
-    /// connection's driver task keeps current ([`h2::Sender::max_streams`]).
+    /// connection's driver task keeps current ([`http2::Sender::max_streams`]).
     Http2(H2Sender),
 }
 

@@ -133,8 +133,8 @@ pub(super) async fn serve<S: Stream>(
             }
             if conn.requests == 0 {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
-                if super::h2::starts_with_preface(&conn.stream, deadline).await {
-                    let _ = Box::pin(super::h2::serve(
+                if super::h2c::starts_with_preface(&conn.stream, deadline).await {
+                    let _ = Box::pin(super::h2c::serve(
                         conn.stream,
                         arrival.clone(),
                         conn.peer,
@@ -229,7 +229,7 @@ async fn serve_requests<S: Stream>(
                         let tunnel = Tunneled::new(authority, &ctx.metrics, "connect_h2");
                         let requests = conn.requests;
                         let arrival = Arrival::Tunnel(Arc::new(tunnel));
-                        if Box::pin(super::h2::serve(conn.stream, arrival, conn.peer, ctx.clone())).await {
+                        if Box::pin(super::h2c::serve(conn.stream, arrival, conn.peer, ctx.clone())).await {
                             ctx.metrics.families().tunnel_refused("h2_error");
                         }
                         return Stay::Ended(Ended::Closed(Served {

@@ -1,5 +1,5 @@
 //! Downstream: accepting application connections and serving them: HTTP/1.1 on our own
-//! server, and h2c (a connection that opens with the HTTP/2 preface) through hyper (`h2`).
+//! server, and h2c (a connection that opens with the HTTP/2 preface) through hyper (`h2c`).
 //!
 //! The server is ours rather than hyper's for three reasons a sidecar cares about:
 //! - memory: an idle keep-alive connection holds no buffer at all (hyper keeps ~16 KiB per idle
@@ -24,7 +24,7 @@
 //! Not handled here: what a request means (`proxy`), the HTTP/1.1 wire format (`wire`).
 
 mod conn;
-mod h2;
+mod h2c;
 pub mod park;
 mod pump;
 mod respond;

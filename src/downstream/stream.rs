@@ -1,6 +1,6 @@
 //! The sockets applications connect on: TCP, and the Unix socket of `listen_unix`.
 //!
-//! The HTTP/1.1 server (`conn`), h2c (`h2`) and parking (`park`) are generic over [`Stream`],
+//! The HTTP/1.1 server (`conn`), h2c (`h2c`) and parking (`park`) are generic over [`Stream`],
 //! so each socket type gets its own compiled copy of them and the TCP path stays what it was: no
 //! dispatch per read or write. What differs is set here, once per connection:
 //! - accept: TCP sets `TCP_NODELAY` and names the peer by address; a Unix-socket accept reads
@@ -9,7 +9,7 @@
 //! - parking: a parked connection is its bare file descriptor; its [`Source`] (an address for
 //!   TCP, a process for the Unix socket) says which socket type to resume it as.
 //!
-//! Not handled here: HTTP (`conn`, `h2`), the accounting by source (`clients`).
+//! Not handled here: HTTP (`conn`, `h2c`), the accounting by source (`clients`).
 
 use std::future::Future;
 use std::io;

@@ -47,7 +47,7 @@ pub(super) async fn sniff<S: Stream>(conn: &Session<S>, deadline: Instant) -> In
     match peeked {
         Err(_) | Ok(Ok(0)) | Ok(Err(_)) => Inside::Refused("no_request"),
         Ok(Ok(_)) => match classify(first[0]) {
-            Inside::H2 if super::h2::starts_with_preface(&conn.stream, deadline).await => Inside::H2,
+            Inside::H2 if super::h2c::starts_with_preface(&conn.stream, deadline).await => Inside::H2,
             // `P` that is not the preface may still be `POST` or `PUT`.
             Inside::H2 => Inside::Http1,
             inside => inside,

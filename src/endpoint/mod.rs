@@ -50,7 +50,7 @@ const DEFAULT_RTT: Duration = Duration::from_millis(30);
 
 /// What a set is built from.
 #[derive(Debug)]
-pub struct Spec {
+pub struct SetSpec {
     /// The upstream's label, in errors and logs.
     pub label: Arc<str>,
     /// Host and port: the name resolved (unless `addresses` is set) and the port of its answers.
@@ -273,7 +273,7 @@ struct DnsState {
 
 impl Set {
     /// A set for `spec`: its static addresses, its IP, or (resolved on first use) its host name.
-    pub fn new(spec: Spec) -> Arc<Self> {
+    pub fn new(spec: SetSpec) -> Arc<Self> {
         let ip = spec.authority.host.parse().ok();
         let fixed: Vec<SocketAddr> = match ip {
             _ if !spec.addresses.is_empty() => spec.addresses.clone(),
@@ -306,8 +306,9 @@ impl Set {
 
     /// A set of one static address, with the default balance and outlier settings (pools
     /// dialed in memory, in tests and benches).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn single(label: Arc<str>, addr: SocketAddr, metrics: UpstreamMetrics) -> Arc<Self> {
-        Set::new(Spec {
+        Set::new(SetSpec {
             authority: Authority {
                 host: addr.ip().to_string(),
                 port: addr.port(),

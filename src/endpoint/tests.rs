@@ -7,7 +7,7 @@ fn addr(text: &str) -> SocketAddr {
 }
 
 fn set(addrs: &[&str], balance: Balance) -> Arc<Set> {
-    Set::new(Spec {
+    Set::new(SetSpec {
         label: "t".into(),
         authority: Authority {
             host: "t.test".into(),

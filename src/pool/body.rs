@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::Lease;
-use crate::connector::{h1, h2};
+use crate::connector::{h1, http2};
 use crate::wire::{BoxError, WireFields};
 
 /// The body of a response as [`Lease::send`] returns it, before it is tied to its lease.
@@ -22,7 +22,7 @@ pub enum UpstreamBody {
     /// HTTP/1.1: the rest of the exchange, run on the leased connection.
     Http1(h1::Transfer),
     /// HTTP/2: the stream's response body.
-    Http2(h2::Body),
+    Http2(http2::Body),
 }
 
 /// Why [`Lease::send`] got no response head.
@@ -31,8 +31,8 @@ pub enum SendError {
     /// On HTTP/1.1.
     Http1(h1::Error),
     /// On HTTP/2; the request is left in place when it was never sent
-    /// ([`h2::Error::Unsent`]).
-    Http2(h2::Error),
+    /// ([`http2::Error::Unsent`]).
+    Http2(http2::Error),
 }
 
 /// A response body from a pooled connection.
@@ -48,7 +48,7 @@ pub struct PooledBody(Box<Pooled>);
 struct Pooled {
     inner: UpstreamBody,
     lease: Option<Lease>,
-    info: Served,
+    info: ServedBy,
     /// Taken off the connection before the lease can go back to the pool.
     wire: Option<WireFields>,
 }
@@ -56,7 +56,7 @@ struct Pooled {
 /// How a response was served, as the access log shows it: read at the head, since the lease
 /// may go back to the pool before anyone asks.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Served {
+pub struct ServedBy {
     /// The endpoint's address.
     pub endpoint: Option<std::net::SocketAddr>,
     /// The connection had served before.
@@ -69,7 +69,7 @@ impl PooledBody {
     /// Ties `inner` to `lease`, which returns to the pool when the body ends.
     /// `served` is the lease's as it was before the request went out (a connection counts the
     /// request it carries, so reuse is read before).
-    pub fn new(inner: UpstreamBody, mut lease: Lease, info: Served) -> Self {
+    pub fn new(inner: UpstreamBody, mut lease: Lease, info: ServedBy) -> Self {
         let wire = lease.h1_mut().and_then(h1::Connection::take_wire_fields);
         // A body that came whole with its head (or none) frees the connection at once.
         let lease = if inner.is_end_stream() {
@@ -87,7 +87,7 @@ impl PooledBody {
     }
 
     /// How the response was served.
-    pub fn served(&self) -> Served {
+    pub fn served(&self) -> ServedBy {
         self.0.info
     }
 

@@ -263,6 +263,7 @@ impl Lease {
     }
 
     /// The connection's id within its pool (1 = first opened).
+    #[cfg(test)]
     pub fn connection_id(&self) -> u64 {
         match &self.kind {
             LeaseKind::H1(conn) => conn.as_ref().map_or(0, |c| c.id),
@@ -338,8 +339,8 @@ impl Lease {
     }
 
     /// How this lease serves its request: endpoint, reuse, protocol.
-    pub fn served(&self) -> super::Served {
-        super::Served {
+    pub fn served(&self) -> super::ServedBy {
+        super::ServedBy {
             endpoint: self.endpoint_ref().map(|e| e.addr()),
             reused: self.is_reused(),
             http2: self.is_http2(),

@@ -12,7 +12,7 @@
 //!   so, or when the pool has learned the upstream's own idle timeout: below) or, once idle,
 //!   after `max_lifetime`. Beyond `max_idle`, the oldest idle connections are
 //!   closed after a one-second grace, so that load hovering around `max_idle` does not churn.
-//! - `h2`: HTTP/2 connections, each carrying up to min(`http2.max_streams_per_connection`, the
+//! - `streams`: HTTP/2 connections, each carrying up to min(`http2.max_streams_per_connection`, the
 //!   server's current SETTINGS_MAX_CONCURRENT_STREAMS) streams, re-read at every checkout so the
 //!   pool follows a server that changes it. Requests fill connections in order; a new one is
 //!   dialed only when every connection is full. A connection that saw GOAWAY or passed
@@ -59,8 +59,8 @@
 //! first, and a stream that crosses it comes back unsent and is retried whatever its method.
 
 mod body;
-mod h2;
 mod idle;
+mod streams;
 // Tests and benches of the pool only; `test-support` lets benches/pool.rs reach it.
 #[cfg(any(test, feature = "test-support"))]
 pub mod in_memory;
@@ -79,21 +79,21 @@ use std::task::Waker;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
-pub use body::{PooledBody, SendError, Served, UpstreamBody};
-pub use h2::H2Stream;
+pub use body::{PooledBody, SendError, ServedBy, UpstreamBody};
 pub use idle::Conn;
 pub use lease::{Lease, Slot, Tracker};
 pub use registry::Registry;
 pub use report::{ConnectionReport, PoolReport, PoolSnapshot};
+pub use streams::H2Stream;
 
 use crate::config::PoolConfig;
 use crate::connector::{Connect, Dialed};
 use crate::endpoint::{self, Endpoint};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::UpstreamMetrics;
-use h2::H2Conn;
 use idle::{expiry_reason, idle_deadline, upstream_closed_idle, Idle};
 use lease::{LeaseKind, Waiting};
+use streams::H2Conn;
 
 /// What the pool knows the upstream speaks; it decides how many dials a queue needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,15 +322,18 @@ impl Pool {
     }
 
     /// Waits for a ready connection (or HTTP/2 stream slot): an idle one, a freed one, or a new
-    /// one.
+    /// one. Tests and benches only: the request path checks out through
+    /// [`Pool::checkout_avoiding`].
+    #[cfg(any(test, feature = "test-support"))]
     pub async fn checkout(self: &Arc<Self>) -> Result<Lease, ProxyError> {
         self.checkout_avoiding(None).await
     }
 
-    /// [`Pool::checkout`] for a retry away from `avoid` (the endpoint that just failed the
-    /// request): an idle connection or stream to another endpoint when there is one; else,
-    /// while the cap allows and the set has other endpoints, a new connection (which the
-    /// balance sends to the least loaded, and `avoid` counts the connection just used).
+    /// Waits for a ready connection (or HTTP/2 stream slot): an idle one, a freed one, or a new
+    /// one. For a retry, away from `avoid` (the endpoint that just failed the request): an idle
+    /// connection or stream to another endpoint when there is one; else, while the cap allows
+    /// and the set has other endpoints, a new connection (which the balance sends to the least
+    /// loaded, and `avoid` counts the connection just used).
     pub async fn checkout_avoiding(
         self: &Arc<Self>,
         avoid: Option<&Arc<Endpoint>>,
@@ -582,7 +585,7 @@ impl Pool {
     }
 }
 
-// Here, not in idle.rs or h2.rs: both kinds of connection close at `max_lifetime`.
+// Here, not in idle.rs or streams.rs: both kinds of connection close at `max_lifetime`.
 fn past_lifetime(cfg: &PoolConfig, created: Instant, now: Instant) -> bool {
     cfg.max_lifetime
         .is_some_and(|life| now.saturating_duration_since(created) >= life)

@@ -1,12 +1,13 @@
 //! What a pool shows of itself: the counts of a [`PoolSnapshot`] and the per-connection
 //! [`PoolReport`] of `/debug/pools`.
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Negotiated, Pool};
+use super::{Negotiated, Pool, State, Tracked};
 use crate::endpoint::{DnsReport, EndpointReport};
 
 /// A snapshot of a pool's counts.
@@ -129,70 +130,12 @@ impl Pool {
     pub fn report(&self) -> PoolReport {
         let now = Instant::now();
         let st = self.lock();
-        let secs = |since: Instant| now.saturating_duration_since(since).as_millis() as f64 / 1000.0;
         let connections = st
             .conns
             .iter()
-            .map(|(&id, tracked)| {
-                let mut conn = ConnectionReport {
-                    id,
-                    protocol: None,
-                    state: "connecting",
-                    age_seconds: secs(tracked.since),
-                    idle_seconds: None,
-                    requests: tracked.track.requests(),
-                    streams_in_use: None,
-                    stream_limit: None,
-                    closing_reason: None,
-                    endpoint: tracked.track.endpoint().map(|e| e.addr().to_string()),
-                };
-                if tracked.track.reason().is_none() {
-                    return conn;
-                }
-                conn.protocol = Some(if tracked.track.is_http2() {
-                    "http2"
-                } else {
-                    "http1"
-                });
-                if let Some(h2) = st.h2.iter().find(|c| c.id == id) {
-                    conn.requests = h2.served;
-                    conn.streams_in_use = Some(h2.in_flight);
-                    conn.stream_limit = Some(h2.stream_limit(st.max_streams));
-                    conn.state = match (h2.in_flight, h2.draining) {
-                        (_, true) => "draining",
-                        (0, false) => "idle",
-                        _ => "active",
-                    };
-                    if h2.in_flight == 0 {
-                        conn.idle_seconds = Some(secs(h2.idle_since));
-                    }
-                } else if let Some(idle) = st.idle.iter().find(|c| c.conn.id == id) {
-                    conn.state = "idle";
-                    conn.idle_seconds = Some(secs(idle.since));
-                } else {
-                    conn.state = "active";
-                }
-                if tracked.track.is_closing() && conn.state != "draining" {
-                    conn.state = "closing";
-                }
-                if tracked.track.is_closing() {
-                    conn.closing_reason = tracked.track.reason();
-                }
-                conn
-            })
+            .map(|(&id, tracked)| connection_report(&st, id, tracked, now))
             .collect();
-        let idle_to = |addr| {
-            let h1 = st
-                .idle
-                .iter()
-                .filter(|i| i.conn.track.endpoint().is_some_and(|e| e.addr() == addr));
-            let h2 = st
-                .h2
-                .iter()
-                .filter(|c| c.in_flight == 0 && c.track.endpoint().is_some_and(|e| e.addr() == addr));
-            h1.count() + h2.count()
-        };
-        let endpoints = self.endpoints.report(idle_to);
+        let endpoints = self.endpoints.report(|addr| idle_to(&st, addr));
         PoolReport {
             upstream: self.label.to_string(),
             protocol: match st.protocol {
@@ -221,4 +164,69 @@ impl Pool {
             via: endpoints.via,
         }
     }
+}
+
+/// Connection `id` as `/debug/pools` shows it: dialing, or what its protocol's list (HTTP/2
+/// connections, idle HTTP/1.1 ones) says of it, and whether it is closing.
+fn connection_report(st: &State, id: u64, tracked: &Tracked, now: Instant) -> ConnectionReport {
+    let secs = |since: Instant| now.saturating_duration_since(since).as_millis() as f64 / 1000.0;
+    let mut conn = ConnectionReport {
+        id,
+        protocol: None,
+        state: "connecting",
+        age_seconds: secs(tracked.since),
+        idle_seconds: None,
+        requests: tracked.track.requests(),
+        streams_in_use: None,
+        stream_limit: None,
+        closing_reason: None,
+        endpoint: tracked.track.endpoint().map(|e| e.addr().to_string()),
+    };
+    if tracked.track.reason().is_none() {
+        return conn;
+    }
+    conn.protocol = Some(if tracked.track.is_http2() {
+        "http2"
+    } else {
+        "http1"
+    });
+    if let Some(h2) = st.h2.iter().find(|c| c.id == id) {
+        conn.requests = h2.served;
+        conn.streams_in_use = Some(h2.in_flight);
+        conn.stream_limit = Some(h2.stream_limit(st.max_streams));
+        conn.state = match (h2.in_flight, h2.draining) {
+            (_, true) => "draining",
+            (0, false) => "idle",
+            _ => "active",
+        };
+        if h2.in_flight == 0 {
+            conn.idle_seconds = Some(secs(h2.idle_since));
+        }
+    } else if let Some(idle) = st.idle.iter().find(|c| c.conn.id == id) {
+        conn.state = "idle";
+        conn.idle_seconds = Some(secs(idle.since));
+    } else {
+        conn.state = "active";
+    }
+    if tracked.track.is_closing() && conn.state != "draining" {
+        conn.state = "closing";
+    }
+    if tracked.track.is_closing() {
+        conn.closing_reason = tracked.track.reason();
+    }
+    conn
+}
+
+/// Idle connections to the endpoint at `addr`: HTTP/1.1 ones in the idle list, and HTTP/2
+/// ones carrying no stream.
+fn idle_to(st: &State, addr: SocketAddr) -> usize {
+    let h1 = st
+        .idle
+        .iter()
+        .filter(|i| i.conn.track.endpoint().is_some_and(|e| e.addr() == addr));
+    let h2 = st
+        .h2
+        .iter()
+        .filter(|c| c.in_flight == 0 && c.track.endpoint().is_some_and(|e| e.addr() == addr));
+    h1.count() + h2.count()
 }

@@ -3,7 +3,7 @@
 //! whether an HTTP/2 stream was refused unprocessed (so a bodyless request may go again).
 
 use super::Upstream;
-use crate::connector::{h1, h2};
+use crate::connector::{h1, http2};
 use crate::error::{ErrorKind, ProxyError};
 
 impl Upstream {
@@ -51,22 +51,22 @@ impl Upstream {
 
     /// Maps an HTTP/2 stream error to the contract's kinds; `true` when the upstream refused
     /// the stream unprocessed (REFUSED_STREAM, or GOAWAY with a lower last stream id).
-    pub(super) fn classify_h2(&self, e: &h2::Error) -> (ProxyError, bool) {
+    pub(super) fn classify_h2(&self, e: &http2::Error) -> (ProxyError, bool) {
         let err = match e {
-            h2::Error::Unsent(err) | h2::Error::Stream(err) => err,
+            http2::Error::Unsent(err) | http2::Error::Stream(err) => err,
             // Our request body failed: the application went away or sent a malformed body.
-            h2::Error::RequestBody(why) => {
+            http2::Error::RequestBody(why) => {
                 if why.contains(crate::wire::REQUEST_BODY_IDLE) {
                     self.cuts.body_idle.inc();
                 }
                 return (self.error(ErrorKind::BadRequest, e.to_string()), false);
             }
-            h2::Error::Unanswered => {
+            http2::Error::Unanswered => {
                 let cause = format!("connection closed before a response: {e}");
                 return (self.error(ErrorKind::UpstreamReset, cause), false);
             }
             // Never on the wire: unprocessed, as a refused stream is.
-            h2::Error::NotOpened(_) => {
+            http2::Error::NotOpened(_) => {
                 return (self.error(ErrorKind::UpstreamReset, format!("HTTP/2 {e}")), true);
             }
         };

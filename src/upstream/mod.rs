@@ -32,13 +32,13 @@ pub use timed::{CutCounters, Deadline, Deadlines, TimedBody};
 
 use crate::config::ParentRoute;
 use crate::connector::parent::Parent;
-use crate::connector::{dial, h1, h2, tls};
+use crate::connector::{dial, h1, http2, tls};
 use crate::duration::DurationError;
 use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
 use crate::policy::Guard;
-use crate::pool::{self, Lease, Pool, PooledBody, SendError, UpstreamBody};
+use crate::pool::{self, Lease, Pool, PooledBody, SendError, ServedBy, UpstreamBody};
 use crate::wire::{KeptCopy, RequestBody};
 
 /// What every upstream is built with: the policy its connector checks, the metrics it counts
@@ -137,6 +137,25 @@ struct Again {
 
 /// A failed attempt: why, and on which endpoint when one was reached.
 type Attempted = (ProxyError, Option<Arc<endpoint::Endpoint>>);
+
+/// What the connection-level retries of one request have spent.
+struct Tries {
+    idempotent: bool,
+    /// The one retry of a refused stream or a stale connection was made.
+    retried: bool,
+    /// HTTP/2 attempts that could not open a stream.
+    unsent: usize,
+}
+
+/// What one failed attempt leaves for deciding whether it goes again.
+struct Attempt {
+    /// A bodyless request's copy, kept on HTTP/2 (which takes the request) for the one retry.
+    replay: Option<Box<Request<RequestBody>>>,
+    /// The connection had served before.
+    reused: bool,
+    http2: bool,
+    bodyless: bool,
+}
 
 /// What decides where and how an upstream's connections are made. A reloaded upstream with
 /// the same key keeps its pool and connections (new limits apply in place); any other change
@@ -255,7 +274,7 @@ impl Upstream {
             }
             // Through a parent, connections go to the parent's addresses, which the operator
             // chose: the policy judges the upstream's name at routing, not the parent.
-            None => endpoint::Set::new(endpoint::Spec {
+            None => endpoint::Set::new(endpoint::SetSpec {
                 label: label.clone(),
                 authority: parent.as_ref().map_or(&authority, |p| p.authority()).clone(),
                 addresses: if parent.is_some() { Vec::new() } else { addresses },
@@ -340,7 +359,7 @@ impl Upstream {
             (Protocol::Http1, _) | (Protocol::Auto, Scheme::Http) => pool::Negotiated::Http1,
             (Protocol::Auto, Scheme::Https) => pool::Negotiated::Unknown,
         };
-        let peer = dial::Peer {
+        let target = dial::OwnedTarget {
             label: label.clone(),
             authority: key.authority.clone(),
             endpoints: endpoints.clone(),
@@ -348,7 +367,7 @@ impl Upstream {
             guard: guard.clone(),
             parent: parent.cloned(),
         };
-        let connector = dial::Connector::new(peer, connector_tls, protocol, settings.http2.clone());
+        let connector = dial::Connector::new(target, connector_tls, protocol, settings.http2.clone());
         Pool::new(
             label.clone(),
             settings.pool,
@@ -717,9 +736,11 @@ impl Upstream {
         keep_head: bool,
         retries: &mut u32,
     ) -> Result<Response<PooledBody>, Attempted> {
-        let idempotent = is_idempotent(req);
-        let mut retried = false;
-        let mut unsent_attempts = 0;
+        let mut tries = Tries {
+            idempotent: is_idempotent(req),
+            retried: false,
+            unsent: 0,
+        };
         loop {
             let pool = self.pool_for(req);
             let mut lease = pool.checkout_avoiding(avoid).await.map_err(|e| (e, None))?;
@@ -730,7 +751,7 @@ impl Upstream {
             // HTTP/1.1 gives back all of the request but its body, so a bodyless one can go
             // again as it is. HTTP/2 takes the request: a copy is kept for the one retry a
             // refused or reset stream may get (any method, since only HTTP/2 refuses streams).
-            let replay = if http2 && !retried {
+            let replay = if http2 && !tries.retried {
                 bodyless_copy(req)
             } else {
                 None
@@ -742,72 +763,105 @@ impl Upstream {
                     *req = *head;
                 }
             }
-            match outcome {
-                // Only the parent asks a client for proxy credentials: it refused ours. The
-                // connection closes with the lease (its body unread); a 407 is not retried.
-                Ok(resp)
-                    if self.forward && resp.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
-                {
-                    let parent = self.parent.as_ref().expect("forward implies a parent");
-                    let reason = resp.status().canonical_reason().unwrap_or("");
-                    return Err((
-                        parent.refused(&self.label, 407, reason, "a request"),
-                        lease.endpoint(),
-                    ));
+            let failure = match outcome {
+                Ok(resp) => return self.answered(resp, lease, served),
+                Err(failure) => failure,
+            };
+            let attempt = Attempt {
+                replay,
+                reused,
+                http2,
+                bodyless,
+            };
+            self.retry_on_connection(failure, attempt, &mut lease, req, &mut tries)?;
+            *retries += 1;
+        }
+    }
+
+    /// A response head: the request's, unless the parent refused our proxy credentials.
+    fn answered(
+        &self,
+        resp: Response<UpstreamBody>,
+        lease: Lease,
+        served: ServedBy,
+    ) -> Result<Response<PooledBody>, Attempted> {
+        // Only the parent asks a client for proxy credentials: it refused ours. The
+        // connection closes with the lease (its body unread); a 407 is not retried.
+        if self.forward && resp.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED {
+            let parent = self.parent.as_ref().expect("forward implies a parent");
+            let reason = resp.status().canonical_reason().unwrap_or("");
+            return Err((
+                parent.refused(&self.label, 407, reason, "a request"),
+                lease.endpoint(),
+            ));
+        }
+        Ok(resp.map(|body| PooledBody::new(body, lease, served)))
+    }
+
+    /// After a failed attempt: `Ok` when the request goes again on another connection (`req`
+    /// ready to send, the retry counted in the metrics), else the failure to answer with.
+    fn retry_on_connection(
+        &self,
+        failure: Failure,
+        attempt: Attempt,
+        lease: &mut Lease,
+        req: &mut Request<RequestBody>,
+        tries: &mut Tries,
+    ) -> Result<(), Attempted> {
+        let Attempt {
+            replay,
+            reused,
+            http2,
+            bodyless,
+        } = attempt;
+        match failure {
+            Failure::Unsent(err) => {
+                tries.unsent += 1;
+                // A connection that cannot open streams takes no more.
+                lease.mark_draining();
+                if tries.unsent >= MAX_UNSENT_ATTEMPTS {
+                    return Err((err, lease.endpoint()));
                 }
-                Ok(resp) => {
-                    return Ok(resp.map(|body| PooledBody::new(body, lease, served)));
-                }
-                Err(Failure::Unsent(err)) => {
-                    unsent_attempts += 1;
-                    // A connection that cannot open streams takes no more.
-                    lease.mark_draining();
-                    if unsent_attempts >= MAX_UNSENT_ATTEMPTS {
-                        return Err((err, lease.endpoint()));
+                self.metrics.retried("unsent");
+            }
+            Failure::Refused(err) => {
+                // The upstream did not process the stream, so any method may go again.
+                lease.mark_draining();
+                match replay {
+                    Some(copy) => {
+                        tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
+                        tries.retried = true;
+                        self.metrics.retried("refused_stream");
+                        *req = *copy;
                     }
-                    self.metrics.retried("unsent");
-                    *retries += 1;
-                }
-                Err(Failure::Refused(err)) => {
-                    // The upstream did not process the stream, so any method may go again.
-                    lease.mark_draining();
-                    match replay {
-                        Some(copy) => {
-                            tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
-                            retried = true;
-                            self.metrics.retried("refused_stream");
-                            *retries += 1;
-                            *req = *copy;
-                        }
-                        None => return Err((err, lease.endpoint())),
-                    }
-                }
-                // A reused HTTP/1.1 connection may have been closed by the upstream as the
-                // request went out; an HTTP/2 connection that dies takes streams with it. Either
-                // way an idempotent request without a body and without a response may go again.
-                Err(Failure::Sent(err)) => {
-                    let again = !retried
-                        && bodyless
-                        && idempotent
-                        && (reused || http2)
-                        && err.kind() == ErrorKind::UpstreamReset;
-                    // A reused connection the upstream closed as the request went out is the
-                    // keep-alive race, not the endpoint failing.
-                    if err.kind() == ErrorKind::UpstreamReset && !(again && reused) {
-                        lease.reset();
-                    }
-                    match (again, replay) {
-                        (true, _) if !http2 => {}
-                        (true, Some(copy)) => *req = *copy,
-                        _ => return Err((err, lease.endpoint())),
-                    }
-                    tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
-                    retried = true;
-                    self.metrics.retried("stale_connection");
-                    *retries += 1;
+                    None => return Err((err, lease.endpoint())),
                 }
             }
+            // A reused HTTP/1.1 connection may have been closed by the upstream as the
+            // request went out; an HTTP/2 connection that dies takes streams with it. Either
+            // way an idempotent request without a body and without a response may go again.
+            Failure::Sent(err) => {
+                let again = !tries.retried
+                    && bodyless
+                    && tries.idempotent
+                    && (reused || http2)
+                    && err.kind() == ErrorKind::UpstreamReset;
+                // A reused connection the upstream closed as the request went out is the
+                // keep-alive race, not the endpoint failing.
+                if err.kind() == ErrorKind::UpstreamReset && !(again && reused) {
+                    lease.reset();
+                }
+                match (again, replay) {
+                    (true, _) if !http2 => {}
+                    (true, Some(copy)) => *req = *copy,
+                    _ => return Err((err, lease.endpoint())),
+                }
+                tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
+                tries.retried = true;
+                self.metrics.retried("stale_connection");
+            }
         }
+        Ok(())
     }
 
     /// HTTP/2 names the target in `:scheme`/`:authority` (absolute URI, no `Host`); HTTP/1.1 in
@@ -899,7 +953,7 @@ impl Upstream {
             SendError::Http2(e) => {
                 let (err, refused) = self.classify_h2(&e);
                 match (&e, refused) {
-                    (h2::Error::Unsent(_), _) => Failure::Unsent(err),
+                    (http2::Error::Unsent(_), _) => Failure::Unsent(err),
                     (_, true) => Failure::Refused(err),
                     (_, false) => Failure::Sent(err),
                 }

@@ -21,7 +21,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Instant, Sleep};
 
-use crate::pool::{PooledBody, Served};
+use crate::pool::{PooledBody, ServedBy};
 use crate::wire::{BoxError, WireFields};
 
 /// The counters a cut body adds to (one handle per upstream, shared by its responses).
@@ -99,7 +99,7 @@ impl TimedBody {
     }
 
     /// How the response was served (endpoint, reuse, protocol).
-    pub fn served(&self) -> Served {
+    pub fn served(&self) -> ServedBy {
         self.inner.as_ref().map(PooledBody::served).unwrap_or_default()
     }
 

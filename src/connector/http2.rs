@@ -52,7 +52,7 @@ pub struct Keepalive {
 
 /// What a connection's streams and its driver share.
 #[derive(Debug)]
-struct Shared {
+struct ConnState {
     /// The server's SETTINGS_MAX_CONCURRENT_STREAMS, republished after every driver poll.
     max_streams: AtomicUsize,
     /// The driver ended: the connection is gone.
@@ -70,7 +70,7 @@ struct Shared {
 #[derive(Debug, Clone)]
 pub struct Sender {
     tx: h2::client::SendRequest<Bytes>,
-    shared: Arc<Shared>,
+    shared: Arc<ConnState>,
 }
 
 /// Why a stream gave no response head.
@@ -117,7 +117,7 @@ where
         .enable_push(false)
         .handshake::<_, Bytes>(io)
         .await?;
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ConnState {
         max_streams: AtomicUsize::new(unheard),
         closed: AtomicBool::new(false),
         open: AtomicUsize::new(0),
@@ -292,10 +292,10 @@ async fn send_data(stream: &mut h2::SendStream<Bytes>, mut data: Bytes, end: boo
 
 /// Counts a stream in its connection's `open` while it awaits or streams its response.
 #[derive(Debug)]
-struct Open(Arc<Shared>);
+struct Open(Arc<ConnState>);
 
 impl Open {
-    fn new(shared: &Arc<Shared>) -> Self {
+    fn new(shared: &Arc<ConnState>) -> Self {
         shared.open.fetch_add(1, Ordering::Relaxed);
         Open(shared.clone())
     }
@@ -367,7 +367,7 @@ impl http_body::Body for Body {
 /// keepalive PINGs.
 struct Driver<T: AsyncRead + AsyncWrite> {
     conn: h2::client::Connection<T, Bytes>,
-    shared: Arc<Shared>,
+    shared: Arc<ConnState>,
     pings: Option<Pings>,
 }
 
