@@ -533,3 +533,159 @@ mod tests { use crate::config::Config; }
     let table = layer_table("//! | layer | modules | owns |\n//! |---|---|---|\n//! | top | `app` | x |\n//! | leaves | `config/`, `error` | y |\n");
     assert_eq!(table[1].1, ["config", "error"]);
 }
+
+/// Library files under `src/` (test modules aside), their module path, and their code with
+/// comments, strings and test items blanked.
+fn library_code(root: &Path) -> Vec<(PathBuf, Vec<String>, String)> {
+    library_files(&root.join("src"))
+        .into_iter()
+        .map(|(file, module)| {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code = strip_test_items(&strip_comments_and_strings(&text));
+            (file.strip_prefix(root).unwrap().to_path_buf(), module, code)
+        })
+        .collect()
+}
+
+/// The lines where `word` occurs in `code` as whole identifiers.
+fn lines_of(code: &str, word: &str) -> Vec<usize> {
+    let s = code.as_bytes();
+    let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut lines = Vec::new();
+    let mut i = 0;
+    while let Some(at) = find(s, i, word.as_bytes()) {
+        let end = at + word.len();
+        if (at == 0 || !is_ident(s[at - 1])) && s.get(end).is_none_or(|&c| !is_ident(c)) {
+            lines.push(s[..at].iter().filter(|&&c| c == b'\n').count() + 1);
+        }
+        i = end;
+    }
+    lines
+}
+
+/// Whether a tunnel's upstream may park is the byte stream's to say (`connector::Io`), not a
+/// downcast: nothing downcasts outside `tunnel/` (which takes our own stream back from what
+/// hyper made of a switched connection) and `caught` (a panic's payload, which only a downcast
+/// reads).
+#[test]
+fn nothing_downcasts_outside_the_tunnel_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let allowed = |module: &[String]| matches!(module.first().map(String::as_str), Some("tunnel" | "caught"));
+    let mut found = Vec::new();
+    for (file, module, code) in library_code(root) {
+        if allowed(&module) {
+            continue;
+        }
+        for word in ["downcast", "downcast_ref", "downcast_mut", "Any"] {
+            for line in lines_of(&code, word) {
+                found.push(format!("{}:{line}: `{word}` outside src/tunnel/", file.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// A tunnel's life after its `200` or `101` is the tunnel module's: the pair, its splice, its
+/// dormant record and what it asks of its keeper are defined there and nowhere else, and
+/// "tunnel" names that pair only (a CONNECT served as HTTP is `routing::Inspected`).
+#[test]
+fn the_tunnel_types_live_in_the_tunnel_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let owned = [
+        "Tunnel",
+        "Tunneled",
+        "Dormant",
+        "Keeper",
+        "SpliceEnd",
+        "Spliced",
+        "splice",
+    ];
+    let mut found = Vec::new();
+    for (file, module, code) in library_code(root) {
+        if module.first().map(String::as_str) == Some("tunnel") {
+            continue;
+        }
+        for name in owned {
+            for kind in ["struct", "enum", "trait", "type", "fn", "mod"] {
+                let definition = format!("{kind} {name}");
+                for line in lines_of(&code, &definition) {
+                    found.push(format!(
+                        "{}:{line}: `{definition}` outside src/tunnel/",
+                        file.display()
+                    ));
+                }
+            }
+        }
+        for line in lines_of(&code, "copy_bidirectional") {
+            found.push(format!("{}:{line}: a splice outside src/tunnel/", file.display()));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// The files of one directory module that import each other in a cycle (through `super::` or
+/// the module's `crate::` path), each cycle as its files in order. `mod.rs`, the module's root
+/// that declares the others, is left out: its items are the files' common ground.
+fn file_cycles(root: &Path, dir: &str) -> Vec<Vec<String>> {
+    let files: Vec<(String, String)> = library_code(root)
+        .into_iter()
+        .filter(|(_, module, _)| module.len() == 2 && module[0] == dir)
+        .map(|(_, module, code)| (module[1].clone(), code))
+        .collect();
+    let stems: BTreeSet<String> = files.iter().map(|(stem, _)| stem.clone()).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (stem, code) in &files {
+        let s = code.as_bytes();
+        let own = format!("crate::{dir}::");
+        for prefix in ["super::", own.as_str()] {
+            let mut i = 0;
+            while let Some(at) = find(s, i, prefix.as_bytes()) {
+                let boundary =
+                    at == 0 || !(s[at - 1].is_ascii_alphanumeric() || s[at - 1] == b'_' || s[at - 1] == b':');
+                if boundary && !s[at + prefix.len()..].starts_with(b"super::") {
+                    for (head, _) in heads_after(s, at + prefix.len()) {
+                        if stems.contains(&head) && head != *stem {
+                            graph.entry(stem.clone()).or_default().insert(head);
+                        }
+                    }
+                }
+                i = at + prefix.len();
+            }
+        }
+    }
+    let mut cycles = Vec::new();
+    for start in &stems {
+        // A path back to `start` through files after it in order: each cycle found once.
+        let mut stack = vec![vec![start.clone()]];
+        while let Some(path) = stack.pop() {
+            let last = path.last().unwrap();
+            for next in graph.get(last).into_iter().flatten() {
+                if next == start {
+                    cycles.push(path.clone());
+                } else if next > start && !path.contains(next) {
+                    let mut longer = path.clone();
+                    longer.push(next.clone());
+                    stack.push(longer);
+                }
+            }
+        }
+    }
+    cycles
+}
+
+/// The files of `downstream/` and `tunnel/` import each other one way only: the connection
+/// (`conn.rs`), the lot (`park.rs`) and the sniff of what a CONNECT carries (`inside.rs`)
+/// once did in a circle.
+#[test]
+fn no_file_import_cycle_in_downstream_or_tunnel() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for dir in ["downstream", "tunnel"] {
+        for cycle in file_cycles(root, dir) {
+            let mut shown: Vec<String> = cycle.iter().map(|f| format!("src/{dir}/{f}.rs")).collect();
+            shown.push(shown[0].clone());
+            found.push(shown.join(" -> "));
+        }
+    }
+    assert!(found.is_empty(), "file import cycles:\n{}", found.join("\n"));
+}

@@ -9,14 +9,14 @@
 //!
 //! Requests that end HTTP on their connection leave this path: CONNECT goes to [`connect`]
 //! (the downstream task calls it directly), and an upgrade request is sent by [`upgrade`] on a
-//! dedicated connection instead of the pool (step 4). [`splice`] moves the bytes for both.
+//! dedicated connection instead of the pool (step 4). Both hand the tunnel they answer to the
+//! caller; `tunnel` owns it from there.
 //!
 //! Not handled here: the wire format (`wire`), connections (`downstream`).
 
 pub mod connect;
 pub mod headers;
 mod logged;
-mod splice;
 pub mod upgrade;
 
 use std::future::Future;
@@ -187,7 +187,7 @@ impl Proxy {
             target.upstream.rewrite_headers(req.headers_mut());
             let req = crate::wire::take_request(req);
             // Boxed: plain requests should not carry the dial's state in their futures.
-            let resp = Box::pin(upgrade::send(&target.upstream, &self.router, req)).await?;
+            let resp = Box::pin(upgrade::send(&target.upstream, req)).await?;
             let mut resp = resp.map(ResponseBody::Direct);
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                 headers::to_downstream_switch(&mut resp);
