@@ -12,11 +12,12 @@
 //! |---|---|---|
 //! | entry | `app`, `admin`, `inject` | wiring: listeners, run, drain, reload apply, the handles services act through; the admin listener; the injection webhook |
 //! | downstream | `downstream/` | accept, the connection task, parking idle connections, the h2c server, the Unix socket |
-//! | request path | `proxy/` | one request from routing to response: its observer (span, access-log line) and admission step, for HTTP/1.1 and h2c alike; header rewriting; CONNECT tunnels and upgrades |
-//! | routing | `routing` | which upstream a request means; on-the-fly upstreams; switching routes on reload |
+//! | request path | `proxy/` | one request from routing to response: its observer (span, access-log line) and admission step, for HTTP/1.1 and h2c alike; header rewriting; checking, dialing and answering a CONNECT; sending an upgrade and answering its `101` |
+//! | routing | `routing` | which upstream a request means, and where a CONNECT goes with what its dial needs; on-the-fly upstreams; switching routes on reload |
 //! | upstream | `upstream/` | an upstream's identity, spec and pool key; one request on a pooled connection with its deadline and retry |
+//! | tunnel | `tunnel/` | a tunnel (a CONNECT or upgrade pair) after its `200` or `101`: splicing, going quiet, the dormant record a lot parks, waking, its end and access-log line; what it needs of its keeper (`tunnel::Keeper`) |
 //! | pool | `pool/` | cap, waiters, dial scheduling, the HTTP/1.1 idle list, HTTP/2 streams, leases, learning, reports, the registry of live pools |
-//! | connector | `connector/` | one connection: an endpoint to dial, the happy-eyeballs race, TLS, the HTTP/1.1 client side; no pool types (its place under the cap is an opaque guard) |
+//! | connector | `connector/` | one connection: an endpoint to dial, the happy-eyeballs race, TLS, the HTTP/1.1 client side, the byte stream to an upstream (`connector::Io`, which says whether it may park); no pool types (its place under the cap is an opaque guard) |
 //! | endpoints | `endpoint/` | an upstream's endpoints: balance, outlier ejection, the DNS answer refreshed by TTL and draining; the resolver |
 //! | services | `budget`, `reload` | the memory budget and hot reload, acting through handles the wiring gives them |
 //! | leaves | `access_log`, `policy`, `metrics`, `clients/`, `wire/`, `config/`, `live`, `error`, `resident`, `spare`, `shutdown`, `watched`, `rng`, `duration`, `caught`, `redact` | the access log's lines and writer, egress rules, the metrics registry, per-source accounting, the HTTP/1.1 codec and bodies, configuration, reloadable values, errors, process memory, spare buffers, signals, files re-read when they change, random draws for spread, durations taken from outside, the net that catches a task's panic, userinfo kept out of every output |
@@ -42,8 +43,9 @@
 //! ```
 //!
 //! CONNECT tunnels (`proxy::connect`) and protocol upgrades such as WebSocket (`proxy::upgrade`)
-//! leave this flow: each gets a connection of its own outside the pool, and the downstream task
-//! splices raw bytes between the two sockets until both close or the tunnel idles out.
+//! leave this flow: each gets a connection of its own outside the pool, and once answered the
+//! pair is a `tunnel::Tunnel`, spliced in a task of its own until both close or it idles out,
+//! parked by the downstream lot (through `tunnel::Keeper`) while quiet.
 //!
 //! Beside the path: `app` wires everything at start; `budget` measures memory and sheds idle
 //! connections through `budget::Connections`; `reload` re-reads the config and applies it
@@ -86,6 +88,7 @@ pub mod rng;
 pub mod routing;
 pub mod shutdown;
 pub mod spare;
+pub mod tunnel;
 pub mod upstream;
 pub mod watched;
 pub mod wire;

@@ -11,7 +11,7 @@
 //! listener addresses, which are never dialed (loops).
 //!
 //! Not handled here: the canonical spelling of a host and the host patterns the checks match
-//! (`config::host`), CONNECT's own rules (`routing::Router::check_connect_target`), resolving
+//! (`config::host`), CONNECT's own rules (`routing::Router::route_connect`), resolving
 //! and connecting (`connector::dial`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

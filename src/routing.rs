@@ -5,14 +5,17 @@
 //! origin-form requests on a route-mode listener go to that listener's upstream, and origin-form
 //! requests on the main listener are matched by `Host` against configured upstreams only.
 //! Requests aimed at the sidecar's own listeners are refused as `loop`. CONNECT targets are
-//! checked here too (`policy.connect`, `connect_ports`, host lists, loop), though they never pick
-//! an upstream.
+//! checked and routed here too (`policy.connect`, `connect_ports`, host lists, loop): an opaque
+//! tunnel's route ([`OpaqueDial`]) carries everything its dial needs (the configured upstream's
+//! endpoints, else the resolver; the parent proxy; the connect timeout; the policy guard), so
+//! that `proxy::connect` dials from it without asking the router again.
 //!
 //! A reload swaps the routing table whole ([`Router::reload`]); requests already routed finish
 //! on the upstream they were given.
 //!
-//! Not handled here: header rewriting (`proxy::headers`), connections (`pool`), moving tunnel
-//! bytes (`proxy::connect`), when to reload (`reload`).
+//! Not handled here: header rewriting (`proxy::headers`), connections (`pool`), dialing and
+//! answering a CONNECT (`proxy::connect`), moving tunnel bytes (`tunnel`), when to reload
+//! (`reload`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -23,7 +26,10 @@ use http::{HeaderMap, Uri};
 use rustc_hash::FxHashMap;
 
 use crate::config::{Authority, Config, Scheme};
+use crate::connector::dial::{DialTarget, Resolve};
+use crate::connector::parent::Parent;
 use crate::endpoint::dns::Resolver;
+use crate::endpoint::Set;
 use crate::error::{ErrorKind, ProxyError};
 use crate::live::Live;
 use crate::metrics::{ActiveGuard, Metrics};
@@ -44,38 +50,100 @@ pub enum Arrival {
     Forward,
     /// A route-mode listener bound to the upstream of this name.
     Route(Arc<str>),
-    /// Inside a CONNECT tunnel that the sidecar answered itself, because the client speaks
-    /// plain HTTP in it: every request goes to the tunnel's authority.
-    Tunnel(Arc<Tunneled>),
+    /// Inside a CONNECT that the sidecar answered itself and serves as HTTP, because the
+    /// client speaks plain HTTP in it: every request goes to the CONNECT's authority.
+    Inspected(Arc<Inspected>),
 }
 
-/// A CONNECT served as plain HTTP, shared by its connection and its requests: while any holds
-/// it, the tunnel counts in `egress_tunnels_active`.
+/// A CONNECT answered here and served as plain HTTP (`policy.connect_inspect`), shared by its
+/// connection and its requests: while any holds it, it counts in `egress_tunnels_active`
+/// (kinds `connect_http`, `connect_h2`). Not a tunnel in the sidecar's sense: no bytes are
+/// spliced, its requests go through the pool.
 #[derive(Debug)]
-pub struct Tunneled {
+pub struct Inspected {
     /// The CONNECT authority.
     pub authority: Authority,
     _active: ActiveGuard,
 }
 
-impl Tunneled {
-    /// A tunnel to `authority`, counted under `kind` (`connect_http` or `connect_h2`).
+impl Inspected {
+    /// A CONNECT to `authority` served as HTTP, counted under `kind` (`connect_http` or
+    /// `connect_h2`).
     pub fn new(authority: Authority, metrics: &Metrics, kind: &'static str) -> Self {
-        Tunneled {
+        Inspected {
             authority,
             _active: ActiveGuard::new(metrics, kind),
         }
     }
 }
 
-/// What an allowed CONNECT becomes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Tunnel {
-    /// A port in `policy.connect_ports`: dialed and spliced, unseen.
-    Opaque(Authority),
+/// Where an allowed CONNECT goes: the CONNECT's route, as [`Route`] is a request's.
+#[derive(Debug)]
+pub enum ConnectRoute {
+    /// A port in `policy.connect_ports`: dialed as this says and spliced, unseen.
+    Opaque(OpaqueDial),
     /// Any other port, with `policy.connect_inspect`: answered here, and what the client sends
     /// inside is served if it is plain HTTP.
     Inspect(Authority),
+}
+
+/// Everything the dial of an opaque tunnel needs, decided when it is routed: through the
+/// endpoints of the configured upstream the target names (its static `addresses`, balance and
+/// ejections), else what the resolver finds; chained through a parent proxy when that upstream
+/// (or `defaults.via`, for other hosts) names one.
+#[derive(Debug)]
+pub struct OpaqueDial {
+    authority: Authority,
+    first_hop: FirstHop,
+    parent: Option<Arc<Parent>>,
+    connect_timeout: Duration,
+    guard: Arc<Guard>,
+}
+
+/// Where the addresses of an opaque tunnel's first hop come from.
+#[derive(Debug)]
+enum FirstHop {
+    /// The configured upstream's endpoint set (through a parent, the parent's).
+    Endpoints(Arc<Set>),
+    /// The resolver, for the parent proxy of `defaults.via`.
+    Parent(Arc<Resolver>),
+    /// The resolver, for the target's host.
+    Name(Arc<Resolver>),
+}
+
+impl OpaqueDial {
+    /// The CONNECT target.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The parent proxy the tunnel is chained through, with a CONNECT of its own.
+    pub fn parent(&self) -> Option<&Arc<Parent>> {
+        self.parent.as_ref()
+    }
+
+    /// Deadline for resolving and connecting, and for a parent's answer.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The first hop to dial (the target, or the parent), named `label` in errors.
+    pub fn first_hop<'a>(&'a self, label: &'a str) -> DialTarget<'a> {
+        let (authority, resolve) = match (&self.first_hop, &self.parent) {
+            (FirstHop::Endpoints(set), _) => (&self.authority, Resolve::Endpoints(set)),
+            (FirstHop::Parent(resolver), Some(parent)) => (parent.authority(), Resolve::Parent(resolver)),
+            (FirstHop::Parent(resolver) | FirstHop::Name(resolver), _) => {
+                (&self.authority, Resolve::Name(resolver))
+            }
+        };
+        DialTarget {
+            label,
+            authority,
+            resolve,
+            connect_timeout: self.connect_timeout,
+            guard: &self.guard,
+        }
+    }
 }
 
 /// The result of routing: the upstream the request goes to.
@@ -138,16 +206,6 @@ impl Router {
     /// Upstream connections open now, over every pool (draining ones included).
     pub fn upstream_connections(&self) -> usize {
         self.shared.pools.open_connections()
-    }
-
-    /// The policy in force and the sidecar's own listeners.
-    pub fn guard(&self) -> &Arc<Guard> {
-        &self.shared.guard
-    }
-
-    /// The resolver, for the hosts of tunnels.
-    pub fn resolver(&self) -> &Resolver {
-        &self.shared.resolver
     }
 
     /// The metrics registry.
@@ -222,8 +280,8 @@ impl Router {
 
     /// Checks a CONNECT request's authority-form target, in order: `policy.connect`, the port
     /// (`policy.connect_ports`, else `policy.connect_inspect`), the host lists, then the
-    /// sidecar's own listeners.
-    pub fn check_connect_target(&self, target: &str) -> Result<Tunnel, ProxyError> {
+    /// sidecar's own listeners; and routes it, with what its dial needs.
+    pub fn route_connect(&self, target: &str) -> Result<ConnectRoute, ProxyError> {
         let bad = |why: String| ProxyError::new(ErrorKind::BadRequest, why);
         let parsed: http::uri::Authority = target.parse().map_err(|e| {
             bad(format!(
@@ -236,7 +294,8 @@ impl Router {
             return Err(bad(format!("CONNECT target {shown:?} needs a port (host:port)")));
         }
         let authority = Authority::parse(target, 0).map_err(|e| bad(format!("CONNECT target: {e}")))?;
-        let config = self.config();
+        let routes = self.routes.get();
+        let config = &routes.config;
         let policy = &config.policy;
         // The hint matters: a tunnel hides the requests from the sidecar, so apps that use
         // HTTPS_PROXY get no pooling; the fix is on their side.
@@ -259,18 +318,45 @@ impl Router {
                 ),
             ));
         }
-        check_policy(&config, &authority)?;
+        check_policy(config, &authority)?;
         self.check_loop(&authority)?;
-        Ok(if opaque {
-            Tunnel::Opaque(authority)
-        } else {
-            Tunnel::Inspect(authority)
-        })
+        if !opaque {
+            return Ok(ConnectRoute::Inspect(authority));
+        }
+        let configured = routes.by_authority.get(&authority);
+        Ok(ConnectRoute::Opaque(
+            self.opaque_dial(authority, configured, config),
+        ))
     }
 
-    /// The configured upstream that `authority` names (its `url` or an alias), if any.
-    pub fn configured(&self, authority: &Authority) -> Option<Arc<Upstream>> {
-        self.routes.get().by_authority.get(authority).cloned()
+    /// How to dial an opaque tunnel to `authority`, which `configured` names if any.
+    fn opaque_dial(
+        &self,
+        authority: Authority,
+        configured: Option<&Arc<Upstream>>,
+        config: &Config,
+    ) -> OpaqueDial {
+        let parent = match &configured {
+            Some(up) => up.parent().cloned(),
+            None => {
+                let via = &config.defaults.via;
+                via.parent_for(Scheme::Https, &authority.host)
+                    .map(|route| Arc::new(Parent::new(route)))
+            }
+        };
+        let resolver = || self.shared.resolver.clone();
+        let (first_hop, connect_timeout) = match (&configured, &parent) {
+            (Some(up), _) => (FirstHop::Endpoints(up.endpoints().clone()), up.connect_timeout()),
+            (None, Some(_)) => (FirstHop::Parent(resolver()), config.defaults.connect_timeout),
+            (None, None) => (FirstHop::Name(resolver()), config.defaults.connect_timeout),
+        };
+        OpaqueDial {
+            authority,
+            first_hop,
+            parent,
+            connect_timeout,
+            guard: self.shared.guard.clone(),
+        }
     }
 
     /// Routes a request by its target URI and `Host` header (looked up only for an origin-form
@@ -291,9 +377,9 @@ impl Router {
         }
         let routes = self.routes.get();
         let (scheme, authority) = match (arrival, uri.scheme_str(), uri.authority()) {
-            (Arrival::Tunnel(tunnel), _, _) => {
-                check_tunnel_target(&tunnel.authority, uri)?;
-                (Some(Scheme::Http), tunnel.authority.clone())
+            (Arrival::Inspected(inspected), _, _) => {
+                check_inspected_target(&inspected.authority, uri)?;
+                (Some(Scheme::Http), inspected.authority.clone())
             }
             (_, Some(s), Some(a)) => {
                 let scheme = match s {
@@ -404,9 +490,9 @@ impl Router {
     }
 }
 
-/// A request inside a tunnel goes where the tunnel goes: an absolute-form target naming another
-/// authority is refused, never rerouted.
-fn check_tunnel_target(tunnel: &Authority, uri: &Uri) -> Result<(), ProxyError> {
+/// A request inside an inspected CONNECT goes where the CONNECT goes: an absolute-form target
+/// naming another authority is refused, never rerouted.
+fn check_inspected_target(tunnel: &Authority, uri: &Uri) -> Result<(), ProxyError> {
     let Some(named) = uri.authority() else {
         return Ok(());
     };
@@ -435,6 +521,13 @@ fn check_policy(config: &Config, authority: &Authority) -> Result<(), ProxyError
 mod tests {
     use super::*;
 
+    /// What a CONNECT route says, to compare.
+    #[derive(Debug, PartialEq)]
+    enum Routed {
+        Opaque(Authority),
+        Inspect(Authority),
+    }
+
     #[test]
     fn connect_targets_are_checked_in_order() {
         let router = |yaml: &str| {
@@ -452,19 +545,27 @@ mod tests {
                 },
             )
         };
-        let kind = |r: &Router, target: &str| r.check_connect_target(target).map_err(|e| e.kind());
+        // The route's kind and authority (an opaque one carries its dial too).
+        let kind = |r: &Router, target: &str| {
+            r.route_connect(target)
+                .map(|route| match route {
+                    ConnectRoute::Opaque(dial) => Routed::Opaque(dial.authority().clone()),
+                    ConnectRoute::Inspect(authority) => Routed::Inspect(authority),
+                })
+                .map_err(|e| e.kind())
+        };
         let authority = |text: &str| Authority::parse(text, 0).unwrap();
         let open = router("policy: { connect_ports: [443, 15080], deny_hosts: [bad.example] }\n");
         assert_eq!(
             kind(&open, "API.example.com:443"),
-            Ok(Tunnel::Opaque(authority("api.example.com:443")))
+            Ok(Routed::Opaque(authority("api.example.com:443")))
         );
         assert_eq!(kind(&open, "api.example.com"), Err(ErrorKind::BadRequest));
         assert_eq!(kind(&open, "api.example.com:0"), Err(ErrorKind::BadRequest));
         // Other ports are answered here, to serve plain HTTP inside (policy.connect_inspect).
         assert_eq!(
             kind(&open, "api.example.com:8443"),
-            Ok(Tunnel::Inspect(authority("api.example.com:8443")))
+            Ok(Routed::Inspect(authority("api.example.com:8443")))
         );
         assert_eq!(kind(&open, "bad.example:443"), Err(ErrorKind::Denied));
         assert_eq!(kind(&open, "bad.example:8080"), Err(ErrorKind::Denied));
@@ -475,7 +576,7 @@ mod tests {
         assert_eq!(kind(&opaque_only, "127.0.0.1:15080"), Err(ErrorKind::Denied));
         assert_eq!(kind(&opaque_only, "api.example.com:8443"), Err(ErrorKind::Denied));
         let off = router("policy: { connect: false }\n");
-        let err = off.check_connect_target("api.example.com:443").unwrap_err();
+        let err = off.route_connect("api.example.com:443").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Denied);
         assert!(err.to_string().contains("policy.connect: false"), "{err}");
     }

@@ -694,7 +694,7 @@ fn no_module_is_named_like_a_crate_it_depends_on() {
 /// Directories whose files must not import each other in a circle (`mod.rs`, which declares
 /// them and re-exports their items, aside). A directory gets a row here once its files' circles
 /// are untied.
-const ACYCLIC_DIRS: &[&str] = &["src/config"];
+const ACYCLIC_DIRS: &[&str] = &["src/config", "src/downstream", "src/tunnel"];
 
 /// Where each name a `mod.rs` imports from one of its child files comes from: `pub use
 /// via::{Via, ViaConfig}` maps `Via` and `ViaConfig` to `via`.
@@ -860,4 +860,93 @@ fn the_name_and_circle_readers_find_what_they_look_for() {
     let src = "use super::problems::Problems;\nuse super::{Via, Scheme};\nfn f() { crate::config::host::x(); super::super::other::y(); }";
     let found = sibling_imports(src, "config", &children, &reexported);
     assert_eq!(found, ["host", "problems", "via"].map(String::from).into());
+}
+
+/// Library files under `src/` (test modules aside), their module path, and their code with
+/// comments, strings and test items blanked.
+fn library_code(root: &Path) -> Vec<(PathBuf, Vec<String>, String)> {
+    library_files(&root.join("src"))
+        .into_iter()
+        .map(|(file, module)| {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code = strip_test_items(&strip_comments_and_strings(&text));
+            (file.strip_prefix(root).unwrap().to_path_buf(), module, code)
+        })
+        .collect()
+}
+
+/// The lines where `word` occurs in `code` as whole identifiers.
+fn lines_of(code: &str, word: &str) -> Vec<usize> {
+    let s = code.as_bytes();
+    let is_ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut lines = Vec::new();
+    let mut i = 0;
+    while let Some(at) = find(s, i, word.as_bytes()) {
+        let end = at + word.len();
+        if (at == 0 || !is_ident(s[at - 1])) && s.get(end).is_none_or(|&c| !is_ident(c)) {
+            lines.push(s[..at].iter().filter(|&&c| c == b'\n').count() + 1);
+        }
+        i = end;
+    }
+    lines
+}
+
+/// Whether a tunnel's upstream may park is the byte stream's to say (`connector::Io`), not a
+/// downcast: nothing downcasts outside `tunnel/` (which takes our own stream back from what
+/// hyper made of a switched connection) and `caught` (a panic's payload, which only a downcast
+/// reads).
+#[test]
+fn nothing_downcasts_outside_the_tunnel_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let allowed = |module: &[String]| matches!(module.first().map(String::as_str), Some("tunnel" | "caught"));
+    let mut found = Vec::new();
+    for (file, module, code) in library_code(root) {
+        if allowed(&module) {
+            continue;
+        }
+        for word in ["downcast", "downcast_ref", "downcast_mut", "Any"] {
+            for line in lines_of(&code, word) {
+                found.push(format!("{}:{line}: `{word}` outside src/tunnel/", file.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// A tunnel's life after its `200` or `101` is the tunnel module's: the pair, its splice, its
+/// dormant record and what it asks of its keeper are defined there and nowhere else, and
+/// "tunnel" names that pair only (a CONNECT served as HTTP is `routing::Inspected`).
+#[test]
+fn the_tunnel_types_live_in_the_tunnel_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let owned = [
+        "Tunnel",
+        "Tunneled",
+        "Dormant",
+        "Keeper",
+        "SpliceEnd",
+        "Spliced",
+        "splice",
+    ];
+    let mut found = Vec::new();
+    for (file, module, code) in library_code(root) {
+        if module.first().map(String::as_str) == Some("tunnel") {
+            continue;
+        }
+        for name in owned {
+            for kind in ["struct", "enum", "trait", "type", "fn", "mod"] {
+                let definition = format!("{kind} {name}");
+                for line in lines_of(&code, &definition) {
+                    found.push(format!(
+                        "{}:{line}: `{definition}` outside src/tunnel/",
+                        file.display()
+                    ));
+                }
+            }
+        }
+        for line in lines_of(&code, "copy_bidirectional") {
+            found.push(format!("{}:{line}: a splice outside src/tunnel/", file.display()));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }

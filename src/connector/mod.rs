@@ -18,7 +18,11 @@ pub mod tls;
 
 use std::fmt;
 use std::future::Future;
+use std::io;
+use std::os::fd::OwnedFd;
 use std::pin::Pin;
+
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::endpoint::Claim;
 use crate::error::ProxyError;
@@ -32,6 +36,29 @@ pub trait Place: Send + Sync + fmt::Debug + 'static {
     /// as the place is held.
     fn connected(&self, claim: Claim);
 }
+
+/// A byte stream to an upstream: TCP, TLS over TCP, or what a switched protocol left of one.
+/// Whether it may wait outside the runtime as a bare descriptor (a quiet tunnel parks) is the
+/// stream's to say: only plain TCP may, as TLS keeps state no descriptor holds.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {
+    /// Whether [`Io::into_parked`] would succeed.
+    fn may_park(&self) -> bool {
+        false
+    }
+
+    /// The stream as a bare descriptor, out of the runtime; an error (the stream dropped) for
+    /// one that may not park.
+    fn into_parked(self: Box<Self>) -> io::Result<OwnedFd> {
+        Err(io::Error::other("only a plain TCP upstream can be parked"))
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for tokio_rustls::client::TlsStream<S> {}
+
+impl Io for hyper_util::rt::TokioIo<hyper::upgrade::Upgraded> {}
+
+/// The stand-in a tunnel holds while its stream is parked.
+impl Io for tokio::io::Empty {}
 
 /// The request handle of one upstream HTTP/2 connection (cloned per stream).
 pub type H2Sender = http2::Sender;

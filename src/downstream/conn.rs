@@ -1,7 +1,7 @@
 //! One downstream connection: read a request head, hand the request to the proxy, stream the
 //! request body up and the response down, repeat while keep-alive holds. A CONNECT, or a
 //! response that switches protocols, hands the socket over for good (`proxy::connect`,
-//! `proxy::upgrade`).
+//! `proxy::upgrade`; then `tunnel`).
 //!
 //! # Memory while idle
 //! Between requests the task waits on socket readiness alone. The per-exchange state (about
@@ -12,7 +12,7 @@
 //! and allocated a buffer per request: about 750 instructions each). Quiet for longer, the
 //! connection releases both. An idle connection therefore costs its task, its socket
 //! registration and a timer, not the ~16 KiB of buffers a general-purpose server keeps; and
-//! `park::PARK_AFTER` after going quiet the task ends and the connection waits in `park`,
+//! `PARK_AFTER` after going quiet the task ends and the connection waits in `park`,
 //! which costs less still.
 //!
 //! # Cancel safety
@@ -32,20 +32,20 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::park::PARK_AFTER;
+use super::inside::{self, Inside};
 use super::pump::BodyPump;
 use super::respond::{encode_response, write_body, write_response, Outgoing};
 use super::stream::Stream;
-use super::tunnel::Inside;
 use super::wait_timer::{self, WaitTimer};
-use super::{Context, Served};
+use super::{Context, Served, PARK_AFTER};
 use crate::clients::Source;
 use crate::config::{Authority, DownstreamConfig};
 use crate::error::{ErrorKind, ProxyError};
 use crate::live::Seen;
-use crate::proxy::connect::{Established, TunnelEnd};
+use crate::proxy::connect::Answer;
 use crate::proxy::{upgrade, ResponseBody};
-use crate::routing::{Arrival, Tunneled};
+use crate::routing::{Arrival, Inspected};
+use crate::tunnel::Tunnel;
 use crate::wire::codec::{self, Decoder, HeadError, HeadFacts};
 use crate::wire::RequestBody;
 
@@ -107,11 +107,11 @@ impl<S: Stream> Session<S> {
 /// How [`serve`] ended.
 pub(super) enum Ended<S> {
     Closed(Served),
-    /// Idle for `park::PARK_AFTER` between requests: to be parked.
+    /// Idle for `PARK_AFTER` between requests: to be parked.
     Idle(Session<S>),
     /// A tunnel established (a CONNECT, or a switch of protocols): to be spliced in a task
     /// of its own.
-    Tunnel(S, Box<Established>, Served),
+    Tunnel(S, Box<Tunnel>, Served),
 }
 
 /// Serves one connection until it closes, idles out, idles long enough to be parked, or the
@@ -220,15 +220,15 @@ async fn serve_requests<S: Stream>(
             }
             Next::Inspect(authority) => {
                 let deadline = Instant::now() + ctx.config.get().header_read_timeout;
-                match super::tunnel::sniff(&conn, deadline).await {
+                match inside::sniff(&conn.stream, conn.buffered().first().copied(), deadline).await {
                     Inside::Http1 => {
-                        let tunnel = Tunneled::new(authority, &ctx.metrics, "connect_http");
-                        *arrival = Arrival::Tunnel(Arc::new(tunnel));
+                        let inspected = Inspected::new(authority, &ctx.metrics, "connect_http");
+                        *arrival = Arrival::Inspected(Arc::new(inspected));
                     }
                     Inside::H2 => {
-                        let tunnel = Tunneled::new(authority, &ctx.metrics, "connect_h2");
+                        let inspected = Inspected::new(authority, &ctx.metrics, "connect_h2");
                         let requests = conn.requests;
-                        let arrival = Arrival::Tunnel(Arc::new(tunnel));
+                        let arrival = Arrival::Inspected(Arc::new(inspected));
                         if Box::pin(super::h2c::serve(conn.stream, arrival, conn.peer, ctx.clone())).await {
                             ctx.metrics.families().tunnel_refused("h2_error");
                         }
@@ -238,7 +238,7 @@ async fn serve_requests<S: Stream>(
                         }));
                     }
                     Inside::Refused(reason) => {
-                        super::tunnel::refuse(reason, &authority, ctx);
+                        inside::refuse(reason, &authority, ctx);
                         return Stay::Ended(served(&conn, false));
                     }
                 }
@@ -277,12 +277,12 @@ async fn serve_requests<S: Stream>(
 /// A CONNECT inside a tunnel served as HTTP is refused, whatever it names: requests in the
 /// tunnel go to its authority only (as the h2c server inside one refuses CONNECT too).
 async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, arrival: &Arrival, ctx: &Context) -> Next {
-    if let (Next::Connect(_), Arrival::Tunnel(tunnel)) = (&next, arrival) {
+    if let (Next::Connect(_), Arrival::Inspected(inspected)) = (&next, arrival) {
         let err = ProxyError::new(
             ErrorKind::BadRequest,
             format!(
                 "a CONNECT inside the CONNECT tunnel to {0} is not followed: requests in it go to {0} only",
-                tunnel.authority
+                inspected.authority
             ),
         );
         refuse(conn, err, ctx).await;
@@ -294,13 +294,13 @@ async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, arrival: &Arr
         Next::Connect(connecting) => {
             let (target, framing) = *connecting;
             match crate::proxy::connect::serve(stream, buf, &target, framing, &ctx.proxy, source).await {
-                TunnelEnd::Refused => {
+                Answer::Refused => {
                     linger(stream).await;
                     Next::Close
                 }
-                TunnelEnd::Closed => Next::Close,
-                TunnelEnd::Inspect(authority) => Next::Inspect(authority),
-                TunnelEnd::Established(tunnel) => Next::Tunnel(tunnel),
+                Answer::Closed => Next::Close,
+                Answer::Inspect(authority) => Next::Inspect(authority),
+                Answer::Established(tunnel) => Next::Tunnel(tunnel),
             }
         }
         Next::Switch(switching) => {
@@ -526,7 +526,7 @@ enum Next {
     /// The upstream switched protocols: to be spliced.
     Switch(Box<Switching>),
     /// A tunnel established (a CONNECT, or a switch of protocols): to be spliced.
-    Tunnel(Box<Established>),
+    Tunnel(Box<Tunnel>),
 }
 
 /// A response switching protocols (101), and what the splice after it needs.

@@ -19,19 +19,21 @@
 //! (`budget`), when there is a budget.
 //!
 //! A CONNECT request or a switched protocol (`101`) ends HTTP on the connection: the task hands
-//! the socket to `proxy::connect` or `proxy::upgrade` and closes it when they are done.
+//! the socket to `proxy::connect` or `proxy::upgrade`, and a tunnel they answer to `tunnel`,
+//! keeping the client's side of it ([`tunnel::Keeper`]: the lot it parks in when quiet, the
+//! connection's accounting when it ends). A CONNECT answered here is read as HTTP (`inside`).
 //!
 //! Not handled here: what a request means (`proxy`), the HTTP/1.1 wire format (`wire`).
 
 mod conn;
 mod h2c;
+mod inside;
 pub mod park;
 mod pump;
 mod respond;
 mod stream;
 #[cfg(test)]
 pub(crate) mod testing;
-mod tunnel;
 pub mod unix;
 mod wait_timer;
 
@@ -53,12 +55,17 @@ use crate::clients::{loopback::Scan, Clients, Leak, Source};
 use crate::config::DownstreamConfig;
 use crate::live::Live;
 use crate::metrics::Metrics;
-use crate::proxy::connect::{Established, Idle};
 use crate::proxy::Proxy;
 use crate::routing::Arrival;
+use crate::tunnel::{self, Dormant, Tunnel};
 
 /// After an accept error (EMFILE, ENFILE, ...) wait this long before accepting again.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How long a connection idles in its task before it is parked (`park`), and a tunnel stays
+/// quiet in its task before it does: under load connections idle for microseconds between
+/// requests and should not pay for parking.
+const PARK_AFTER: Duration = Duration::from_millis(100);
 
 /// What every downstream connection shares.
 #[derive(Debug)]
@@ -261,40 +268,21 @@ fn spawn_connection<S: Stream>(conn: Session<S>, held: Held, arrival: Arrival, c
     tokio::spawn(caught::Caught::new(serving, panics).instrument(span));
 }
 
-/// Splices an established tunnel (a CONNECT, or a switch of protocols) in a task of its own,
+/// Splices a tunnel (a CONNECT, or a switch of protocols) in a task of its own (`tunnel`),
 /// so that the connection's task ends and an idle tunnel holds only the splice's state, not
-/// the connection's task and the futures it held. Once nothing has moved for
-/// [`park::PARK_AFTER`] the task ends too and the tunnel waits parked; it comes back
-/// here, `since` its last move, when either socket turns readable.
+/// the connection's task and the futures it held. Once nothing has moved for [`PARK_AFTER`]
+/// the task ends too and the tunnel waits parked; it comes back here, `since` its last move,
+/// when either socket turns readable.
 fn splice_apart<S: Stream>(
-    mut stream: S,
-    mut tunnel: Established,
+    stream: S,
+    tunnel: Tunnel,
     since: Instant,
     parks: bool,
     ends: TunnelEnds,
     ctx: Arc<Context>,
 ) {
-    // Not instrumented: the tunnel's own span (a child of the connection's) is entered for
-    // what it logs, and a second one would wait in every idle tunnel's task.
     let panics = ctx.metrics.families().panics.clone();
-    let splicing = async move {
-        let parks = parks && ctx.parking.available() && !ctx.draining() && tunnel.can_park();
-        let idle = Idle {
-            timeout: ctx.config.get().idle_timeout,
-            quiet_after: parks.then_some(park::PARK_AFTER),
-            since,
-        };
-        match tunnel.splice(&mut stream, idle).await {
-            Some(idle_deadline) => {
-                ctx.parking.park_tunnel(stream, tunnel, ends, idle_deadline, &ctx);
-            }
-            None => {
-                drop((stream, tunnel));
-                finish(&ctx, &ends.peer, ends.served, ends.held);
-            }
-        }
-    };
-    tokio::spawn(caught::Caught::new(splicing, panics));
+    tunnel::spawn(stream, tunnel, since, parks, TunnelKeeper { ends, ctx }, panics);
 }
 
 /// What a tunnel's downstream connection leaves to be accounted when the tunnel closes.
@@ -302,6 +290,34 @@ struct TunnelEnds {
     served: Served,
     held: Held,
     peer: Source,
+}
+
+/// The client's side of a tunnel, kept by its downstream connection: parked in the lot, and
+/// accounted as the connection's end.
+struct TunnelKeeper {
+    ends: TunnelEnds,
+    ctx: Arc<Context>,
+}
+
+impl<S: Stream> tunnel::Keeper<S> for TunnelKeeper {
+    fn idle_timeout(&self) -> Duration {
+        self.ctx.config.get().idle_timeout
+    }
+
+    fn park_after(&self) -> Option<Duration> {
+        let ctx = &self.ctx;
+        (ctx.parking.available() && !ctx.draining()).then_some(PARK_AFTER)
+    }
+
+    fn park(self, client: S, tunnel: Dormant, deadline: Instant) {
+        let TunnelKeeper { ends, ctx } = self;
+        ctx.parking.park_tunnel(client, tunnel, ends, deadline, &ctx);
+    }
+
+    fn closed(self) {
+        let TunnelKeeper { ends, ctx } = self;
+        finish(&ctx, &ends.peer, ends.served, ends.held);
+    }
 }
 
 /// The accounting when a connection closes, however it ended.

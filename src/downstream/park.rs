@@ -31,6 +31,8 @@
 //! eight `epoll_ctl` calls and a task, tens of microseconds. Parking later lets a burst of new
 //! tunnels hold their tasks' memory all at once, which the heap then keeps: after 1 s, 1,850 B
 //! per idle tunnel; after 100 ms, 1,130 B (`benches/idle_memory.sh`).
+//!
+//! [`PARK_AFTER`]: super::PARK_AFTER
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -52,12 +54,8 @@ use super::stream::Stream;
 use super::{finish, spawn_connection, splice_apart, Context, Held, Served, TunnelEnds};
 use crate::clients::Process;
 use crate::clients::Source;
-use crate::proxy::connect::{Dormant, Established};
 use crate::routing::Arrival;
-
-/// How long a connection idles in its task before it is parked: under load connections idle
-/// for microseconds between requests and should not pay for parking.
-pub(super) const PARK_AFTER: Duration = Duration::from_millis(100);
+use crate::tunnel::Dormant;
 
 /// Readiness events taken from the epoll instance per call.
 const EVENTS: usize = 256;
@@ -227,7 +225,8 @@ impl Parking {
         self.len() == 0
     }
 
-    /// Takes over an idle connection whose task is ending. It has been idle for [`PARK_AFTER`].
+    /// Takes over an idle connection whose task is ending. It has been idle for
+    /// [`PARK_AFTER`](super::PARK_AFTER).
     pub(super) fn park<S: Stream>(&self, conn: Session<S>, held: Held, arrival: Arrival, ctx: &Arc<Context>) {
         let Session {
             stream,
@@ -283,26 +282,19 @@ impl Parking {
         }
     }
 
-    /// Takes over a quiet tunnel whose task is ending ([`PARK_AFTER`] without a byte,
-    /// its upstream plain TCP), to close at `deadline`. Draining, or should its sockets not
-    /// be parked, it goes back to a task that does not park it again.
+    /// Takes over a quiet tunnel whose task is ending ([`PARK_AFTER`](super::PARK_AFTER)
+    /// without a byte, its upstream already out of the runtime), to close at `deadline`.
+    /// Draining, or should its sockets not be parked, it goes back to a task that does not
+    /// park it again.
     pub(super) fn park_tunnel<S: Stream>(
         &self,
         stream: S,
-        tunnel: Established,
+        tunnel: Dormant,
         ends: TunnelEnds,
         deadline: Instant,
         ctx: &Arc<Context>,
     ) {
         let TunnelEnds { served, held, peer } = ends;
-        let tunnel = match tunnel.into_dormant() {
-            Ok(tunnel) => tunnel,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot park a quiet tunnel");
-                drop(stream);
-                return finish(ctx, &peer, served, held);
-            }
-        };
         let client = match stream.into_parked() {
             Ok(client) => client,
             Err(e) => {

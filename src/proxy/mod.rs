@@ -11,7 +11,8 @@
 //!
 //! Requests that end HTTP on their connection leave this path: CONNECT goes to [`connect`]
 //! (the downstream task calls it directly), and an upgrade request is sent by [`upgrade`] on a
-//! dedicated connection instead of the pool (step 4). [`splice`] moves the bytes for both.
+//! dedicated connection instead of the pool (step 4). Both hand the tunnel they answer to the
+//! caller; `tunnel` owns it from there.
 //!
 //! Not handled here: the wire format (`wire`), connections (`downstream`).
 
@@ -19,7 +20,6 @@ pub mod admit;
 pub mod connect;
 pub mod headers;
 pub mod observe;
-mod splice;
 pub mod upgrade;
 
 use std::future::Future;
@@ -251,7 +251,7 @@ impl Proxy {
         upstream: &Upstream,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let req = crate::wire::take_request(req);
-        let resp = upgrade::send(upstream, &self.router, req).await?;
+        let resp = upgrade::send(upstream, req).await?;
         let mut resp = resp.map(ResponseBody::Direct);
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             headers::to_downstream_switch(&mut resp);

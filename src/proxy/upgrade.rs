@@ -9,9 +9,9 @@
 //!
 //! - `101 Switching Protocols`: the head goes to the client with `Upgrade` and
 //!   `Connection: upgrade` kept (other hop-by-hop fields removed), then bytes are spliced both
-//!   ways (`proxy::splice`: half-close, `downstream.idle_timeout`), in a task of their own that
-//!   the downstream connection starts ([`switch`] returns a `connect::Established`), and the
-//!   downstream connection closes afterwards.
+//!   ways (`tunnel`: half-close, `downstream.idle_timeout`), in a task of their own that the
+//!   downstream connection starts ([`switch`] returns a `tunnel::Tunnel`), and the downstream
+//!   connection closes afterwards.
 //! - Any other status: the response goes back through the normal response path, framed as
 //!   usual, and the client connection stays usable; the dedicated upstream connection closes
 //!   once its body has been read.
@@ -39,14 +39,13 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::connect::Established;
 use super::Proxy;
 use super::ResponseBody;
 use crate::config::Protocol;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::ActiveGuard;
-use crate::routing::Router;
-use crate::upstream::{Io, Upstream};
+use crate::tunnel::{self, Tunnel};
+use crate::upstream::Upstream;
 use crate::wire::codec::{self, ResponseFraming};
 use crate::wire::RequestBody;
 
@@ -90,11 +89,7 @@ pub fn requested(req: &Request<RequestBody>) -> bool {
 
 /// Sends an upgrade request (already rewritten for `upstream`) on a dedicated connection and
 /// returns the response head. A `101` carries a [`Switch`] in its extensions.
-pub async fn send(
-    upstream: &Upstream,
-    router: &Router,
-    req: Request<RequestBody>,
-) -> Result<Response<Incoming>, ProxyError> {
+pub async fn send(upstream: &Upstream, req: Request<RequestBody>) -> Result<Response<Incoming>, ProxyError> {
     let error = |kind: ErrorKind, cause: String| ProxyError::new(kind, cause).with_upstream(upstream.label());
     let settings = upstream.settings();
     if settings.protocol == Protocol::Http2 {
@@ -105,7 +100,7 @@ pub async fn send(
             "upgrades need HTTP/1.1 and this upstream is configured with protocol: http2".into(),
         ));
     }
-    let io = upstream.dial_dedicated(router.guard()).await?;
+    let io = upstream.dial_dedicated().await?;
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake::<_, RequestBody>(TokioIo::new(io))
         .await
@@ -148,7 +143,7 @@ pub async fn switch(
     resp: Response<ResponseBody>,
     pending: Switch,
     proxy: &Proxy,
-) -> Option<Established> {
+) -> Option<Tunnel> {
     let upgraded = match pending.0.await {
         Ok(upgraded) => upgraded,
         Err(e) => {
@@ -187,19 +182,12 @@ pub async fn switch(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     tracing::debug!(%protocol, "connection switched");
-    // Our own connection back from hyper's wrapping (two boxes and its read buffer, kept by
-    // every idle WebSocket otherwise); what hyper read past the 101 goes to the client first.
-    let upstream: Box<dyn Io> = match upgraded.downcast::<TokioIo<Box<dyn Io>>>() {
-        Ok(parts) => {
-            if let Err(e) = client.write_all(&parts.read_buf).await {
-                tracing::debug!(error = %e, "client left after the 101");
-                return None;
-            }
-            parts.io.into_inner()
-        }
-        Err(upgraded) => Box::new(TokioIo::new(upgraded)),
-    };
-    Some(Established::new(upstream, buf, active))
+    let (upstream, read_past) = tunnel::unwrap_upgraded(upgraded);
+    if let Err(e) = client.write_all(&read_past).await {
+        tracing::debug!(error = %e, "client left after the 101");
+        return None;
+    }
+    Some(Tunnel::new(upstream, buf, active))
 }
 
 #[cfg(test)]

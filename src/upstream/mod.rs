@@ -32,7 +32,7 @@ pub use timed::{CutCounters, Deadline, Deadlines, TimedBody};
 
 use crate::config::ParentRoute;
 use crate::connector::parent::Parent;
-use crate::connector::{dial, h1, http2, tls};
+use crate::connector::{dial, h1, http2, tls, Io};
 use crate::duration::DurationError;
 use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
@@ -76,6 +76,9 @@ pub struct Upstream {
     endpoints: Arc<endpoint::Set>,
     /// The parent proxy connections go through, if any.
     parent: Option<Arc<Parent>>,
+    /// The policy and the sidecar's own listeners, which dedicated connections are checked
+    /// against (the pool's connector holds its own).
+    guard: Arc<Guard>,
     /// Requests go to the parent in absolute-form (plain HTTP/1.1 through a parent).
     forward: bool,
     /// The h2c pool for gRPC requests, when this upstream speaks HTTP/1.1 on plain TCP only
@@ -103,12 +106,6 @@ pub struct Asked {
     /// `x-egress-retry: off`: no retries by policy.
     pub no_retry: bool,
 }
-
-/// A byte stream to an upstream: TCP, or TLS over TCP. `Any`, so that a quiet tunnel can tell
-/// plain TCP, which it can park as a bare descriptor, from the rest.
-pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + std::any::Any {}
-
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Io for T {}
 
 enum Failure {
     /// The HTTP/2 connection could not open a stream: nothing reached the upstream, and the
@@ -323,6 +320,7 @@ impl Upstream {
             pool,
             endpoints,
             parent,
+            guard: shared.guard.clone(),
             grpc,
             tls: key.tls.clone(),
             upgrade_tls: OnceLock::new(),
@@ -421,14 +419,14 @@ impl Upstream {
 
     /// Opens a connection outside the pool that speaks HTTP/1.1 (TLS with ALPN `http/1.1` for
     /// https upstreams), for exchanges that take the connection over (upgrades).
-    pub async fn dial_dedicated(&self, guard: &Guard) -> Result<Box<dyn Io>, ProxyError> {
+    pub async fn dial_dedicated(&self) -> Result<Box<dyn Io>, ProxyError> {
         let deadline = tokio::time::Instant::now() + self.settings.connect_timeout;
         let target = dial::DialTarget {
             label: &self.label,
             authority: &self.authority,
             resolve: dial::Resolve::Endpoints(&self.endpoints),
             connect_timeout: self.settings.connect_timeout,
-            guard,
+            guard: &self.guard,
         };
         let tcp = dial::tcp(target).await?;
         let io = match &self.parent {

@@ -101,6 +101,19 @@ impl Transport {
     }
 }
 
+impl super::Io for Transport {
+    fn may_park(&self) -> bool {
+        matches!(self, Transport::Plain(_))
+    }
+
+    fn into_parked(self: Box<Self>) -> io::Result<std::os::fd::OwnedFd> {
+        match *self {
+            Transport::Plain(tcp) => tcp.into_std().map(Into::into),
+            _ => Err(io::Error::other("only a plain TCP upstream can be parked")),
+        }
+    }
+}
+
 impl AsyncRead for Transport {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {

@@ -280,7 +280,7 @@ async fn carries(from: &mut tokio::net::TcpStream, to: &mut tokio::net::TcpStrea
 
 /// Waits past PARK_AFTER for `n` parked tunnels.
 async fn parked_tunnels(ctx: &super::Context, n: usize) -> bool {
-    tokio::time::sleep(super::PARK_AFTER).await;
+    tokio::time::sleep(super::super::PARK_AFTER).await;
     eventually(|| ctx.parking.tunnels() == n).await
 }
 
@@ -394,7 +394,7 @@ async fn draining_puts_parked_tunnels_back_in_tasks() {
         "taken out of the lot"
     );
     carries(&mut server, &mut client, b"still here").await;
-    tokio::time::sleep(super::PARK_AFTER * 2).await;
+    tokio::time::sleep(super::super::PARK_AFTER * 2).await;
     assert_eq!(ctx.parking.tunnels(), 0, "not parked again while draining");
     carries(&mut client, &mut server, b"and here").await;
     assert_eq!(ctx.metrics.families().tunnel_counts("connect"), (1, 1));

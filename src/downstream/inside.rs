@@ -13,7 +13,6 @@
 
 use tokio::time::Instant;
 
-use super::conn::Session;
 use super::stream::Stream;
 use super::Context;
 use crate::config::Authority;
@@ -32,22 +31,23 @@ pub(super) enum Inside {
     Refused(&'static str),
 }
 
-/// Reads (without consuming) what the client sends first, until `deadline`.
-pub(super) async fn sniff<S: Stream>(conn: &Session<S>, deadline: Instant) -> Inside {
+/// Reads (without consuming) what the client sends first on `stream`, until `deadline`;
+/// `read` is the first byte of what was read from it already, if any.
+pub(super) async fn sniff<S: Stream>(stream: &S, read: Option<u8>, deadline: Instant) -> Inside {
     // Bytes the client sent right behind the CONNECT head are already read; hyper could not be
     // handed them, so only HTTP/1.x is served from there.
-    if let Some(&first) = conn.buffered().first() {
+    if let Some(first) = read {
         return match classify(first) {
             Inside::H2 => Inside::Refused("not_http"),
             inside => inside,
         };
     }
     let mut first = [0u8; 1];
-    let peeked = tokio::time::timeout_at(deadline, conn.stream.peek(&mut first)).await;
+    let peeked = tokio::time::timeout_at(deadline, stream.peek(&mut first)).await;
     match peeked {
         Err(_) | Ok(Ok(0)) | Ok(Err(_)) => Inside::Refused("no_request"),
         Ok(Ok(_)) => match classify(first[0]) {
-            Inside::H2 if super::h2c::starts_with_preface(&conn.stream, deadline).await => Inside::H2,
+            Inside::H2 if super::h2c::starts_with_preface(stream, deadline).await => Inside::H2,
             // `P` that is not the preface may still be `POST` or `PUT`.
             Inside::H2 => Inside::Http1,
             inside => inside,

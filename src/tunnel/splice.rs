@@ -15,12 +15,14 @@
 //! - An idle deadline closes both sockets after `idle_timeout` without a byte in either
 //!   direction; each socket is wrapped to record when it last moved data.
 //! - A splice asked to can also end quiet: nothing moved for `quiet_after` (shorter than the
-//!   idle timeout), both directions open and nothing held. Its caller then parks both sockets
-//!   outside any task (`downstream::park`) and splices again when either turns readable, the
-//!   idle deadline carried over through [`Idle::since`].
+//!   idle timeout), both directions open and nothing held. The tunnel then leaves its task to
+//!   wait parked (its keeper's lot, `downstream::park`) and is spliced again when either socket
+//!   turns readable, the idle deadline carried over through [`Idle::since`].
 //!
-//! Not handled here: how either socket was obtained, counting tunnels (callers hold an
-//! [`ActiveGuard`]).
+//! Not handled here: how either socket was obtained, counting tunnels (the [`Tunnel`] holds
+//! its `ActiveGuard`).
+//!
+//! [`Tunnel`]: super::Tunnel
 
 use std::fmt;
 use std::future::Future;
@@ -76,14 +78,14 @@ pub(crate) struct Spliced {
 
 /// When a splice stops for lack of traffic.
 #[derive(Debug)]
-pub struct Idle {
+pub(crate) struct Idle {
     /// Nothing moved for this long: the splice ends ([`SpliceEnd::Idle`]).
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Nothing moved for this long, and nothing is held: the splice returns
     /// [`SpliceEnd::Quiet`]. `None` splices until the end.
-    pub quiet_after: Option<Duration>,
+    pub(crate) quiet_after: Option<Duration>,
     /// When bytes last moved: now for a new tunnel, earlier for one spliced again.
-    pub since: Instant,
+    pub(crate) since: Instant,
 }
 
 /// Copies both ways between `client` and `upstream` until both are done, an error, or no
