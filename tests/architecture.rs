@@ -534,35 +534,12 @@ mod tests { use crate::config::Config; }
     assert_eq!(table[1].1, ["config", "error"]);
 }
 
-/// The library's files (test modules aside) with their text, test items blanked; comments and
-/// strings kept when `keep_strings`, for checks that look for a literal.
-fn library_texts(keep_strings: bool) -> Vec<(String, String)> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    library_files(&src)
-        .into_iter()
-        .map(|(path, _)| {
-            let raw = std::fs::read_to_string(&path).unwrap();
-            let text = if keep_strings {
-                strip_test_items(&raw)
-            } else {
-                strip_test_items(&strip_comments_and_strings(&raw))
-            };
-            let name = path
-                .strip_prefix(&src)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/");
-            (name, text)
-        })
-        .collect()
-}
-
-/// The files whose text contains `needle`.
-fn files_with(texts: &[(String, String)], needle: &str) -> Vec<String> {
+/// The files whose text contains `needle`, as `src/...` paths.
+fn files_with(texts: &[(PathBuf, Vec<String>, String)], needle: &str) -> Vec<String> {
     texts
         .iter()
-        .filter(|(_, text)| text.contains(needle))
-        .map(|(name, _)| name.clone())
+        .filter(|(_, _, text)| text.contains(needle))
+        .map(|(file, _, _)| file.to_string_lossy().replace('\\', "/"))
         .collect()
 }
 
@@ -571,15 +548,15 @@ fn files_with(texts: &[(String, String)], needle: &str) -> Vec<String> {
 /// so a span, a log line or an admission decision cannot be added for one protocol alone.
 #[test]
 fn one_observer_sees_every_request_on_both_protocols() {
-    let texts = library_texts(true);
+    let texts = library_text(Path::new(env!("CARGO_MANIFEST_DIR")), true);
     assert_eq!(
         files_with(&texts, "span!(\"request\""),
-        ["proxy/observe.rs"],
+        ["src/proxy/observe.rs"],
         "a request's span opened outside proxy::observe"
     );
     let entries = files_with(&texts, ".proxy.handle(");
     assert!(
-        entries.len() == 2 && entries.iter().all(|f| f.starts_with("downstream/")),
+        entries.len() == 2 && entries.iter().all(|f| f.starts_with("src/downstream/")),
         "requests enter the request path here, not only from downstream's two servers: {entries:?}"
     );
 }
@@ -588,17 +565,21 @@ fn one_observer_sees_every_request_on_both_protocols() {
 /// admission step has decided, in `Proxy::forward`.
 #[test]
 fn nothing_goes_upstream_before_the_admission_step() {
-    let texts = library_texts(false);
+    let texts = library_code(Path::new(env!("CARGO_MANIFEST_DIR")));
     let sends: Vec<String> = ["upstream.send(", "upgrade::send("]
         .iter()
         .flat_map(|needle| files_with(&texts, needle))
         .collect();
     assert_eq!(
         sends,
-        ["proxy/mod.rs", "proxy/mod.rs"],
+        ["src/proxy/mod.rs", "src/proxy/mod.rs"],
         "an upstream send outside Proxy::forward"
     );
-    let forward = &texts.iter().find(|(name, _)| name == "proxy/mod.rs").unwrap().1;
+    let forward = &texts
+        .iter()
+        .find(|(file, _, _)| file.ends_with("src/proxy/mod.rs"))
+        .unwrap()
+        .2;
     let admitted = forward
         .find(".admit(")
         .expect("Proxy::forward asks the admission step");
@@ -615,20 +596,20 @@ fn nothing_goes_upstream_before_the_admission_step() {
 /// accounting and the access log alike.
 #[test]
 fn where_a_request_came_from_is_one_type() {
-    let texts = library_texts(false);
+    let texts = library_code(Path::new(env!("CARGO_MANIFEST_DIR")));
     let mut defined = Vec::new();
-    for (name, text) in &texts {
+    for (file, _, text) in &texts {
         let words: Vec<&str> = text
             .split(|c: char| !c.is_alphanumeric() && c != '_')
             .filter(|w| !w.is_empty())
             .collect();
         for pair in words.windows(2) {
             if matches!(pair[0], "enum" | "struct" | "type") && matches!(pair[1], "Source" | "Peer") {
-                defined.push(format!("{name}: {} {}", pair[0], pair[1]));
+                defined.push(format!("{}: {} {}", file.display(), pair[0], pair[1]));
             }
         }
     }
-    assert_eq!(defined, ["clients.rs: enum Source"]);
+    assert_eq!(defined, ["src/clients.rs: enum Source"]);
 }
 
 // === module names ===
@@ -865,11 +846,21 @@ fn the_name_and_circle_readers_find_what_they_look_for() {
 /// Library files under `src/` (test modules aside), their module path, and their code with
 /// comments, strings and test items blanked.
 fn library_code(root: &Path) -> Vec<(PathBuf, Vec<String>, String)> {
+    library_text(root, false)
+}
+
+/// [`library_code`], with comments and strings kept when `keep_strings` (for a check that
+/// looks for a literal).
+fn library_text(root: &Path, keep_strings: bool) -> Vec<(PathBuf, Vec<String>, String)> {
     library_files(&root.join("src"))
         .into_iter()
         .map(|(file, module)| {
             let text = std::fs::read_to_string(&file).unwrap();
-            let code = strip_test_items(&strip_comments_and_strings(&text));
+            let code = if keep_strings {
+                strip_test_items(&text)
+            } else {
+                strip_test_items(&strip_comments_and_strings(&text))
+            };
             (file.strip_prefix(root).unwrap().to_path_buf(), module, code)
         })
         .collect()
