@@ -39,7 +39,7 @@ use crate::caught;
 use crate::connector::h1::Transport;
 use crate::connector::Io;
 use crate::metrics::ActiveGuard;
-use splice::{Idle, SpliceEnd};
+use splice::{IdleLimits, SpliceEnd};
 
 /// A tunnel's access-log line, and when its CONNECT came: boxed, as most tunnels are not
 /// logged and this waits in every idle tunnel's task.
@@ -97,7 +97,7 @@ impl Tunnel {
     async fn splice(
         &mut self,
         client: &mut (impl AsyncRead + AsyncWrite + Unpin),
-        idle: Idle,
+        idle: IdleLimits,
     ) -> Option<Instant> {
         let timeout = idle.timeout;
         let spliced = splice::splice(client, &mut self.early, &mut self.upstream, idle).await;
@@ -279,7 +279,7 @@ where
         } else {
             None
         };
-        let idle = Idle {
+        let idle = IdleLimits {
             timeout: keeper.idle_timeout(),
             quiet_after,
             since,
@@ -320,7 +320,7 @@ mod tests {
         };
         let mut tunnel = tunnel;
         let established = std::mem::size_of_val(&tunnel);
-        let idle = super::Idle {
+        let idle = super::IdleLimits {
             timeout: std::time::Duration::from_secs(60),
             quiet_after: Some(std::time::Duration::from_secs(1)),
             since: super::Instant::now(),

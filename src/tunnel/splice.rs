@@ -17,7 +17,7 @@
 //! - A splice asked to can also end quiet: nothing moved for `quiet_after` (shorter than the
 //!   idle timeout), both directions open and nothing held. The tunnel then leaves its task to
 //!   wait parked (its keeper's lot, `downstream::park`) and is spliced again when either socket
-//!   turns readable, the idle deadline carried over through [`Idle::since`].
+//!   turns readable, the idle deadline carried over through [`IdleLimits::since`].
 //!
 //! Not handled here: how either socket was obtained, counting tunnels (the [`Tunnel`] holds
 //! its `ActiveGuard`).
@@ -48,7 +48,7 @@ pub(crate) enum SpliceEnd {
     Idle,
     /// A socket failed (usually a reset).
     Error(io::Error),
-    /// Nothing moved for [`Idle::quiet_after`], with both directions open and no byte held:
+    /// Nothing moved for [`IdleLimits::quiet_after`], with both directions open and no byte held:
     /// the sockets can wait outside the task, and be spliced again.
     Quiet,
 }
@@ -72,13 +72,13 @@ pub(crate) struct Spliced {
     /// Bytes from the upstream to the application.
     pub(crate) down: u64,
     pub(crate) end: SpliceEnd,
-    /// When a byte last moved either way (or [`Idle::since`], if none did).
+    /// When a byte last moved either way (or [`IdleLimits::since`], if none did).
     pub(crate) last_moved: Instant,
 }
 
 /// When a splice stops for lack of traffic.
 #[derive(Debug)]
-pub(crate) struct Idle {
+pub(crate) struct IdleLimits {
     /// Nothing moved for this long: the splice ends ([`SpliceEnd::Idle`]).
     pub(crate) timeout: Duration,
     /// Nothing moved for this long, and nothing is held: the splice returns
@@ -100,7 +100,7 @@ pub(crate) async fn splice<A, B>(
     client: &mut A,
     early: &mut BytesMut,
     upstream: &mut B,
-    mut idle: Idle,
+    mut idle: IdleLimits,
 ) -> Spliced
 where
     A: AsyncRead + AsyncWrite + Unpin + ?Sized,
@@ -176,7 +176,7 @@ where
 
 /// When a splice that started at `started`, bytes last moved at `last`, first looks at its
 /// clock: the quiet deadline, if it has one and it comes first, else the idle deadline.
-fn first_check(idle: &Idle, last: Instant, started: Instant) -> Instant {
+fn first_check(idle: &IdleLimits, last: Instant, started: Instant) -> Instant {
     let idle_at = last + idle.timeout;
     match idle.quiet_after {
         Some(quiet) => (last.max(started) + quiet).min(idle_at),
@@ -201,7 +201,7 @@ struct UntilIdle<'a, F> {
     work: Pin<&'a mut F>,
     timer: Pin<&'a mut Sleep>,
     activity: &'a Activity,
-    idle: &'a Idle,
+    idle: &'a IdleLimits,
     /// The splice's start, when this wait may end quiet (`quiet_after` past it as well as
     /// past the last move); `None` when it may not, as the work would be lost with it.
     quiet_from: Option<Instant>,
@@ -425,8 +425,8 @@ mod tests {
     }
 
     /// Splices to the end, or for `timeout` of no traffic from now.
-    fn until_idle(timeout: Duration) -> Idle {
-        Idle {
+    fn until_idle(timeout: Duration) -> IdleLimits {
+        IdleLimits {
             timeout,
             quiet_after: None,
             since: Instant::now(),
@@ -552,7 +552,7 @@ mod tests {
         let (mut client, mut client_end) = tokio::io::duplex(64);
         let (mut upstream, mut upstream_end) = tokio::io::duplex(64);
         let started = Instant::now();
-        let idle = Idle {
+        let idle = IdleLimits {
             timeout: Duration::from_secs(10),
             quiet_after: Some(Duration::from_secs(1)),
             since: started,
@@ -567,7 +567,7 @@ mod tests {
 
         // Bytes that came while no splice ran are moved by the next one.
         upstream.write_all(b"b").await.unwrap();
-        let again = Idle {
+        let again = IdleLimits {
             timeout: Duration::from_secs(10),
             quiet_after: None,
             since: first.last_moved,
@@ -593,7 +593,7 @@ mod tests {
     async fn a_half_closed_splice_is_never_quiet() {
         let (mut client, mut client_end) = tokio::io::duplex(64);
         let (mut upstream, mut upstream_end) = tokio::io::duplex(64);
-        let idle = Idle {
+        let idle = IdleLimits {
             timeout: Duration::from_secs(5),
             quiet_after: Some(Duration::from_millis(100)),
             since: Instant::now(),
@@ -617,7 +617,7 @@ mod tests {
         let (mut upstream, mut upstream_end) = tokio::io::duplex(16);
         let early_bytes: Vec<u8> = (0..100u8).collect();
         let mut early = BytesMut::from(&early_bytes[..]);
-        let idle = Idle {
+        let idle = IdleLimits {
             timeout: Duration::from_secs(10),
             quiet_after: Some(Duration::from_millis(100)),
             since: Instant::now(),
