@@ -78,17 +78,24 @@ impl std::io::Write for Captured {
     }
 }
 
+impl Captured {
+    /// Captures what this thread logs, at debug and above, until the guard drops. The test's
+    /// runtime runs the sidecar's tasks on this thread: they log here.
+    fn start() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+}
+
 #[tokio::test]
 async fn a_panic_in_a_request_is_answered_502_internal_and_counted() {
-    // The test's runtime runs the sidecar's tasks on this thread: they log to this subscriber.
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let (logs, _logging) = Captured::start();
     let (me, ctx) = crate::downstream::testing::serve_for_test("").await;
     let mut client = tokio::net::TcpStream::connect(me).await.unwrap();
     client
@@ -120,14 +127,7 @@ async fn a_panic_in_a_request_is_answered_502_internal_and_counted() {
 
 #[tokio::test]
 async fn an_h2c_request_logs_in_the_same_request_span_as_an_http1_one() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let (logs, _logging) = Captured::start();
     let (me, _ctx) = crate::downstream::testing::serve_for_test("").await;
     let mut client = tokio::net::TcpStream::connect(me).await.unwrap();
     client

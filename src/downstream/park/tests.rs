@@ -8,27 +8,7 @@ use crate::downstream::testing::eventually;
 
 /// A plain upstream answering every request with `ok` (no keep-alive limit).
 async fn upstream() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {}
-                    }
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if s.write_all(ok).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    crate::downstream::testing::ok_upstream().await.0
 }
 
 async fn get(client: &mut tokio::net::TcpStream, upstream: std::net::SocketAddr) -> String {

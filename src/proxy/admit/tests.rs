@@ -1,47 +1,17 @@
 //! The admission step on served connections, HTTP/1.1 and h2c alike: what it is given, that a
 //! refused request goes nowhere, and that a held one goes once its wait ends, not before.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::{Admission, Admit, Admitting};
 use crate::clients::Source;
-use crate::downstream::testing::serve_admitting;
+use crate::downstream::testing::{ok_upstream as upstream, serve_admitting};
 use crate::error::{ErrorKind, ProxyError};
 use crate::proxy::tests::{h2c_get, read_response};
-
-/// An upstream answering every request `ok`; counts the requests it read.
-async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests = Arc::new(AtomicUsize::new(0));
-    let counted = requests.clone();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let counted = counted.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {}
-                    }
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if s.write_all(ok).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, requests)
-}
 
 /// What the step was given for one request.
 #[derive(Debug, Clone, PartialEq)]
