@@ -53,13 +53,32 @@ pub struct Tunnel {
     upstream: Box<dyn Io>,
     /// What the client sent behind its request head: the tunnel's first bytes.
     early: BytesMut,
-    /// Counts the tunnel open until the splice ends.
+    /// Kept until it closes, spliced or parked.
+    books: Bookkeeping,
+}
+
+/// What a tunnel keeps from its answer to its close, whether spliced ([`Tunnel`]) or parked
+/// ([`Dormant`]).
+struct Bookkeeping {
+    /// Counts the tunnel open until it closes.
     _active: ActiveGuard,
     /// The access-log line, written when the tunnel closes.
     line: Line,
     /// The tunnel's span when enabled (a debug span: at the default level it is not): boxed
     /// for the same reason as the line, 40 bytes.
     span: Option<Box<tracing::Span>>,
+}
+
+impl Bookkeeping {
+    /// Logs how the tunnel ended and writes its access-log line.
+    fn close(&mut self, end: &dyn std::fmt::Display) {
+        let _entered = self.span.as_deref().map(tracing::Span::enter);
+        tracing::debug!(%end, "spliced connection closed");
+        if let Some((log, mut record, started)) = self.line.take().map(|line| *line) {
+            record.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+            log.write(&record);
+        }
+    }
 }
 
 impl std::fmt::Debug for Tunnel {
@@ -75,17 +94,19 @@ impl Tunnel {
         Tunnel {
             upstream,
             early: std::mem::take(buf),
-            _active: active,
-            line: None,
-            span: Some(tracing::Span::current())
-                .filter(|span| !span.is_disabled())
-                .map(Box::new),
+            books: Bookkeeping {
+                _active: active,
+                line: None,
+                span: Some(tracing::Span::current())
+                    .filter(|span| !span.is_disabled())
+                    .map(Box::new),
+            },
         }
     }
 
     /// This tunnel, writing `line` (its bytes and duration filled in) when it closes.
     pub fn with_line(mut self, line: Line) -> Self {
-        self.line = line;
+        self.books.line = line;
         self
     }
 
@@ -101,25 +122,15 @@ impl Tunnel {
     ) -> Option<Instant> {
         let timeout = idle.timeout;
         let spliced = splice::splice(client, &mut self.early, &mut self.upstream, idle).await;
-        if let Some((_, record, _)) = self.line.as_deref_mut() {
+        if let Some((_, record, _)) = self.books.line.as_deref_mut() {
             record.bytes_in += spliced.up;
             record.bytes_out += spliced.down;
         }
         if let SpliceEnd::Quiet = spliced.end {
             return Some(spliced.last_moved + timeout);
         }
-        self.close(&spliced.end);
+        self.books.close(&spliced.end);
         None
-    }
-
-    /// Logs how it ended and writes the access-log line.
-    fn close(&mut self, end: &dyn std::fmt::Display) {
-        let _entered = self.span.as_deref().map(tracing::Span::enter);
-        tracing::debug!(%end, "spliced connection closed");
-        if let Some((log, mut record, started)) = self.line.take().map(|line| *line) {
-            record.duration_ms = started.elapsed().as_secs_f64() * 1000.0;
-            log.write(&record);
-        }
     }
 
     /// The tunnel with its upstream socket out of the runtime, to wait parked. Only for a
@@ -130,12 +141,10 @@ impl Tunnel {
         match upstream.into_parked() {
             Ok(upstream) => Ok(Dormant {
                 upstream,
-                _active: self._active,
-                line: self.line,
-                span: self.span,
+                books: self.books,
             }),
             Err(e) => {
-                self.close(&e);
+                self.books.close(&e);
                 Err(e)
             }
         }
@@ -156,9 +165,7 @@ pub fn unwrap_upgraded(upgraded: Upgraded) -> (Box<dyn Io>, Bytes) {
 /// (its keeper keeps the client's), still counted open, its line still to be written.
 pub struct Dormant {
     upstream: OwnedFd,
-    _active: ActiveGuard,
-    line: Line,
-    span: Option<Box<tracing::Span>>,
+    books: Bookkeeping,
 }
 
 impl std::fmt::Debug for Dormant {
@@ -178,15 +185,15 @@ impl Dormant {
     /// Back in the runtime, to be spliced again ([`spawn`]). Should its socket not be
     /// registered again, the tunnel is closed (its line written) and the error returned.
     pub fn wake(self) -> io::Result<Tunnel> {
-        let (upstream, mut tunnel) = self.into_parts();
-        let std = std::net::TcpStream::from(upstream);
-        match tokio::net::TcpStream::from_std(std) {
-            Ok(tcp) => {
-                tunnel.upstream = Box::new(Transport::Plain(tcp));
-                Ok(tunnel)
-            }
+        let Dormant { upstream, mut books } = self;
+        match tokio::net::TcpStream::from_std(std::net::TcpStream::from(upstream)) {
+            Ok(tcp) => Ok(Tunnel {
+                upstream: Box::new(Transport::Plain(tcp)),
+                early: BytesMut::new(),
+                books,
+            }),
             Err(e) => {
-                tunnel.close(&e);
+                books.close(&e);
                 Err(e)
             }
         }
@@ -203,22 +210,11 @@ impl Dormant {
         self.close(&SpliceEnd::Idle);
     }
 
+    /// Closes the upstream socket, then logs and writes the line.
     fn close(self, end: &dyn std::fmt::Display) {
-        let (upstream, mut tunnel) = self.into_parts();
+        let Dormant { upstream, mut books } = self;
         drop(upstream);
-        tunnel.close(end);
-    }
-
-    /// The socket, and the tunnel without it (an empty stand-in, which allocates nothing).
-    fn into_parts(self) -> (OwnedFd, Tunnel) {
-        let tunnel = Tunnel {
-            upstream: Box::new(tokio::io::empty()),
-            early: BytesMut::new(),
-            _active: self._active,
-            line: self.line,
-            span: self.span,
-        };
-        (self.upstream, tunnel)
+        books.close(end);
     }
 }
 
@@ -311,13 +307,11 @@ mod tests {
         let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let upstream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let metrics = crate::metrics::Metrics::new();
-        let tunnel = super::Tunnel {
-            upstream: Box::new(super::Transport::Plain(upstream)),
-            early: bytes::BytesMut::new(),
-            _active: super::ActiveGuard::new(&metrics, "connect"),
-            line: None,
-            span: None,
-        };
+        let tunnel = super::Tunnel::new(
+            Box::new(super::Transport::Plain(upstream)),
+            &mut bytes::BytesMut::new(),
+            super::ActiveGuard::new(&metrics, "connect"),
+        );
         let mut tunnel = tunnel;
         let established = std::mem::size_of_val(&tunnel);
         let idle = super::IdleLimits {
@@ -363,13 +357,11 @@ mod tests {
         let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let upstream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let metrics = crate::metrics::Metrics::new();
-        let tunnel = super::Tunnel {
-            upstream: Box::new(super::Transport::Plain(upstream)),
-            early: bytes::BytesMut::new(),
-            _active: super::ActiveGuard::new(&metrics, "connect"),
-            line: None,
-            span: None,
-        };
+        let tunnel = super::Tunnel::new(
+            Box::new(super::Transport::Plain(upstream)),
+            &mut bytes::BytesMut::new(),
+            super::ActiveGuard::new(&metrics, "connect"),
+        );
         let given =
             std::mem::size_of_val(&client) + std::mem::size_of_val(&tunnel) + std::mem::size_of::<Kept>();
         let task = super::splicing(
