@@ -299,12 +299,11 @@ where
 mod tests {
     use tokio::net::{TcpListener, TcpStream};
 
-    /// An idle tunnel's task is mostly this future (plus the task's header and the two
-    /// sockets' registrations): keep it from creeping up unnoticed.
-    #[tokio::test]
-    async fn an_idle_tunnel_future_stays_small() {
+    /// A client socket, and a tunnel to a plain upstream socket (counted in a registry of its
+    /// own).
+    async fn client_and_tunnel() -> (TcpStream, super::Tunnel) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let upstream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let metrics = crate::metrics::Metrics::new();
         let tunnel = super::Tunnel::new(
@@ -312,7 +311,14 @@ mod tests {
             &mut bytes::BytesMut::new(),
             super::ActiveGuard::new(&metrics, "connect"),
         );
-        let mut tunnel = tunnel;
+        (client, tunnel)
+    }
+
+    /// An idle tunnel's task is mostly this future (plus the task's header and the two
+    /// sockets' registrations): keep it from creeping up unnoticed.
+    #[tokio::test]
+    async fn an_idle_tunnel_future_stays_small() {
+        let (mut client, mut tunnel) = client_and_tunnel().await;
         let established = std::mem::size_of_val(&tunnel);
         let idle = super::IdleLimits {
             timeout: std::time::Duration::from_secs(60),
@@ -353,15 +359,7 @@ mod tests {
             fn park(self, _: TcpStream, _: super::Dormant, _: super::Instant) {}
             fn closed(self) {}
         }
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let upstream = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let metrics = crate::metrics::Metrics::new();
-        let tunnel = super::Tunnel::new(
-            Box::new(super::Transport::Plain(upstream)),
-            &mut bytes::BytesMut::new(),
-            super::ActiveGuard::new(&metrics, "connect"),
-        );
+        let (client, tunnel) = client_and_tunnel().await;
         let given =
             std::mem::size_of_val(&client) + std::mem::size_of_val(&tunnel) + std::mem::size_of::<Kept>();
         let task = super::splicing(
