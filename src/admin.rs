@@ -1,6 +1,6 @@
 //! The admin listener: `/healthz` (alive), `/readyz` (ready; 503 while draining), `/metrics`
-//! (Prometheus text), `/debug/pools` (JSON, each pool and each of its connections, and the
-//! memory budget) and
+//! (Prometheus text), `/debug/pools` (JSON, each pool and each of its connections, each
+//! upstream's pace keys, and the memory budget) and
 //! `/debug/clients` (JSON, per application source). Read-only: nothing on it changes state.
 //!
 //! Served with hyper: it sees a probe every few seconds, so none of the downstream server's
@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::budget::Budget;
 use crate::clients::Clients;
 use crate::metrics::Metrics;
+use crate::pace;
 use crate::pool::Registry;
 
 /// Serves the admin endpoints until `stop` flips to true.
@@ -29,7 +30,7 @@ pub async fn serve(
     listener: TcpListener,
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
-    pools: Arc<Registry>,
+    (pools, paces): (Arc<Registry>, Arc<pace::Registry>),
     clients: Arc<Clients>,
     budget: Option<Arc<Budget>>,
     mut stop: watch::Receiver<bool>,
@@ -47,6 +48,7 @@ pub async fn serve(
             ready: ready.clone(),
             metrics: metrics.clone(),
             pools: pools.clone(),
+            paces: paces.clone(),
             clients: clients.clone(),
             budget: budget.clone(),
         };
@@ -65,6 +67,7 @@ struct Admin {
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
     pools: Arc<Registry>,
+    paces: Arc<pace::Registry>,
     clients: Arc<Clients>,
     budget: Option<Arc<Budget>>,
 }
@@ -74,6 +77,7 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         ready,
         metrics,
         pools,
+        paces,
         clients,
         budget,
     } = admin;
@@ -83,7 +87,10 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
     if req.uri().path() == "/debug/pools" {
         let pools: Vec<_> = pools.live().iter().map(|p| p.report()).collect();
         let budget = budget.map(|b| b.report(&metrics));
-        return Ok(json(&serde_json::json!({ "pools": pools, "budget": budget })));
+        let pace = paces.report();
+        return Ok(json(
+            &serde_json::json!({ "pools": pools, "pace": pace, "budget": budget }),
+        ));
     }
     if req.uri().path() == "/metrics" {
         let (body, content_type) = if wants_openmetrics(req.headers()) {

@@ -131,7 +131,7 @@ pub async fn run_with_reload(
         listeners.admin,
         ready.clone(),
         built.metrics.clone(),
-        built.pools.clone(),
+        (built.pools.clone(), built.paces.clone()),
         built.clients.clone(),
         built.budget.clone(),
         admin_stop_rx,
@@ -159,6 +159,7 @@ struct Built {
     ctx: Arc<Context>,
     metrics: Arc<Metrics>,
     pools: Arc<Registry>,
+    paces: Arc<crate::pace::Registry>,
     clients: Arc<clients::Clients>,
     budget: Option<Arc<budget::Budget>>,
     /// The configured upstreams, in config order (route listeners name theirs by index).
@@ -177,9 +178,11 @@ impl Built {
             metrics: Arc::new(Metrics::new()),
             pools: Arc::new(Registry::default()),
             resolver: Arc::new(Resolver::new(&config.dns)),
+            paces: Arc::default(),
         };
         let metrics = shared.metrics.clone();
         let pools = shared.pools.clone();
+        let paces = shared.paces.clone();
         let clients = Arc::new(clients::Clients::with_listeners(proxy_addrs));
         let upstreams: Vec<Arc<Upstream>> = config
             .upstreams
@@ -209,6 +212,7 @@ impl Built {
             ctx,
             metrics,
             pools,
+            paces,
             clients,
             budget,
             upstreams,

@@ -49,6 +49,10 @@ pub enum ErrorKind {
     PendingTimeout,
     /// 503: the sidecar is shutting down.
     Draining,
+    /// 429: pacing to the upstream's advertised limits would hold the request past
+    /// `pace.max_wait` or its deadline; nothing was sent. `Retry-After` says when the key's
+    /// quota resets.
+    RateLimited,
     /// 502: the sidecar failed (a panic caught in the request's task: a bug).
     Internal,
 }
@@ -67,6 +71,7 @@ impl ErrorKind {
             }
             ConnectTimeout | ResponseTimeout | RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
             PoolOverflow | PendingTimeout | Draining => StatusCode::SERVICE_UNAVAILABLE,
+            RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -90,6 +95,7 @@ impl ErrorKind {
             PoolOverflow => "pool_overflow",
             PendingTimeout => "pending_timeout",
             Draining => "draining",
+            RateLimited => "rate_limited",
             Internal => "internal",
         }
     }
@@ -100,7 +106,7 @@ impl ErrorKind {
         match self {
             BadRequest | UnknownUpstream | Denied | Loop | HeaderTooLarge => ErrorSource::Downstream,
             ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused | ConnectTimeout
-            | ResponseTimeout | RequestTimeout => ErrorSource::Upstream,
+            | ResponseTimeout | RequestTimeout | RateLimited => ErrorSource::Upstream,
             PoolOverflow | PendingTimeout | Draining | Internal => ErrorSource::Internal,
         }
     }
@@ -123,6 +129,8 @@ pub struct ProxyError {
     kind: ErrorKind,
     upstream: Option<String>,
     cause: String,
+    /// Seconds the application is asked to wait (`Retry-After`).
+    retry_after: Option<u64>,
 }
 
 impl ProxyError {
@@ -132,7 +140,14 @@ impl ProxyError {
             kind,
             upstream: None,
             cause: cause.into(),
+            retry_after: None,
         }
+    }
+
+    /// Asks the application to wait `secs` seconds before it tries again (`Retry-After`).
+    pub fn with_retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
     }
 
     /// Names the upstream (label) the error concerns.
@@ -169,6 +184,9 @@ impl ProxyError {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        if let Some(secs) = self.retry_after {
+            headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         resp
     }
 }

@@ -542,6 +542,7 @@ mod tests {
                     metrics: Default::default(),
                     pools: Default::default(),
                     resolver,
+                    paces: Default::default(),
                 },
             )
         };

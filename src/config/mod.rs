@@ -18,6 +18,7 @@ mod access_log;
 mod endpoints;
 mod header_rules;
 mod host;
+mod pace;
 mod problems;
 mod retry;
 mod schema;
@@ -43,6 +44,7 @@ pub use endpoints::{
 pub use header_rules::{header_file_value, HeaderRules, HeaderSource};
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
+pub use pace::PaceConfig;
 pub use retry::{Backoff, RetryBudget, RetryConfig, RetryOn, DEFAULT_BODY_IDLE_TIMEOUT};
 pub use via::{ParentRoute, ParentUrl, Via, ViaConfig};
 
@@ -179,6 +181,8 @@ pub struct UpstreamSettings {
     pub body_idle_timeout: Option<Duration>,
     /// What is retried, how often and how soon.
     pub retry: RetryConfig,
+    /// Pacing to the limits the upstream advertises.
+    pub pace: PaceConfig,
     /// Pool knobs.
     pub pool: PoolConfig,
     /// HTTP/2 knobs.

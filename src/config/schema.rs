@@ -62,6 +62,7 @@ pub(super) struct FileSettings {
     pub(super) request_timeout: Option<Scalar>,
     pub(super) body_idle_timeout: Option<Scalar>,
     pub(super) retry: FileRetry,
+    pub(super) pace: FilePace,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,
@@ -79,6 +80,16 @@ pub(super) struct FileRetry {
     pub(super) retry_after_max: Option<Scalar>,
     pub(super) budget: FileRetryBudget,
     pub(super) buffer_body_up_to: Option<Scalar>,
+}
+
+/// `pace` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FilePace {
+    pub(super) enabled: Option<bool>,
+    pub(super) max_wait: Option<Scalar>,
+    pub(super) reserve: Option<u64>,
+    pub(super) smooth: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -158,6 +169,7 @@ pub(super) struct FileUpstream {
     pub(super) request_timeout: Option<Scalar>,
     pub(super) body_idle_timeout: Option<Scalar>,
     pub(super) retry: FileRetry,
+    pub(super) pace: FilePace,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,

@@ -9,15 +9,15 @@ use std::path::PathBuf;
 
 use super::problems::{duration_or, opt_duration_or, parse_size, Problems};
 use super::schema::{
-    FileBudget, FileConfig, FileDownstream, FileHeaderRules, FileHttp2, FileOutlier, FilePolicy, FilePool,
-    FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
+    FileBudget, FileConfig, FileDownstream, FileHeaderRules, FileHttp2, FileOutlier, FilePace, FilePolicy,
+    FilePool, FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
 };
 use super::via::ViaConfig;
-use super::{access_log, endpoints, header_rules, retry, via};
+use super::{access_log, endpoints, header_rules, pace, retry, via};
 use super::{
     load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HeaderRules,
-    HostPattern, Http2Config, OutlierConfig, Overrides, PolicyConfig, PoolConfig, Protocol, RetryConfig,
-    Scheme, ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
+    HostPattern, Http2Config, OutlierConfig, Overrides, PaceConfig, PolicyConfig, PoolConfig, Protocol,
+    RetryConfig, Scheme, ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
     DEFAULT_BUDGET_MEMORY_FRACTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DOWNSTREAM_IDLE_TIMEOUT,
     DEFAULT_DOWNSTREAM_MAX_CONNECTIONS, DEFAULT_DRAIN_TIMEOUT, DEFAULT_H2_KEEPALIVE_INTERVAL,
     DEFAULT_H2_KEEPALIVE_TIMEOUT, DEFAULT_H2_MAX_STREAMS, DEFAULT_HEADER_READ_TIMEOUT,
@@ -215,6 +215,7 @@ fn builtin_settings() -> UpstreamSettings {
         request_timeout: None,
         body_idle_timeout: Some(retry::DEFAULT_BODY_IDLE_TIMEOUT),
         retry: RetryConfig::default(),
+        pace: PaceConfig::default(),
         pool: PoolConfig {
             max_connections: DEFAULT_POOL_MAX_CONNECTIONS,
             max_idle: DEFAULT_POOL_MAX_IDLE,
@@ -246,6 +247,7 @@ struct SettingsRef<'a> {
     request_timeout: &'a Option<Scalar>,
     body_idle_timeout: &'a Option<Scalar>,
     retry: &'a FileRetry,
+    pace: &'a FilePace,
     pool: &'a FilePool,
     http2: &'a FileHttp2,
     balance: &'a Option<String>,
@@ -264,6 +266,7 @@ impl<'a> SettingsRef<'a> {
             request_timeout: &raw.request_timeout,
             body_idle_timeout: &raw.body_idle_timeout,
             retry: &raw.retry,
+            pace: &raw.pace,
             pool: &raw.pool,
             http2: &raw.http2,
             balance: &raw.balance,
@@ -282,6 +285,7 @@ impl<'a> SettingsRef<'a> {
             request_timeout: &raw.request_timeout,
             body_idle_timeout: &raw.body_idle_timeout,
             retry: &raw.retry,
+            pace: &raw.pace,
             pool: &raw.pool,
             http2: &raw.http2,
             balance: &raw.balance,
@@ -342,6 +346,7 @@ fn merge_settings(
         problems,
     );
     let retry = retry::merge_retry(&base.retry, raw.retry, &key("retry"), problems);
+    let pace = pace::merge_pace(&base.pace, raw.pace, &key("pace"), problems);
     let pool = merge_pool(&base.pool, raw.pool, &key("pool"), problems);
     let http2 = merge_http2(&base.http2, raw.http2, &key("http2"), problems);
     let balance = endpoints::merge_balance(base.balance, raw.balance, &key("balance"), problems);
@@ -361,6 +366,7 @@ fn merge_settings(
         request_timeout,
         body_idle_timeout,
         retry,
+        pace,
         pool,
         http2,
         balance,

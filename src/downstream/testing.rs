@@ -41,6 +41,7 @@ fn context_admitting(
     let shared = Shared {
         guard: Arc::new(Guard::new(local, config.policy.clone())),
         metrics: Default::default(),
+        paces: Default::default(),
         pools: Default::default(),
         resolver: Arc::new(crate::endpoint::dns::Resolver::new(&config.dns)),
     };

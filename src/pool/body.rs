@@ -96,6 +96,11 @@ impl PooledBody {
         self.0.wire.take()
     }
 
+    /// The response's fields as their lines, left in place.
+    pub fn wire_fields(&self) -> Option<&WireFields> {
+        self.0.wire.as_ref()
+    }
+
     /// The endpoint the response came from, if known.
     pub fn endpoint(&self) -> Option<std::sync::Arc<crate::endpoint::Endpoint>> {
         self.0.lease.as_ref().and_then(Lease::endpoint)

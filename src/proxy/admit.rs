@@ -2,9 +2,10 @@
 //!
 //! [`super::Proxy::handle`] asks once per request, after routing and header rewriting and
 //! before the upstream send (the pool, or an upgrade's own connection), with what a decision
-//! can rest on: the routed upstream, the request's head as it will be sent, where it came from
-//! and its deadline. Today every request is admitted at once; pacing to an upstream's advertised
-//! rate limits and a fleet-wide quota decide here.
+//! can rest on: the routed upstream, the request's head as it will be sent, where it came from,
+//! what it asked of pacing, and its deadline. Pacing to the upstream's advertised rate limits
+//! (`pace`) decides here, and hands back the request's [`Ticket`], which credits the response
+//! to its pace key.
 //!
 //! The answer is an [`Admission`], not a future: the request path does not carry a wait's state
 //! for requests that never wait, and an admitted request costs a comparison.
@@ -15,7 +16,8 @@ use std::pin::Pin;
 use http::Request;
 
 use crate::clients::Source;
-use crate::error::ProxyError;
+use crate::error::{ErrorKind, ProxyError};
+use crate::pace::{self, Pass, Ticket};
 use crate::upstream::{Deadline, Upstream};
 use crate::wire::RequestBody;
 
@@ -30,6 +32,8 @@ pub struct Admitting<'a> {
     pub source: &'a Source,
     /// When it must have its response head, if ever: a wait that would end past it is no use.
     pub deadline: Option<Deadline>,
+    /// `x-egress-pace-key` and `x-egress-priority`.
+    pub pace: pace::Asked,
 }
 
 /// A wait before a request may go: `Ok` to send it, an error to answer with instead.
@@ -67,7 +71,7 @@ impl Admission {
     }
 }
 
-/// The admission policy a proxy applies; today it admits everything.
+/// The admission policy a proxy applies: pacing.
 #[derive(Default)]
 pub struct Admit {
     /// What unit tests decide instead.
@@ -92,17 +96,47 @@ impl Admit {
         Admit { probe: Some(probe) }
     }
 
-    /// Decides for `request`.
+    /// Decides for `request`; the ticket goes with it to the upstream send.
     #[inline]
-    pub fn admit(&self, request: Admitting<'_>) -> Admission {
+    pub fn admit(&self, request: Admitting<'_>) -> (Admission, Ticket) {
         #[cfg(test)]
         if let Some(probe) = &self.probe {
             let mut request = request;
-            return probe(&mut request);
+            return (probe(&mut request), Ticket::default());
         }
-        let _ = request;
-        Admission::Now
+        let Admitting {
+            upstream,
+            request,
+            deadline,
+            pace,
+            ..
+        } = request;
+        let (ticket, pass) = upstream.pace(request, pace, deadline);
+        let admission = match pass {
+            Pass::Go => Admission::Now,
+            Pass::Wait(waiting) => {
+                let label = upstream.label().to_owned();
+                Admission::After(Box::pin(async move {
+                    waiting.await.map_err(|refusal| rate_limited(label, refusal))
+                }))
+            }
+            Pass::Refuse(refusal) => Admission::Refused(rate_limited(upstream.label().to_owned(), refusal)),
+        };
+        (admission, ticket)
     }
+}
+
+/// The answer to a request pacing would hold too long.
+fn rate_limited(upstream: String, refusal: pace::Refusal) -> ProxyError {
+    ProxyError::new(
+        ErrorKind::RateLimited,
+        format!(
+            "the upstream's rate limit leaves no room before pace.max_wait or the request's deadline; its quota resets in {}s",
+            refusal.retry_after_secs
+        ),
+    )
+    .with_upstream(upstream)
+    .with_retry_after(refusal.retry_after_secs)
 }
 
 #[cfg(test)]

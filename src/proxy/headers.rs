@@ -12,8 +12,9 @@
 //! and goes with `Connection: upgrade`, and a `101` keeps the upstream's `Upgrade` and goes
 //! with `Connection: upgrade`; every other hop-by-hop field is still removed.
 //!
-//! The sidecar's own request headers, `x-egress-timeout` and `x-egress-retry`, are read and
-//! removed before anything is forwarded ([`take_asked`]).
+//! The sidecar's own request headers, `x-egress-timeout`, `x-egress-retry`,
+//! `x-egress-pace-key` and `x-egress-priority`, are read and removed before anything is
+//! forwarded ([`take_asked`]).
 //!
 //! `Max-Forwards` on OPTIONS and TRACE is decremented, and at 0 the sidecar answers itself
 //! ([`take_hop`], [`last_hop_answer`]).
@@ -87,8 +88,9 @@ pub fn scan(headers: &HeaderMap) -> Scanned {
 }
 
 /// Takes `x-egress-timeout` (a duration: `30s`, `1500ms`; `0s` turns the upstream's
-/// `request_timeout` off) and `x-egress-retry` (`off`, or `on` for the upstream's policy)
-/// out of the request, which `scanned` read. An invalid value is an error naming the header.
+/// `request_timeout` off), `x-egress-retry` (`off`, or `on` for the upstream's policy),
+/// `x-egress-pace-key` (any value) and `x-egress-priority` (`high`, `normal`, `low`) out of
+/// the request, which `scanned` read. An invalid value is an error naming the header.
 pub fn take_asked(req: &mut Request<impl Sized>, scanned: Scanned) -> Result<Asked, String> {
     let headers = req.headers_mut();
     let mut asked = Asked::default();
@@ -98,6 +100,13 @@ pub fn take_asked(req: &mut Request<impl Sized>, scanned: Scanned) -> Result<Ask
     if let Some(text) = take_one(headers, X_EGRESS_TIMEOUT)? {
         asked.timeout =
             Some(crate::duration::human(&text).map_err(|e| format!("x-egress-timeout: {text:?} {e}"))?);
+    }
+    if let Some(value) = take_value(headers, X_EGRESS_PACE_KEY)? {
+        asked.pace.tag = Some(crate::pace::Asked::tag(value.as_bytes()));
+    }
+    if let Some(text) = take_one(headers, X_EGRESS_PRIORITY)? {
+        asked.pace.priority = crate::pace::Priority::parse(&text)
+            .ok_or_else(|| format!("x-egress-priority: {text:?} is not high, normal or low"))?;
     }
     if let Some(text) = take_one(headers, X_EGRESS_RETRY)? {
         asked.no_retry = if text.eq_ignore_ascii_case("off") {
@@ -113,20 +122,26 @@ pub fn take_asked(req: &mut Request<impl Sized>, scanned: Scanned) -> Result<Ask
 
 /// Removes `name`, returning its one value, trimmed; more than one is an error.
 fn take_one(headers: &mut HeaderMap, name: HeaderName) -> Result<Option<String>, String> {
+    let value = take_value(headers, name)?;
+    Ok(value.map(|value| value.to_str().unwrap_or("\u{fffd}").trim().to_owned()))
+}
+
+/// Removes `name`, returning its one value as sent; more than one is an error.
+fn take_value(headers: &mut HeaderMap, name: HeaderName) -> Result<Option<HeaderValue>, String> {
     let mut values = headers.get_all(&name).iter();
-    let Some(value) = values.next() else {
+    if values.next().is_none() {
         return Ok(None);
-    };
+    }
     if values.next().is_some() {
         return Err(format!("{name} appears more than once"));
     }
-    let text = value.to_str().unwrap_or("\u{fffd}").trim().to_owned();
-    headers.remove(&name);
-    Ok(Some(text))
+    Ok(headers.remove(&name))
 }
 
 const X_EGRESS_TIMEOUT: HeaderName = HeaderName::from_static("x-egress-timeout");
 const X_EGRESS_RETRY: HeaderName = HeaderName::from_static("x-egress-retry");
+const X_EGRESS_PACE_KEY: HeaderName = HeaderName::from_static("x-egress-pace-key");
+const X_EGRESS_PRIORITY: HeaderName = HeaderName::from_static("x-egress-priority");
 
 /// `Max-Forwards` on OPTIONS and TRACE (RFC 9110 §7.6.2): `Ok(true)` when it is 0 and the
 /// sidecar must answer as the final recipient, else the value is decremented for the next hop.

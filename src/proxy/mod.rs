@@ -209,20 +209,29 @@ impl Proxy {
             request: req,
             source,
             deadline,
+            pace: asked.pace,
         };
         let (upstream, no_retry) = (&target.upstream, asked.no_retry);
-        match self.admit.admit(admitting) {
-            admit::Admission::Now => {}
+        let ticket = match self.admit.admit(admitting) {
+            (admit::Admission::Now, ticket) => ticket,
             // Boxed, and a path of its own: a request admitted at once carries no wait's state.
-            later => {
-                return Box::pin(self.send_later(later, req, upstream, no_retry, deadline, upgrade)).await
+            (later, ticket) => {
+                let sending = Sending {
+                    upstream,
+                    no_retry,
+                    deadline,
+                    upgrade,
+                };
+                return Box::pin(self.send_later(later, req, sending, ticket)).await;
             }
-        }
+        };
         if upgrade {
+            // Not held across the dial: an upgrade's answer is read by no pacing.
+            drop(ticket);
             // Boxed: plain requests should not carry the dial's state in their futures.
             return Box::pin(self.upgrade(req, upstream)).await;
         }
-        let resp = upstream.send(req, no_retry, deadline).await?;
+        let resp = upstream.send(req, no_retry, deadline, ticket.going()).await?;
         Ok(to_downstream(resp))
     }
 
@@ -231,16 +240,17 @@ impl Proxy {
         &self,
         later: admit::Admission,
         req: &mut Request<RequestBody>,
-        upstream: &Upstream,
-        no_retry: bool,
-        deadline: Option<Deadline>,
-        upgrade: bool,
+        sending: Sending<'_>,
+        ticket: crate::pace::Ticket,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         later.granted().await?;
-        if upgrade {
-            return self.upgrade(req, upstream).await;
+        if sending.upgrade {
+            return self.upgrade(req, sending.upstream).await;
         }
-        let resp = upstream.send(req, no_retry, deadline).await?;
+        let resp = sending
+            .upstream
+            .send(req, sending.no_retry, sending.deadline, ticket.going())
+            .await?;
         Ok(to_downstream(resp))
     }
 
@@ -260,6 +270,14 @@ impl Proxy {
         }
         Ok(resp)
     }
+}
+
+/// Where and how an admitted request is sent.
+struct Sending<'a> {
+    upstream: &'a Upstream,
+    no_retry: bool,
+    deadline: Option<Deadline>,
+    upgrade: bool,
 }
 
 /// A pooled response on its way to the application.

@@ -16,7 +16,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use http::{HeaderValue, Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 mod classify;
@@ -37,6 +37,7 @@ use crate::duration::DurationError;
 use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
+use crate::pace::{self, Pacer, Ticket};
 use crate::policy::Guard;
 use crate::pool::{self, Lease, Pool, PooledBody, SendError, ServedBy, UpstreamBody};
 use crate::wire::{KeptCopy, RequestBody};
@@ -53,6 +54,8 @@ pub struct Shared {
     pub pools: Arc<pool::Registry>,
     /// The resolver every endpoint set and tunnel asks.
     pub resolver: Arc<Resolver>,
+    /// The pacers alive now.
+    pub paces: Arc<pace::Registry>,
 }
 
 /// How often a request handed back unsent may be tried on yet another connection.
@@ -95,6 +98,11 @@ pub struct Upstream {
     cuts: Arc<CutCounters>,
     /// `request_headers`, if any.
     rules: Option<rules::Rules>,
+    /// Pacing to the limits this upstream advertises; carried over reloads that keep its name.
+    pacer: Arc<Pacer>,
+    /// Where a request's credential is read, for its pace key: the usual names, then those
+    /// `request_headers` sets.
+    credentials: Box<[HeaderName]>,
     key: PoolKey,
 }
 
@@ -105,6 +113,8 @@ pub struct Asked {
     pub timeout: Option<Duration>,
     /// `x-egress-retry: off`: no retries by policy.
     pub no_retry: bool,
+    /// `x-egress-pace-key` and `x-egress-priority`.
+    pub pace: pace::Asked,
 }
 
 enum Failure {
@@ -180,6 +190,17 @@ impl Upstream {
         } = spec;
         let upstream_metrics = shared.metrics.upstream(&label);
         let max_streams = settings.http2.max_streams_per_connection as usize;
+        let pacer = match previous.filter(|p| p.label == label) {
+            Some(previous) => {
+                previous.pacer.configure(settings.pace);
+                previous.pacer.clone()
+            }
+            None => {
+                let pacer = Pacer::new(label.clone(), settings.pace, &shared.metrics);
+                shared.paces.register(&pacer);
+                pacer
+            }
+        };
         let previous = previous.filter(|p| p.key == key);
         let grpc = GrpcPool::for_upstream(&key, &settings, shared, previous);
         let parent = match previous {
@@ -228,6 +249,16 @@ impl Upstream {
         };
         let retries = Retries::new(settings.retry.budget, &label);
         let rules = rules::Rules::new(&settings.request_headers);
+        let credentials = pace::CREDENTIALS
+            .iter()
+            .chain(rules.iter().flat_map(rules::Rules::set_names))
+            .fold(Vec::new(), |mut names, name| {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+                names
+            })
+            .into_boxed_slice();
         let cuts = Arc::new(CutCounters {
             request: upstream_metrics.timeouts("request"),
             body_idle: upstream_metrics.timeouts("body_idle"),
@@ -252,6 +283,8 @@ impl Upstream {
             retries,
             cuts,
             rules,
+            pacer,
+            credentials,
             metrics: upstream_metrics,
             key,
         }
@@ -450,10 +483,42 @@ impl Upstream {
         Some(Deadline::after(limit))
     }
 
+    /// Whether `req` (its head as it will be sent) goes now, waits, or is refused by pacing;
+    /// `asked`: what it asked of pacing; `deadline`: [`Upstream::deadline`].
+    pub fn pace(
+        &self,
+        req: &Request<RequestBody>,
+        asked: pace::Asked,
+        deadline: Option<Deadline>,
+    ) -> (Ticket, pace::Pass) {
+        self.pacer.admit(
+            &self.settings.pace,
+            req.headers(),
+            &self.credentials,
+            asked,
+            deadline.map(|d| d.at),
+        )
+    }
+
+    /// Credits a response head to pacing.
+    fn paced(&self, ticket: &Ticket, resp: &Response<PooledBody>) {
+        self.pacer.observe(
+            &self.settings.pace,
+            ticket,
+            resp.status().as_u16(),
+            resp.headers(),
+            resp.body().wire_fields(),
+        );
+    }
+
     /// Sends an origin-form request and returns the response head; the body streams from the
     /// pooled connection, under the exchange's deadlines, and gives it back when it ends.
     /// `deadline` is [`Upstream::deadline`], taken before the request was admitted: a wait for
     /// admission counts against it. `no_retry`: the application asked for no retries by policy.
+    ///
+    /// `ticket` is the request's place in pacing ([`Upstream::pace`]), marked going: every
+    /// response head, retried ones too, is credited to it. (Marked by the caller: a `mut`
+    /// parameter would be held twice in this future.)
     ///
     /// The request is lent and left spent (see `Proxy::handle`).
     pub async fn send(
@@ -461,8 +526,8 @@ impl Upstream {
         req: &mut Request<RequestBody>,
         no_retry: bool,
         deadline: Option<Deadline>,
+        ticket: Ticket,
     ) -> Result<Response<TimedBody>, ProxyError> {
-        let at = deadline.map(|d| d.at);
         if let Some(idle) = self.settings.body_idle_timeout {
             req.body_mut().set_idle_timeout(idle);
         }
@@ -484,7 +549,7 @@ impl Upstream {
                             retrying,
                             at: None,
                         };
-                        Box::pin(self.send_again(again, first, &mut retries)).await
+                        Box::pin(self.send_again(again, first, &mut retries, &ticket)).await
                     }
                 }
             }
@@ -494,17 +559,22 @@ impl Upstream {
                     !no_retry,
                     (deadline.at, deadline.limit()),
                     &mut retries,
+                    &ticket,
                 ))
                 .await
             }
         };
         let code = match &result {
-            Ok(resp) => resp.status().as_u16(),
+            Ok(resp) => {
+                self.paced(&ticket, resp);
+                resp.status().as_u16()
+            }
             Err(err) => err.kind().status().as_u16(),
         };
         self.metrics.request(code);
         let deadlines = Deadlines {
-            at,
+            // From the parameter, not a copy taken before the awaits: the future holds it once.
+            at: deadline.map(|d| d.at),
             idle: self.settings.body_idle_timeout,
         };
         result.map(|resp| resp.map(|body| TimedBody::new(body, deadlines, &self.cuts, retries)))
@@ -518,8 +588,10 @@ impl Upstream {
         allowed: bool,
         (at, limit): (tokio::time::Instant, Duration),
         retries: &mut u32,
+        ticket: &Ticket,
     ) -> Result<Response<PooledBody>, ProxyError> {
-        match tokio::time::timeout_at(at, self.send_with_policy(req, allowed, Some(at), retries)).await {
+        let sending = self.send_with_policy(req, allowed, Some(at), retries, ticket);
+        match tokio::time::timeout_at(at, sending).await {
             Ok(result) => result,
             Err(_) => {
                 self.cuts.request.inc();
@@ -541,6 +613,7 @@ impl Upstream {
         allowed: bool,
         at: Option<tokio::time::Instant>,
         retries: &mut u32,
+        ticket: &Ticket,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let retrying = self.retrying(&mut req, allowed);
         let first = self
@@ -548,7 +621,9 @@ impl Upstream {
             .await;
         match self.goes_again(retrying, &first) {
             None => first.map_err(|(err, _)| err),
-            Some(retrying) => Box::pin(self.send_again(Again { req, retrying, at }, first, retries)).await,
+            Some(retrying) => {
+                Box::pin(self.send_again(Again { req, retrying, at }, first, retries, ticket)).await
+            }
         }
     }
 
@@ -584,6 +659,7 @@ impl Upstream {
         again: Again,
         mut result: Result<Response<PooledBody>, Attempted>,
         retries: &mut u32,
+        ticket: &Ticket,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let policy = &self.settings.retry;
         let Again {
@@ -595,6 +671,10 @@ impl Upstream {
             let Some(reason) = Reason::of(policy, &result, idempotent) else {
                 break;
             };
+            // Every key's requests wait out a `Retry-After`, this one's retry too.
+            if let Ok(resp) = &result {
+                self.paced(ticket, resp);
+            }
             // What goes again: the same head, with the body untouched when nothing was sent,
             // else as it was kept (whole, or not at all).
             let body = match &kept {

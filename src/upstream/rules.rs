@@ -44,6 +44,11 @@ impl Rules {
         })
     }
 
+    /// The names the rules set.
+    pub(super) fn set_names(&self) -> impl Iterator<Item = &HeaderName> {
+        self.set.iter().map(|(name, _)| name)
+    }
+
     /// Applies the rules to a request's headers: removals first, then each set value replaces
     /// every value the application sent under its name.
     pub(super) fn apply(&self, headers: &mut HeaderMap) {

@@ -25,6 +25,9 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 pub struct WireFields {
     lines: Bytes,
     content_length: bool,
+    /// A rate-limit field is among them ([`super::names::is_limit_field`]), noted as the head
+    /// was parsed: pacing reads only the heads that carry one.
+    limit_fields: bool,
 }
 
 /// A line that could not go into a header map.
@@ -40,7 +43,29 @@ impl WireFields {
         WireFields {
             lines,
             content_length,
+            limit_fields: false,
         }
+    }
+
+    /// These lines, noted as carrying a rate-limit field (or not).
+    pub fn with_limit_fields(mut self, present: bool) -> Self {
+        self.limit_fields = present;
+        self
+    }
+
+    /// Whether a rate-limit field is among them.
+    pub fn has_limit_fields(&self) -> bool {
+        self.limit_fields
+    }
+
+    /// The fields as name and value bytes (the value trimmed), in order; a line with no colon
+    /// is passed over.
+    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines.split(|b| *b == b'\n').filter_map(|line| {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let colon = line.iter().position(|b| *b == b':')?;
+            Some((&line[..colon], line[colon + 1..].trim_ascii()))
+        })
     }
 
     /// The lines, ready to write after a status line.

@@ -181,6 +181,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         coding,
         lengths,
         rewritten,
+        limit_fields,
     } = read;
     // `close` wins over `keep-alive` (as for requests); HTTP/1.0 closes unless it asks to stay.
     persistence.close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
@@ -199,6 +200,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     } else {
         let left_out = persistence_fields | coding | overridden;
         wire_fields(&head, &fields, left_out, matches!(framing, Framing::Length(_)))
+            .map(|wire| wire.with_limit_fields(limit_fields))
     };
     if wire.is_none() {
         let read_here = if tokens.names_fields {
@@ -262,6 +264,8 @@ struct Read {
     /// A field the hop-by-hop rewrite removes and this pass does not read: `Proxy-Connection`,
     /// `Upgrade`, `TE`, `Proxy-Authenticate`.
     rewritten: bool,
+    /// A rate-limit field, which pacing reads (`wire::names::is_limit_field`).
+    limit_fields: bool,
 }
 
 const _: () = assert!(MAX_RESPONSE_HEADERS <= 128, "one bit per field in a u128");
@@ -290,7 +294,7 @@ impl Read {
                 self.coding |= bit;
             }
             18 if names::folded_eq(name, b"proxy-authenticate") => self.rewritten = true,
-            _ => {}
+            _ => self.limit_fields |= names::is_limit_field(name),
         }
     }
 }

@@ -14,6 +14,10 @@
 //!
 //! Not handled here: serving `/metrics` (`admin`).
 
+mod pace;
+
+pub use pace::{PaceMetrics, UnitLabels};
+
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -474,6 +478,7 @@ struct GaugeSources {
 pub struct Metrics {
     registry: Registry,
     families: Arc<Families>,
+    pace: Arc<pace::PaceFamilies>,
     sources: Arc<GaugeSources>,
     labels: Mutex<HashSet<String>>,
 }
@@ -499,10 +504,13 @@ impl Metrics {
         families.register_tunnels(&mut registry);
         families.register_reloads(&mut registry);
         families.register_memory(&mut registry);
+        let pace = Arc::new(pace::PaceFamilies::default());
+        pace.register(&mut registry);
         registry.register_collector(Box::new(GaugeCollector(sources.clone())));
         Metrics {
             registry,
             families,
+            pace,
             sources,
             labels: Mutex::new(HashSet::new()),
         }
@@ -534,6 +542,11 @@ impl Metrics {
         } else {
             OTHER.to_owned()
         }
+    }
+
+    /// The pacing handles of the upstream named `name`.
+    pub fn pace(&self, name: &str) -> PaceMetrics {
+        self.pace.handles(self.label(name))
     }
 
     /// Handles for one upstream named `name`.

@@ -1,0 +1,472 @@
+//! One pace key's state: what its upstream last said is left and when it resets, the requests
+//! in flight that the figure may not count yet, a `Retry-After` that closes it, and its queue
+//! of waiting requests (by priority, then in order of arrival).
+//!
+//! The model is a window: up to the reset, at most the reported remaining goes, less the
+//! requests in flight when the figure came (it lags them) and those sent since. A figure
+//! within the same window only lowers what is left (a late answer carries an older, higher
+//! count); one after the reset starts the next window. Past the reset with no figure yet, the
+//! next window is predicted from the limit and the window's length seen so far, less the
+//! requests still out (sent late in the last window, they may count in this one). Tokens are
+//! held only when none are left: a request's cost in tokens is not known before it goes.
+//!
+//! With `smooth`, what is left is released evenly until the reset: each request waits
+//! `(reset - last) / (left + 1)` after the one before, so the window's requests are spread.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::task::Waker;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::report::{Quota, Report};
+use super::{KeyId, KeyReport, Priority, RESET_GUARD, UNKNOWN_RESET};
+use crate::config::PaceConfig;
+use crate::metrics::PaceMetrics;
+
+/// One pace key.
+#[derive(Debug)]
+pub(super) struct Key {
+    id: KeyId,
+    /// Requests sent and not yet answered (their head).
+    in_flight: AtomicU32,
+    state: Mutex<State>,
+    metrics: PaceMetrics,
+}
+
+/// What admission decided for one request.
+#[derive(Debug)]
+pub(super) enum Verdict {
+    /// Go now.
+    Go,
+    /// Wait at this place.
+    Wait(Place),
+    /// It cannot go before this reset, past its time to give up.
+    Refuse(Instant),
+}
+
+/// A waiter's place in a key's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Place {
+    id: u64,
+    class: Priority,
+}
+
+/// What a waiter's turn came to.
+#[derive(Debug)]
+pub(super) enum Turn {
+    /// It goes now (counted as granted).
+    Go,
+    /// It cannot go before this reset, past its time to give up; it left the queue.
+    Refused(Instant),
+    /// Not yet: look again at this time, or when woken.
+    Later(Instant),
+}
+
+/// What a report changed.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Closed {
+    /// A `Retry-After` closed the key.
+    pub(super) retry_after: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    requests: Option<Window>,
+    tokens: Option<Window>,
+    /// A `Retry-After` holds every request until then.
+    closed_until: Option<Instant>,
+    /// When the last request was let go, for smoothing.
+    last_go: Option<Instant>,
+    queue: Queue,
+}
+
+/// What is known of one unit's window.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    limit: Option<u64>,
+    /// What may still go before `reset_at` (requests: less those in flight and sent since).
+    left: i64,
+    /// The last figure reported, for `/debug/pools` and the gauge.
+    reported: u64,
+    reset_at: Instant,
+    /// No figure of this window yet: carried over from the last one.
+    predicted: bool,
+    /// The window's length, as far as seen: the longest reset reported, or the policy's `w`.
+    span: Option<Duration>,
+    /// `left` reached the reserve in this window (counted once in `egress_pace_closed_total`).
+    exhausted: bool,
+}
+
+impl Window {
+    /// The window as of `now`: past its reset (and the guard), the next one, predicted from
+    /// the limit and length when both are known (less `out`, requests still in flight); `None`
+    /// when nothing is known of it.
+    fn current(self, now: Instant, out: u32) -> Option<Window> {
+        if now < self.reset_at + RESET_GUARD {
+            return Some(self);
+        }
+        let (limit, span) = (self.limit?, self.span.filter(|s| !s.is_zero())?);
+        let behind = now.duration_since(self.reset_at + RESET_GUARD);
+        let periods = (behind.as_nanos() / span.as_nanos()) as u32 + 1;
+        Some(Window {
+            left: i64::try_from(limit).unwrap_or(i64::MAX) - i64::from(out),
+            reported: limit,
+            reset_at: self.reset_at + span * periods,
+            predicted: true,
+            exhausted: false,
+            ..self
+        })
+    }
+}
+
+impl Key {
+    pub(super) fn new(id: KeyId, metrics: PaceMetrics) -> Self {
+        Key {
+            id,
+            in_flight: AtomicU32::new(0),
+            state: Mutex::default(),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn out(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// A request of this key went upstream.
+    pub(super) fn sent(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request of this key had its answer (or failed).
+    pub(super) fn returned(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether a new request with `priority` goes now, waits, or is refused because it could
+    /// not go before `give_up`.
+    pub(super) fn admit(
+        &self,
+        now: Instant,
+        config: &PaceConfig,
+        priority: Priority,
+        give_up: Instant,
+    ) -> Verdict {
+        let out = self.out();
+        let mut state = self.lock();
+        state.roll(now, out);
+        if state.queue.is_empty() && state.opens_at(now, config).is_none() {
+            self.go(&mut state, now, config);
+            return Verdict::Go;
+        }
+        let ahead = state.queue.ahead_of(priority);
+        if let Some(reset) = state
+            .cannot_go_before(now, config, ahead)
+            .filter(|at| *at > give_up)
+        {
+            return Verdict::Refuse(reset);
+        }
+        let place = state.queue.push(priority);
+        Verdict::Wait(place)
+    }
+
+    /// The turn of the waiter at `place`: the first in the queue goes when the key opens; the
+    /// others wait to be first. `waker` is woken when that may have changed.
+    pub(super) fn turn(
+        &self,
+        place: Place,
+        now: Instant,
+        config: &PaceConfig,
+        give_up: Instant,
+        waker: &Waker,
+    ) -> Turn {
+        let out = self.out();
+        let mut state = self.lock();
+        state.roll(now, out);
+        if state.queue.first() == Some(place) {
+            match state.opens_at(now, config) {
+                None => {
+                    state.queue.remove(place);
+                    self.go(&mut state, now, config);
+                    state.queue.wake_first();
+                    return Turn::Go;
+                }
+                Some((at, reset)) if at > give_up => {
+                    state.queue.remove(place);
+                    state.queue.wake_first();
+                    return Turn::Refused(reset);
+                }
+                Some((at, _)) => {
+                    state.queue.set_waker(place, waker);
+                    return Turn::Later(at);
+                }
+            }
+        }
+        if now >= give_up {
+            let ahead = state.queue.position(place);
+            let reset = state.cannot_go_before(now, config, ahead).unwrap_or(now);
+            state.queue.remove(place);
+            return Turn::Refused(reset);
+        }
+        state.queue.set_waker(place, waker);
+        Turn::Later(give_up)
+    }
+
+    /// The waiter at `place` went away (its request was answered or dropped).
+    pub(super) fn leave(&self, place: Place) {
+        let mut state = self.lock();
+        let was_first = state.queue.first() == Some(place);
+        state.queue.remove(place);
+        if was_first {
+            state.queue.wake_first();
+        }
+    }
+
+    /// Lets one request go at `now`.
+    fn go(&self, state: &mut State, now: Instant, config: &PaceConfig) {
+        state.last_go = Some(now);
+        if let Some(window) = state.requests.as_mut() {
+            window.left -= 1;
+            if window.left <= reserve(config) && !window.exhausted {
+                window.exhausted = true;
+                self.metrics.closed("remaining");
+            }
+        }
+    }
+
+    /// Takes in what a response said; `counted`: the request it answered is among those in
+    /// flight.
+    pub(super) fn apply(&self, report: &Report, now: Instant, config: &PaceConfig, counted: bool) -> Closed {
+        let others = self.out().saturating_sub(u32::from(counted));
+        let mut state = self.lock();
+        let mut closed = Closed::default();
+        if let Some(wait) = report.retry_after {
+            let until = now + wait;
+            if state.closed_until.is_none_or(|at| at < until) {
+                state.closed_until = Some(until);
+                closed.retry_after = true;
+            }
+        }
+        if let Some(quota) = report.requests {
+            state.requests = take(state.requests, &quota, now, i64::from(others));
+        }
+        if let Some(quota) = report.tokens {
+            state.tokens = take(state.tokens, &quota, now, 0);
+        }
+        let state = &mut *state;
+        for window in [&mut state.requests, &mut state.tokens].into_iter().flatten() {
+            if window.left <= reserve(config) && !window.exhausted {
+                window.exhausted = true;
+                self.metrics.closed("remaining");
+            }
+        }
+        state.queue.wake_first();
+        closed
+    }
+
+    /// What is left, per unit, as last reported: `(requests, tokens)`.
+    pub(super) fn remaining(&self) -> (Option<u64>, Option<u64>) {
+        let state = self.lock();
+        (
+            state.requests.map(|w| w.reported),
+            state.tokens.map(|w| w.reported),
+        )
+    }
+
+    /// The key as `/debug/pools` shows it.
+    pub(super) fn report(&self, now: Instant, config: &PaceConfig) -> KeyReport {
+        let out = self.out();
+        let mut state = self.lock();
+        state.roll(now, out);
+        let opens = state.opens_at(now, config);
+        let binding = state.requests.or(state.tokens);
+        KeyReport {
+            key: format!("{:016x}", self.id)[..8].to_owned(),
+            remaining_requests: state.requests.map(|w| w.left),
+            remaining_tokens: state.tokens.map(|w| w.reported),
+            reset_ms: binding.map(|w| w.reset_at.saturating_duration_since(now).as_millis() as u64),
+            closed: opens.is_some_and(|(_, reset)| reset > now),
+            waiters: state.queue.len(),
+        }
+    }
+}
+
+/// `window` after a figure `quota` received at `now`, `others` requests being in flight
+/// besides the one it answered.
+fn take(window: Option<Window>, quota: &Quota, now: Instant, others: i64) -> Option<Window> {
+    let reset = quota.reset.unwrap_or(UNKNOWN_RESET);
+    // A figure for a window that has ended says nothing of the next one.
+    if reset.is_zero() {
+        return window;
+    }
+    let reset_at = now + reset;
+    let left = i64::try_from(quota.remaining).unwrap_or(i64::MAX) - others;
+    let span = [
+        window.and_then(|w| w.span),
+        quota.window,
+        quota.reset.filter(|_| quota.window.is_none()),
+    ]
+    .into_iter()
+    .flatten()
+    .max();
+    match window {
+        // The same window: a figure only lowers what is left (a late answer carries an older
+        // count), and the earliest reset is the closest bound (a reset in whole seconds is
+        // rounded up).
+        Some(w) if !w.predicted && now < w.reset_at + RESET_GUARD => Some(Window {
+            left: w.left.min(left),
+            reported: quota.remaining,
+            reset_at: w.reset_at.min(reset_at),
+            limit: quota.limit.or(w.limit),
+            span,
+            ..w
+        }),
+        _ => Some(Window {
+            limit: quota.limit.or(window.and_then(|w| w.limit)),
+            left,
+            reported: quota.remaining,
+            reset_at,
+            predicted: false,
+            span,
+            exhausted: false,
+        }),
+    }
+}
+
+fn reserve(config: &PaceConfig) -> i64 {
+    i64::try_from(config.reserve).unwrap_or(i64::MAX)
+}
+
+impl State {
+    /// Moves the windows on to `now`; `out`: requests in flight.
+    fn roll(&mut self, now: Instant, out: u32) {
+        self.requests = self.requests.and_then(|w| w.current(now, out));
+        self.tokens = self.tokens.and_then(|w| w.current(now, 0));
+        if self.closed_until.is_some_and(|at| at <= now) {
+            self.closed_until = None;
+        }
+    }
+
+    /// When the next request may go, and the reset that holds it (for `Retry-After`); `None`
+    /// when it may go now.
+    fn opens_at(&self, now: Instant, config: &PaceConfig) -> Option<(Instant, Instant)> {
+        let mut at = (now, now);
+        let later = |at: &mut (Instant, Instant), open: Instant, reset: Instant| {
+            if open > at.0 {
+                *at = (open, reset);
+            }
+        };
+        if let Some(until) = self.closed_until {
+            later(&mut at, until, until);
+        }
+        if let Some(w) = self.requests {
+            let left = w.left - reserve(config);
+            if left <= 0 {
+                later(&mut at, w.reset_at + RESET_GUARD, w.reset_at);
+            } else if let (true, Some(last)) = (config.smooth, self.last_go) {
+                let spacing = w.reset_at.saturating_duration_since(last) / (left as u32).saturating_add(1);
+                later(&mut at, last + spacing, last + spacing);
+            }
+        }
+        if let Some(w) = self.tokens.filter(|w| w.left <= reserve(config)) {
+            later(&mut at, w.reset_at + RESET_GUARD, w.reset_at);
+        }
+        (at.0 > now).then_some(at)
+    }
+
+    /// The reset before which the waiter with `ahead` requests before it cannot go, when that
+    /// is known now: a `Retry-After`, or more waiters ahead than the window has left.
+    fn cannot_go_before(&self, now: Instant, config: &PaceConfig, ahead: usize) -> Option<Instant> {
+        let (open, reset) = self.opens_at(now, config)?;
+        let left = self.requests.map_or(i64::MAX, |w| w.left - reserve(config));
+        match self.requests {
+            Some(w) if ahead as i64 >= left && w.reset_at > reset => Some(w.reset_at),
+            _ if open > now => Some(reset),
+            _ => None,
+        }
+    }
+}
+
+/// Waiters by class, each class in order of arrival.
+#[derive(Debug, Default)]
+struct Queue {
+    classes: [VecDeque<(u64, Option<Waker>)>; 3],
+    next: u64,
+}
+
+impl Queue {
+    fn is_empty(&self) -> bool {
+        self.classes.iter().all(VecDeque::is_empty)
+    }
+
+    fn len(&self) -> usize {
+        self.classes.iter().map(VecDeque::len).sum()
+    }
+
+    fn push(&mut self, class: Priority) -> Place {
+        self.next += 1;
+        self.classes[class as usize].push_back((self.next, None));
+        Place { id: self.next, class }
+    }
+
+    /// Waiters served before a new one of `class`.
+    fn ahead_of(&self, class: Priority) -> usize {
+        self.classes[..=class as usize].iter().map(VecDeque::len).sum()
+    }
+
+    /// Waiters served before `place`.
+    fn position(&self, place: Place) -> usize {
+        let class = place.class as usize;
+        let before: usize = self.classes[..class].iter().map(VecDeque::len).sum();
+        before
+            + self.classes[class]
+                .iter()
+                .take_while(|(id, _)| *id != place.id)
+                .count()
+    }
+
+    fn first(&self) -> Option<Place> {
+        self.classes.iter().enumerate().find_map(|(class, waiters)| {
+            waiters.front().map(|(id, _)| Place {
+                id: *id,
+                class: [Priority::High, Priority::Normal, Priority::Low][class],
+            })
+        })
+    }
+
+    fn remove(&mut self, place: Place) {
+        let waiters = &mut self.classes[place.class as usize];
+        if let Some(i) = waiters.iter().position(|(id, _)| *id == place.id) {
+            waiters.remove(i);
+        }
+    }
+
+    fn set_waker(&mut self, place: Place, waker: &Waker) {
+        let waiters = &mut self.classes[place.class as usize];
+        if let Some((_, slot)) = waiters.iter_mut().find(|(id, _)| *id == place.id) {
+            match slot {
+                Some(w) if w.will_wake(waker) => {}
+                _ => *slot = Some(waker.clone()),
+            }
+        }
+    }
+
+    fn wake_first(&mut self) {
+        if let Some(place) = self.first() {
+            let waiters = &mut self.classes[place.class as usize];
+            if let Some((_, Some(waker))) = waiters.front_mut() {
+                waker.wake_by_ref();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,227 @@
+//! A key's accounting on a clock the tests move: what goes, what waits and until when.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+use crate::metrics::Metrics;
+
+fn key() -> Key {
+    Key::new(7, Metrics::new().pace("llm"))
+}
+
+fn config(smooth: bool, reserve: u64) -> PaceConfig {
+    PaceConfig {
+        enabled: true,
+        max_wait: Duration::from_secs(30),
+        reserve,
+        smooth,
+    }
+}
+
+fn requests(remaining: u64, limit: Option<u64>, reset_ms: u64) -> Report {
+    Report {
+        requests: Some(Quota {
+            limit,
+            remaining,
+            reset: Some(Duration::from_millis(reset_ms)),
+            window: None,
+        }),
+        ..Report::default()
+    }
+}
+
+const FAR: Duration = Duration::from_secs(3600);
+
+fn goes(key: &Key, now: Instant, config: &PaceConfig) -> bool {
+    match key.admit(now, config, Priority::Normal, now + FAR) {
+        Verdict::Go => {
+            key.sent();
+            true
+        }
+        Verdict::Wait(place) => {
+            key.leave(place);
+            false
+        }
+        Verdict::Refuse(_) => false,
+    }
+}
+
+#[test]
+fn what_is_left_goes_then_requests_wait_for_the_reset() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    key.apply(&requests(3, None, 2_000), t0, &config, false);
+    assert!((0..3).all(|_| goes(&key, t0, &config)));
+    assert!(!goes(&key, t0, &config), "the fourth waits");
+    let state = key.lock();
+    let (open, reset) = state.opens_at(t0, &config).expect("closed");
+    assert_eq!(reset, t0 + Duration::from_secs(2));
+    assert_eq!(open, reset + RESET_GUARD);
+}
+
+#[test]
+fn requests_in_flight_count_against_the_figure_and_a_late_higher_figure_changes_nothing() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    // Two requests out before anything was known, then one of them answered: 5 left.
+    key.sent();
+    key.sent();
+    key.apply(&requests(5, None, 2_000), t0, &config, true);
+    assert_eq!(
+        key.lock().requests.unwrap().left,
+        4,
+        "the other request in flight counts"
+    );
+    // An older answer arrives late with a higher figure.
+    key.apply(
+        &requests(9, None, 2_000),
+        t0 + Duration::from_millis(5),
+        &config,
+        true,
+    );
+    assert_eq!(key.lock().requests.unwrap().left, 4);
+}
+
+#[test]
+fn past_the_reset_the_next_window_is_predicted_from_the_limit_less_what_is_out() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    key.apply(&requests(0, Some(10), 2_000), t0, &config, false);
+    assert!(!goes(&key, t0 + Duration::from_millis(1_990), &config));
+    key.sent(); // one request still out from the last window
+    let t1 = t0 + Duration::from_millis(2_000) + RESET_GUARD;
+    let mut went = 0;
+    while goes(&key, t1, &config) {
+        went += 1;
+    }
+    assert_eq!(went, 9, "the limit less the request still out");
+    let w = key.lock().requests.unwrap();
+    assert!(w.predicted);
+    assert_eq!(w.reset_at, t0 + Duration::from_secs(4), "one window length on");
+    // The window's first figure replaces the prediction.
+    key.apply(&requests(3, Some(10), 1_500), t1, &config, true);
+    assert!(!key.lock().requests.unwrap().predicted);
+}
+
+#[test]
+fn a_retry_after_closes_the_key_and_a_wait_past_the_give_up_is_refused_with_the_reset() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    let report = Report {
+        retry_after: Some(Duration::from_secs(3)),
+        ..Report::default()
+    };
+    assert!(key.apply(&report, t0, &config, false).retry_after);
+    match key.admit(t0, &config, Priority::Normal, t0 + Duration::from_secs(1)) {
+        Verdict::Refuse(reset) => assert_eq!(reset, t0 + Duration::from_secs(3)),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        key.admit(t0, &config, Priority::Normal, t0 + Duration::from_secs(5)),
+        Verdict::Wait(_)
+    ));
+    assert_eq!(key.lock().queue.len(), 1);
+}
+
+#[test]
+fn smoothing_spaces_what_is_left_evenly_until_the_reset() {
+    let key = key();
+    let config = config(true, 0);
+    let t0 = Instant::now();
+    key.apply(&requests(20, Some(20), 2_000), t0, &config, false);
+    assert!(goes(&key, t0, &config));
+    let state = key.lock();
+    let (open, _) = state.opens_at(t0, &config).expect("spaced");
+    // 19 left over 2 s: one every 100 ms, the last a step before the reset.
+    assert_eq!(open - t0, Duration::from_millis(100));
+}
+
+#[test]
+fn the_reserve_is_kept_back() {
+    let key = key();
+    let config = config(false, 2);
+    let t0 = Instant::now();
+    key.apply(&requests(3, None, 2_000), t0, &config, false);
+    assert!(goes(&key, t0, &config));
+    assert!(!goes(&key, t0, &config), "two are kept back");
+}
+
+#[test]
+fn waiters_are_served_by_class_then_in_order() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    key.apply(&requests(0, None, 1_000), t0, &config, false);
+    let give_up = t0 + FAR;
+    let places: Vec<Place> = [
+        Priority::Low,
+        Priority::Low,
+        Priority::High,
+        Priority::Normal,
+        Priority::High,
+    ]
+    .into_iter()
+    .map(|p| match key.admit(t0, &config, p, give_up) {
+        Verdict::Wait(place) => place,
+        other => panic!("{other:?}"),
+    })
+    .collect();
+    let mut order = Vec::new();
+    let state = &mut key.lock();
+    while let Some(first) = state.queue.first() {
+        order.push(places.iter().position(|p| *p == first).unwrap());
+        state.queue.remove(first);
+    }
+    assert_eq!(order, [2, 4, 3, 0, 1]);
+}
+
+#[test]
+fn a_waiter_that_leaves_is_gone_from_the_queue() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    key.apply(&requests(0, None, 1_000), t0, &config, false);
+    let Verdict::Wait(place) = key.admit(t0, &config, Priority::Normal, t0 + FAR) else {
+        panic!("should wait");
+    };
+    assert_eq!(key.report(t0, &config).waiters, 1);
+    key.leave(place);
+    assert_eq!(key.report(t0, &config).waiters, 0);
+}
+
+#[test]
+fn no_tokens_left_holds_requests_until_the_tokens_reset() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    let report = Report {
+        tokens: Some(Quota {
+            limit: Some(1000),
+            remaining: 0,
+            reset: Some(Duration::from_millis(700)),
+            window: None,
+        }),
+        ..Report::default()
+    };
+    key.apply(&report, t0, &config, false);
+    assert!(!goes(&key, t0, &config));
+    assert!(goes(&key, t0 + Duration::from_millis(700) + RESET_GUARD, &config));
+}
+
+#[test]
+fn more_waiters_than_the_window_holds_are_refused_when_the_reset_is_past_their_give_up() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    key.apply(&requests(0, None, 5_000), t0, &config, false);
+    assert!(matches!(
+        key.admit(t0, &config, Priority::Normal, t0 + Duration::from_secs(1)),
+        Verdict::Refuse(_)
+    ));
+}
