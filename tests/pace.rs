@@ -11,10 +11,10 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::pace_app::{python_requests_or_skip, Apps};
 use support::provider::{Action, Provider, Style, When};
 use support::{ChildSidecar, RawClient, RawResponse};
 
@@ -46,212 +46,28 @@ async fn sidecar(provider: &Provider, pace: &str) -> ChildSidecar {
     .await
 }
 
-// === the apps ===
-
-/// Whether python3 with `requests` runs here; when not, the test is skipped (a failure under
-/// CI, which installs it).
-async fn python_requests_or_skip() -> bool {
-    let probe = support::client_command("python3")
-        .args(["-c", "import requests"])
-        .output()
-        .await;
-    let ok = probe.as_ref().is_ok_and(|o| o.status.success());
-    if !ok {
-        let why = match probe {
-            Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_owned(),
-            Err(e) => e.to_string(),
-        };
-        support::skip(&format!("python3 cannot import requests: {why}"));
-    }
-    ok
-}
-
-/// One request as an app saw it.
-#[derive(Debug, Clone, serde::Deserialize)]
-struct AppRequest {
-    id: String,
-    status: u16,
-    error: Option<String>,
-    retry_after: Option<String>,
-    /// Seconds from the run's zero.
-    start: f64,
-    end: f64,
-    /// The limit headers it was answered with (lower-case names).
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
-}
-
-#[derive(Debug, serde::Deserialize)]
-struct AppReport {
-    requests: Vec<AppRequest>,
-    /// How late the app started after the common start time, in seconds.
-    late: f64,
-}
-
-/// What the apps of one run saw.
-struct Run {
-    apps: Vec<AppReport>,
-}
-
-impl Run {
-    fn requests(&self) -> impl Iterator<Item = &AppRequest> {
-        self.apps.iter().flat_map(|a| a.requests.iter())
-    }
-
-    fn count(&self, status: u16) -> usize {
-        self.requests().filter(|r| r.status == status).count()
-    }
-
-    /// Requests by status, e.g. `{200: 180, 429: 20}` (0 for no response).
-    fn statuses(&self) -> BTreeMap<u16, usize> {
-        let mut by = BTreeMap::new();
-        for r in self.requests() {
-            *by.entry(r.status).or_insert(0) += 1;
-        }
-        by
-    }
-
-    /// From the first request's start to the last one's end, in seconds.
-    fn run_time(&self) -> f64 {
-        let first = self.requests().map(|r| r.start).fold(f64::INFINITY, f64::min);
-        let last = self.requests().map(|r| r.end).fold(f64::NEG_INFINITY, f64::max);
-        last - first
-    }
-
-    /// The latest start of an app after the common start time, in seconds.
-    fn latest_app(&self) -> f64 {
-        self.apps.iter().map(|a| a.late).fold(0.0, f64::max)
-    }
-
-    /// Up to 5 requests not answered 200, for failure messages.
-    fn not_ok(&self) -> String {
-        let bad: Vec<String> = self
-            .requests()
-            .filter(|r| r.status != 200)
-            .take(5)
-            .map(|r| {
-                format!(
-                    "{} {} error={:?} retry-after={:?} at {:.3}..{:.3} s",
-                    r.id, r.status, r.error, r.retry_after, r.start, r.end
-                )
-            })
-            .collect();
-        if bad.is_empty() {
-            "none".into()
-        } else {
-            bad.join("; ")
-        }
+/// The apps calling the provider directly.
+fn direct<'a>(provider: &Provider, headers: &'a [&'a str], apps: usize, per_app: usize) -> Apps<'a> {
+    Apps {
+        url: provider.url(PATH),
+        proxy: None,
+        headers,
+        apps,
+        per_app,
     }
 }
 
-/// Where the apps send their requests.
-struct Apps<'a> {
-    url: String,
-    /// The sidecar as their HTTP proxy; `None`: straight to the provider.
-    proxy: Option<SocketAddr>,
+/// The apps calling the provider through the sidecar, their HTTP proxy.
+fn through<'a>(
+    provider: &Provider,
+    sidecar: &ChildSidecar,
     headers: &'a [&'a str],
     apps: usize,
     per_app: usize,
-}
-
-impl<'a> Apps<'a> {
-    fn direct(provider: &Provider, headers: &'a [&'a str], apps: usize, per_app: usize) -> Self {
-        Apps {
-            url: provider.url(PATH),
-            proxy: None,
-            headers,
-            apps,
-            per_app,
-        }
-    }
-
-    fn through(
-        provider: &Provider,
-        sidecar: &ChildSidecar,
-        headers: &'a [&'a str],
-        apps: usize,
-        per_app: usize,
-    ) -> Self {
-        Apps {
-            proxy: Some(sidecar.addr),
-            ..Self::direct(provider, headers, apps, per_app)
-        }
-    }
-
-    /// Runs the apps at once and collects what each printed (see [`Apps::start`]).
-    async fn run(&self) -> Run {
-        self.start(Duration::from_secs(2)).finish().await
-    }
-
-    /// Starts the apps; they send their first requests together `lead` from now (the
-    /// interpreters' start-up is not part of the run). App `i` marks its requests
-    /// `x-test-id: app{i}-{n}`.
-    fn start(&self, lead: Duration) -> Started {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/pace/app.py");
-        let now = SystemTime::now();
-        let zero = now.duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
-        let start_at = zero + lead.as_secs_f64();
-        let mut running = Vec::new();
-        for i in 0..self.apps {
-            let mut cmd = support::client_command("python3");
-            cmd.arg(script)
-                .args(["--url", &self.url])
-                .args(["--requests", &self.per_app.to_string()])
-                .args(["--connections", "2"])
-                .args(["--zero", &format!("{zero:.6}")])
-                .args(["--start-at", &format!("{start_at:.6}")])
-                .args(["--id", &format!("app{i}")]);
-            for h in self.headers {
-                cmd.args(["--header", h]);
-            }
-            if let Some(proxy) = self.proxy {
-                cmd.args(["--proxy", &format!("http://{proxy}")]);
-            }
-            cmd.stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            let child = cmd.spawn().expect("spawning python3");
-            running.push(tokio::spawn(async move {
-                tokio::time::timeout(Duration::from_secs(120), child.wait_with_output()).await
-            }));
-        }
-        Started {
-            running,
-            start_at: tokio::time::Instant::now() + lead,
-            per_app: self.per_app,
-        }
-    }
-}
-
-type AppOutput = Result<std::io::Result<std::process::Output>, tokio::time::error::Elapsed>;
-
-/// Apps started by [`Apps::start`].
-struct Started {
-    running: Vec<tokio::task::JoinHandle<AppOutput>>,
-    /// When they send their first requests.
-    start_at: tokio::time::Instant,
-    per_app: usize,
-}
-
-impl Started {
-    /// Waits for every app to finish and collects what each printed.
-    async fn finish(self) -> Run {
-        let mut apps = Vec::new();
-        for (i, task) in self.running.into_iter().enumerate() {
-            let out = task
-                .await
-                .unwrap()
-                .unwrap_or_else(|_| panic!("app{i} did not finish within 120 s"))
-                .unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success(), "app{i} failed: {}\n{stderr}", out.status);
-            let line = stdout.lines().last().unwrap_or("");
-            let report: AppReport = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("app{i} printed no report ({e}): {stdout}\n{stderr}"));
-            assert_eq!(report.requests.len(), self.per_app, "app{i}'s requests");
-            apps.push(report);
-        }
-        Run { apps }
+) -> Apps<'a> {
+    Apps {
+        proxy: Some(sidecar.addr),
+        ..direct(provider, headers, apps, per_app)
     }
 }
 
@@ -359,7 +175,7 @@ async fn direct_to_the_provider_most_requests_are_refused() {
         return;
     }
     let provider = Provider::start(Style::OpenAi, LIMIT, WINDOW).await;
-    let run = Apps::direct(&provider, &[KEY_A], APPS, PER_APP).run().await;
+    let run = direct(&provider, &[KEY_A], APPS, PER_APP).run().await;
     let refused = run.count(429);
     let summary = format!(
         "direct (baseline): {} requests: {:?}; 429s at the apps {refused}, over the limit at \
@@ -392,21 +208,22 @@ async fn paced_through_the_sidecar(style: Style, max_ratio: f64) {
     }
     let provider = Provider::start(style, LIMIT, WINDOW).await;
     let sidecar = sidecar(&provider, PACE_DEFAULTS).await;
-    let run = Apps::through(&provider, &sidecar, &[KEY_A], APPS, PER_APP)
-        .run()
-        .await;
+    let run = through(&provider, &sidecar, &[KEY_A], APPS, PER_APP).run().await;
     let total = APPS * PER_APP;
     let ideal = ideal_seconds(total);
     let ratio = run.run_time() / ideal;
+    let m = support::scrape(sidecar.admin).await;
     let summary = format!(
         "{style:?} through the sidecar: {total} requests: {:?}; 429s at the apps {}, over the \
          limit at the provider {}, run time {:.2} s, ideal {ideal:.0} s, ratio {ratio:.3} (at \
-         most {max_ratio}); apps started up to {:.2} s late; not 200: {}",
+         most {max_ratio}); apps started up to {:.2} s late; the sidecar held {} requests; not \
+         200: {}",
         run.statuses(),
         run.count(429),
         provider.over_limit(),
         run.run_time(),
         run.latest_app(),
+        llm_value(&m, "egress_pace_waits_total"),
         run.not_ok()
     );
     println!("{summary}");
@@ -449,7 +266,7 @@ async fn smooth_spreads_requests_no_200ms_slice_over_twice_the_average() {
     // requests (8 in flight) go out together, whatever it does. One request just before the
     // apps start (in the same window of the provider) tells it the limit and the window's
     // reset, so the run measures the smoothing, not that first contact.
-    let apps = Apps::through(&provider, &sidecar, &[KEY_A], APPS, PER_APP);
+    let apps = through(&provider, &sidecar, &[KEY_A], APPS, PER_APP);
     let started = apps.start(Duration::from_millis(2500));
     tokio::time::sleep_until(started.start_at - Duration::from_millis(200)).await;
     let warm = get(&sidecar, &provider, "warm-up", &format!("{KEY_A}\r\n")).await;
@@ -541,12 +358,36 @@ async fn two_credentials_are_paced_apart() {
         "A's second request was answered before A's reset"
     );
     let keys = pace_keys(&sidecar).await;
-    assert_eq!(keys.len(), 2, "one pace key per credential: {keys:?}");
+    assert_eq!(keys.len(), 2, "one pace key per credential: {keys:#?}");
+    for key in &keys {
+        let hash = key["key"].as_str().unwrap_or_default();
+        assert!(
+            hash.len() == 8 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+            "a key is its hash's first 8 hex digits: {key}"
+        );
+    }
+    let (a, b) = match keys.iter().position(|k| k["waiters"] == 1) {
+        Some(0) => (&keys[0], &keys[1]),
+        Some(_) => (&keys[1], &keys[0]),
+        None => panic!("no key with A's waiter: {keys:#?}"),
+    };
+    let a_reset = a["reset_ms"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        a["remaining_requests"] == 0 && a["closed"] == true && a_reset <= 4000,
+        "A's key: no request left, closed until its reset: {a}"
+    );
+    // B: 5 requests sent, 15 left of its window.
+    assert!(
+        b["remaining_requests"] == 15 && b["closed"] == false && b["waiters"] == 0,
+        "B's key: open, 15 left: {b}"
+    );
     let shown = serde_json::to_string(&keys).unwrap();
     assert!(
         !shown.contains("sk-pace-test"),
         "a credential in clear in /debug/pools: {shown}"
     );
+    let logged = sidecar.logged("sk-pace-test");
+    assert!(logged.is_empty(), "a credential in clear in the log: {logged:?}");
 
     let a2 = join_all(&mut a2, Duration::from_secs(10))
         .await
@@ -571,7 +412,7 @@ async fn a_retry_after_to_one_app_pauses_every_app() {
     let sidecar = sidecar(&provider, PACE_DEFAULTS).await;
     let pause = Duration::from_secs(3);
     provider.script(When::Arrival(3), Action::TooMany { retry_after: 3 });
-    let run = Apps::through(&provider, &sidecar, &[KEY_A], APPS, 10).run().await;
+    let run = through(&provider, &sidecar, &[KEY_A], APPS, 10).run().await;
     let arrivals = provider.arrivals();
     let refused = arrivals
         .iter()
@@ -631,6 +472,16 @@ async fn a_retry_after_to_one_app_pauses_every_app() {
         "{summary}"
     );
     assert_eq!(run.count(200), APPS * 10 - 1, "{summary}");
+    let m = support::scrape(sidecar.admin).await;
+    let closed = support::value(
+        &m,
+        "egress_pace_closed_total",
+        &[("upstream", UPSTREAM), ("reason", "retry_after")],
+    );
+    assert!(
+        closed >= 1.0,
+        "egress_pace_closed_total{{reason=\"retry_after\"}} {closed}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -786,7 +637,7 @@ async fn malformed_and_absurd_headers_are_counted_and_hold_nothing() {
     }
     let provider = Provider::start(Style::Malformed, LARGE_LIMIT, WINDOW).await;
     let mut sidecar = sidecar(&provider, PACE_DEFAULTS).await;
-    let run = Apps::through(&provider, &sidecar, &[KEY_A], APPS, 10).run().await;
+    let run = through(&provider, &sidecar, &[KEY_A], APPS, 10).run().await;
     let m = support::scrape(sidecar.admin).await;
     let waits = llm_value(&m, "egress_pace_waits_total");
     let rejected = llm_value(&m, "egress_pace_rejected_total");
@@ -816,9 +667,7 @@ async fn pace_disabled_passes_limit_headers_and_holds_nothing() {
     }
     let provider = Provider::start(Style::OpenAi, LIMIT, WINDOW).await;
     let sidecar = sidecar(&provider, "{ enabled: false }").await;
-    let run = Apps::through(&provider, &sidecar, &[KEY_A], APPS, PER_APP)
-        .run()
-        .await;
+    let run = through(&provider, &sidecar, &[KEY_A], APPS, PER_APP).run().await;
     let waits = pace_metric(&sidecar, "egress_pace_waits_total").await;
     let total = APPS * PER_APP;
     let summary = format!(
