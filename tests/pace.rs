@@ -4,8 +4,8 @@
 //! (tests/pace/app.py, `requests`, 2 keep-alive connections each: 8 in flight at most) sending
 //! 50 requests each as fast as they can: directly (the baseline: most are refused) or through
 //! the sidecar (none are, in about the ideal time, spread evenly), in each provider's header
-//! style. The small cases drive the sidecar with raw clients: credentials paced apart, one
-//! `Retry-After` pausing every app, `max_wait`, priorities, a waiter that leaves, malformed
+//! style. The small cases use raw clients or 40 requests of the apps: credentials paced apart,
+//! one `Retry-After` pausing every app, `max_wait`, priorities, a waiter that leaves, malformed
 //! headers, and pacing switched off. Run with `--nocapture` to see the numbers.
 
 mod support;
