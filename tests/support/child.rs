@@ -105,7 +105,10 @@ impl ChildSidecar {
                 .await
                 .expect("sidecar started within 20s")
                 .unwrap()
-                .expect("sidecar exited before listening");
+                .unwrap_or_else(|| {
+                    let logged = logs.lock().unwrap().join("\n");
+                    panic!("sidecar exited before listening; it logged:\n{logged}")
+                });
             logs.lock().unwrap().push(line.clone());
             if line.contains("forward proxy listening") {
                 break (json_field(&line, "listen"), json_field(&line, "admin"));

@@ -1,7 +1,8 @@
 //! Test support: the sidecar in-process, its admin endpoints, and waiting on observable state;
 //! fake upstreams, the raw client, a DNS responder, the child-process sidecar, child-process
-//! clients that print JSON lines, a scripted origin, a Squid parent proxy, nginx as an origin and
-//! machine checks in submodules.
+//! clients that print JSON lines, a scripted origin, the pacing tests' Python app and
+//! rate-limited provider (`pace_app`, `provider`: used by path), a Squid parent proxy, nginx as
+//! an origin and machine checks in submodules.
 //! Everything binds 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
@@ -11,6 +12,8 @@ mod dns;
 mod line_client;
 mod machine;
 mod nginx;
+pub mod pace_app;
+pub mod provider;
 mod scripted;
 mod squid;
 mod upstream;
