@@ -36,6 +36,7 @@ pub const TARGETS: &[(&str, FuzzFn)] = &[
     ("header_rewrite", header_rewrite),
     ("config", config),
     ("duration", duration),
+    ("limit_report", limit_report),
 ];
 
 /// A request head as the downstream codec reads it, then its body as far as it arrived: a
@@ -205,6 +206,8 @@ pub fn duration(data: &[u8]) {
         crate::duration::seconds(&text),
         crate::duration::millis(&text),
         crate::duration::until(&text, now),
+        crate::duration::go(&text),
+        crate::duration::until_rfc3339(&text, now),
     ];
     for d in parsed.into_iter().flatten() {
         assert!(d <= crate::duration::LONGEST, "{text:?} gave {d:?}");
@@ -213,6 +216,38 @@ pub fn duration(data: &[u8]) {
             std::time::Instant::now().checked_add(d).is_some(),
             "{text:?}: Instant + {d:?}"
         );
+    }
+}
+
+/// A response's limit fields, one `name: value` a line, the first line the status: every
+/// duration read is bounded, and every value told as malformed is one of a field read, in
+/// lower case, cut to 64 characters.
+pub fn limit_report(data: &[u8]) {
+    use crate::pace::report::Report;
+    let mut lines = data.split(|b| *b == b'\n');
+    let status = lines
+        .next()
+        .and_then(|l| std::str::from_utf8(l).ok()?.trim().parse().ok())
+        .unwrap_or(429);
+    let fields = lines.filter_map(|line| {
+        let colon = line.iter().position(|b| *b == b':')?;
+        Some((&line[..colon], line[colon + 1..].trim_ascii()))
+    });
+    let now = std::time::SystemTime::now();
+    let report = Report::read(status, fields, now, &mut |bad| {
+        assert!(bad.value.chars().count() <= 64, "{bad:?}");
+        assert_eq!(bad.header, bad.header.to_ascii_lowercase(), "{bad:?}");
+        assert!(
+            crate::wire::names::is_limit_field(bad.header.as_bytes()),
+            "{bad:?}"
+        );
+    });
+    let quotas = [report.requests, report.tokens].into_iter().flatten();
+    let waits = quotas
+        .flat_map(|q| [q.reset, q.window])
+        .chain([report.retry_after]);
+    for d in waits.flatten() {
+        assert!(d <= crate::duration::LONGEST, "{report:?}");
     }
 }
 

@@ -16,12 +16,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::HeaderMap;
 use tower::retry::budget::{Budget as _, TpsBudget};
 
 use crate::config::{Backoff, RetryBudget, RetryConfig};
-use crate::duration::{self, DurationError};
+use crate::duration::DurationError;
 use crate::error::{ErrorKind, ProxyError};
+use crate::pace::report::retry_after;
 use crate::pool::PooledBody;
 use crate::rng::Xorshift;
 
@@ -161,7 +161,7 @@ pub(super) fn is_idempotent<B>(req: &http::Request<B>) -> bool {
     ) || req.headers().contains_key("idempotency-key")
 }
 
-/// How long `resp` asks to wait before the next request ([`retry_after`]). Its fields go into
+/// How long `resp` asks to wait before the next request ([`retry_after`], shared with pacing). Its fields go into
 /// its map first: an HTTP/1.1 head leaves them as lines. A value that is no duration the
 /// sidecar takes goes to `ignored`.
 pub(super) fn asked_wait(resp: &mut http::Response<PooledBody>, ignored: Ignored<'_>) -> Option<Duration> {
@@ -173,33 +173,10 @@ pub(super) fn asked_wait(resp: &mut http::Response<PooledBody>, ignored: Ignored
 /// Told of a header an upstream sent whose value was ignored: its name, the value, and why.
 pub(super) type Ignored<'a> = &'a mut dyn FnMut(&'static str, &str, DurationError);
 
-/// How long a response asks to wait before the next request: `retry-after-ms` (milliseconds,
-/// as OpenAI and Azure send it), else `Retry-After` in seconds or as an HTTP date (RFC 9110
-/// §10.2.3). `None` when there is none that parses into a bounded duration
-/// ([`crate::duration`]); each one that does not goes to `ignored`, as if it were not there.
-pub(super) fn retry_after(headers: &HeaderMap, now: SystemTime, ignored: Ignored<'_>) -> Option<Duration> {
-    let text = |name: &str| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()));
-    if let Some(value) = text(RETRY_AFTER_MS) {
-        match duration::millis(&value) {
-            Ok(wait) => return Some(wait),
-            Err(e) => ignored(RETRY_AFTER_MS, &value, e),
-        }
-    }
-    let value = text("retry-after")?;
-    let value = value.trim();
-    let wait = if value.bytes().next().is_some_and(|b| b.is_ascii_alphabetic()) {
-        duration::until(value, now)
-    } else {
-        duration::seconds(value)
-    };
-    wait.map_err(|e| ignored("retry-after", value, e)).ok()
-}
-
-const RETRY_AFTER_MS: &str = "retry-after-ms";
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

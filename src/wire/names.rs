@@ -87,6 +87,62 @@ pub fn from_wire(raw: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderNa
     }
 }
 
+/// Whether `raw` names a field an upstream's rate limits are read from (`pace::report`), in
+/// any case: OpenAI's and Azure's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`,
+/// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
+/// remaining,reset}`, the IETF draft's `RateLimit` and `RateLimit-Policy`, `Retry-After` and
+/// `retry-after-ms`. Other `x-ratelimit-*` names (Azure's `*-tokens_usage_based`) are not.
+///
+/// Asked of every field of every response head, so it looks at the length and the first byte
+/// before it compares: a field that is none of these costs a few instructions. For token
+/// bytes it is exact; for other bytes it may say yes to a name that is none of these (as
+/// [`folded_eq`] may), never no to one that is.
+#[inline]
+pub fn is_limit_field(raw: &[u8]) -> bool {
+    const OPENAI: &[&[u8]] = &[
+        b"limit-tokens",
+        b"reset-tokens",
+        b"limit-requests",
+        b"reset-requests",
+        b"remaining-tokens",
+        b"remaining-requests",
+    ];
+    const ANTHROPIC: &[&[u8]] = &[
+        b"tokens-limit",
+        b"tokens-reset",
+        b"requests-limit",
+        b"requests-reset",
+        b"tokens-remaining",
+        b"requests-remaining",
+        b"input-tokens-limit",
+        b"input-tokens-reset",
+        b"output-tokens-limit",
+        b"output-tokens-reset",
+        b"input-tokens-remaining",
+        b"output-tokens-remaining",
+    ];
+    let n = raw.len();
+    if n < 9 {
+        return false;
+    }
+    let after = |prefix: &[u8], suffixes: &[&[u8]]| {
+        let (head, rest) = raw.split_at(prefix.len());
+        folded_eq(head, prefix) && suffixes.iter().any(|s| folded_eq(rest, s))
+    };
+    match raw[0] | 0x20 {
+        b'x' => (24..=30).contains(&n) && after(b"x-ratelimit-", OPENAI),
+        b'a' => (32..=43).contains(&n) && after(b"anthropic-ratelimit-", ANTHROPIC),
+        b'r' => match n {
+            9 => folded_eq(raw, b"ratelimit"),
+            11 => folded_eq(raw, b"retry-after"),
+            14 => folded_eq(raw, b"retry-after-ms"),
+            16 => folded_eq(raw, b"ratelimit-policy"),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// Whether `raw`, token or field-value bytes, equals `lower` (lowercase letters, digits and
 /// `-`) but for case: a word at a time, the last word overlapping the one before.
 ///
@@ -121,7 +177,7 @@ pub fn folded_eq(raw: &[u8], lower: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{common, from_wire};
+    use super::{common, from_wire, is_limit_field};
     use http::HeaderName;
 
     /// Every common name, in any case, is the name `from_bytes` makes of it.
@@ -199,6 +255,66 @@ mod tests {
         }
         assert_eq!(from_wire(b"X-Request-Id").unwrap(), "x-request-id");
         assert!(from_wire(b"bad name").is_err());
+    }
+
+    /// Each limit field name is one in any case; near misses and other `x-ratelimit-*` names
+    /// are not. (`pace::report` checks that it reads exactly these.)
+    #[test]
+    fn limit_fields_in_any_case() {
+        let mut names = vec![
+            "ratelimit".to_owned(),
+            "ratelimit-policy".to_owned(),
+            "retry-after".to_owned(),
+            "retry-after-ms".to_owned(),
+        ];
+        for part in ["limit", "remaining", "reset"] {
+            for unit in ["requests", "tokens"] {
+                names.push(format!("x-ratelimit-{part}-{unit}"));
+            }
+            for kind in ["requests", "tokens", "input-tokens", "output-tokens"] {
+                names.push(format!("anthropic-ratelimit-{kind}-{part}"));
+            }
+        }
+        assert_eq!(names.len(), 22);
+        for name in &names {
+            let title: String = name
+                .split('-')
+                .map(|w| w[..1].to_ascii_uppercase() + &w[1..])
+                .collect::<Vec<_>>()
+                .join("-");
+            for spelled in [name.clone(), name.to_ascii_uppercase(), title] {
+                assert!(is_limit_field(spelled.as_bytes()), "{spelled}");
+            }
+            let mut off = name.clone().into_bytes();
+            off.pop();
+            assert!(!is_limit_field(&off), "{name} less a byte");
+            off.extend_from_slice(b"ss");
+            assert!(!is_limit_field(&off), "{name} a byte longer");
+            let mut off = name.clone().into_bytes();
+            off[name.len() / 2] = b'_';
+            assert!(!is_limit_field(&off), "{name} a byte off");
+        }
+        for raw in [
+            "x-ratelimit-limit-tokens_usage_based",
+            "x-ratelimit-remaining-tokens_usage_based",
+            "x-ratelimit-limit-requests-day",
+            "x-ratelimit-reset",
+            "x-ratelimit-limit",
+            "x_ratelimit-limit-tokens",
+            "anthropic-ratelimit-tokens",
+            "anthropic-ratelimit-cache-tokens-limit",
+            "anthropic-priority-input-tokens-limit",
+            "ratelimit-limit",
+            "ratelimit-remaining",
+            "retry-afte",
+            "retry-after-s",
+            "x-request-id",
+            "content-length",
+            "r",
+            "",
+        ] {
+            assert!(!is_limit_field(raw.as_bytes()), "{raw}");
+        }
     }
 
     /// `folded_eq` agrees with `eq_ignore_ascii_case` on every byte string a field value may
