@@ -18,26 +18,6 @@ use http::HeaderName;
 /// `Keep-Alive`, which http has no constant for; `from_bytes` would allocate it each time.
 pub const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
-/// Whether `name` (any case) is a rate-limit field pacing reads: `x-ratelimit-*`,
-/// `anthropic-ratelimit-*`, `ratelimit`, `ratelimit-policy`, `retry-after`, `retry-after-ms`.
-/// Asked of every field of every HTTP/1.1 response head: the length and first byte rule most
-/// names out before any comparison.
-pub fn is_limit_field(name: &[u8]) -> bool {
-    let starts = |prefix: &[u8]| name.len() > prefix.len() && folded_eq(&name[..prefix.len()], prefix);
-    match name.first().map(|b| b | 0x20) {
-        Some(b'x') => name.len() > 12 && starts(b"x-ratelimit-"),
-        Some(b'a') => name.len() > 20 && starts(b"anthropic-ratelimit-"),
-        Some(b'r') => {
-            matches!(name.len(), 9 | 11 | 14 | 16)
-                && (folded_eq(name, b"ratelimit")
-                    || folded_eq(name, b"retry-after")
-                    || folded_eq(name, b"retry-after-ms")
-                    || folded_eq(name, b"ratelimit-policy"))
-        }
-        _ => false,
-    }
-}
-
 /// The header name `raw` spells, whatever its case, when it is one of the common fields;
 /// `None` otherwise.
 ///
