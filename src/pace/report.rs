@@ -131,8 +131,8 @@ impl Report {
             tell(header, value.as_bytes(), e.to_string())
         });
         Report {
-            requests: least(requests),
-            tokens: least(tokens),
+            requests: least(requests.into_iter().flatten()),
+            tokens: least(tokens.into_iter().flatten()),
             retry_after,
         }
     }
@@ -303,10 +303,9 @@ impl Parts {
 }
 
 /// Of the quotas given, the one with the least left (the first of equals).
-fn least<const N: usize>(quotas: [Option<Quota>; N]) -> Option<Quota> {
+fn least(quotas: impl IntoIterator<Item = Quota>) -> Option<Quota> {
     quotas
         .into_iter()
-        .flatten()
         .reduce(|least, q| if q.remaining < least.remaining { q } else { least })
 }
 
@@ -453,21 +452,18 @@ mod ietf {
     /// policy of its name, counted when that policy is in requests or there is none (the unit
     /// then is requests).
     pub(super) fn requests(policies: &[Policy], limits: &[Limit]) -> Option<Quota> {
-        limits
-            .iter()
-            .filter_map(|limit| {
-                let policy = policies.iter().find(|p| p.name == limit.name);
-                if policy.is_some_and(|p| !p.in_requests) {
-                    return None;
-                }
-                Some(Quota {
-                    limit: policy.and_then(|p| p.quota),
-                    remaining: limit.remaining,
-                    reset: limit.reset,
-                    window: policy.and_then(|p| p.window),
-                })
+        super::least(limits.iter().filter_map(|limit| {
+            let policy = policies.iter().find(|p| p.name == limit.name);
+            if policy.is_some_and(|p| !p.in_requests) {
+                return None;
+            }
+            Some(Quota {
+                limit: policy.and_then(|p| p.quota),
+                remaining: limit.remaining,
+                reset: limit.reset,
+                window: policy.and_then(|p| p.window),
             })
-            .reduce(|least, q| if q.remaining < least.remaining { q } else { least })
+        }))
     }
 
     type Entry = Result<(String, Vec<(String, BareItem)>), String>;
