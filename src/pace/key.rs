@@ -271,6 +271,17 @@ impl Key {
         closed
     }
 
+    /// Whether what the key knows still binds at `now`: a window not yet reset, a
+    /// `Retry-After` ahead, or waiters.
+    pub(super) fn binds(&self, now: Instant) -> bool {
+        let state = self.lock();
+        let ahead = |w: &Option<Window>| w.is_some_and(|w| w.reset_at + RESET_GUARD > now);
+        ahead(&state.requests)
+            || ahead(&state.tokens)
+            || state.closed_until.is_some_and(|at| at > now)
+            || !state.queue.is_empty()
+    }
+
     /// What is left, per unit, as last reported: `(requests, tokens)`.
     pub(super) fn remaining(&self) -> (Option<u64>, Option<u64>) {
         let state = self.lock();

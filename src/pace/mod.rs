@@ -104,7 +104,7 @@ pub struct Pacer {
     label: Arc<str>,
     /// Keys the upstream's responses told something of. Empty until a response carries a
     /// limit field: admission then looks no further.
-    keys: Mutex<HashMap<KeyId, Arc<Key>>>,
+    keys: Mutex<Keys>,
     /// `keys` is not empty: a plain load on every request instead of the lock.
     known: std::sync::atomic::AtomicBool,
     hash_key: std::collections::hash_map::RandomState,
@@ -112,6 +112,27 @@ pub struct Pacer {
     config: Mutex<PaceConfig>,
     metrics: PaceMetrics,
 }
+
+/// A pacer's keys, and when to sweep out those nothing holds.
+#[derive(Debug)]
+struct Keys {
+    map: HashMap<KeyId, Arc<Key>>,
+    /// The count at which a new key first sweeps: twice what the last sweep kept, so a map
+    /// of live keys grows at a sweep per doubling and one of spent keys stays bounded.
+    sweep_at: usize,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Keys {
+            map: HashMap::new(),
+            sweep_at: MIN_SWEEP,
+        }
+    }
+}
+
+/// The fewest keys a sweep is worth.
+const MIN_SWEEP: usize = 64;
 
 /// What pacing decided for a request.
 #[derive(Debug)]
@@ -253,12 +274,24 @@ impl Pacer {
         hasher.finish().max(1)
     }
 
-    /// The state of key `id`, made when new.
+    /// The state of key `id`, made when new. A key nothing holds (no request out or waiting,
+    /// no reset or `Retry-After` ahead) is forgotten when the map has doubled since the last
+    /// sweep: credentials and `x-egress-pace-key` values come and go, and a key they leave
+    /// behind knows nothing that still binds.
     fn key(&self, id: KeyId) -> Arc<Key> {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        keys.entry(id)
-            .or_insert_with(|| Arc::new(Key::new(id, self.metrics.clone())))
-            .clone()
+        if let Some(key) = keys.map.get(&id) {
+            return key.clone();
+        }
+        if keys.map.len() >= keys.sweep_at {
+            let now = Instant::now();
+            keys.map
+                .retain(|_, key| Arc::strong_count(key) > 1 || key.binds(now));
+            keys.sweep_at = (keys.map.len() * 2).max(MIN_SWEEP);
+        }
+        let key = Arc::new(Key::new(id, self.metrics.clone()));
+        keys.map.insert(id, key.clone());
+        key
     }
 
     /// Credits what a response head with `status` says (its fields in `headers`, or as the
@@ -336,7 +369,7 @@ impl Pacer {
     fn set_remaining_gauges(&self) {
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         let (mut requests, mut tokens) = (None::<u64>, None::<u64>);
-        for key in keys.values() {
+        for key in keys.map.values() {
             let (r, t) = key.remaining();
             requests = match (requests, r) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -356,7 +389,7 @@ impl Pacer {
         let config = *self.config.lock().unwrap_or_else(|e| e.into_inner());
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        let mut keys: Vec<KeyReport> = keys.values().map(|key| key.report(now, &config)).collect();
+        let mut keys: Vec<KeyReport> = keys.map.values().map(|key| key.report(now, &config)).collect();
         keys.sort_by(|a, b| a.key.cmp(&b.key));
         PaceReport {
             upstream: self.label.to_string(),
@@ -438,3 +471,6 @@ const RESET_GUARD: Duration = Duration::from_millis(20);
 /// How long a report of what is left, with no reset, is taken to hold (Azure sends only the
 /// remaining counts): a request goes again after it, and its answer says more.
 const UNKNOWN_RESET: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests;

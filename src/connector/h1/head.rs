@@ -494,6 +494,21 @@ mod tests {
         ));
     }
 
+    /// Pacing reads only heads with a limit field: the parse notes one, in any case, and
+    /// the lines it keeps still carry it to the client.
+    #[test]
+    fn a_limit_field_is_noted_as_the_head_is_parsed() {
+        let head = complete("HTTP/1.1 200 OK\r\nX-RateLimit-Remaining-Requests: 3\r\nA: b\r\n\r\n");
+        let wire = head.wire.expect("lines");
+        assert!(wire.has_limit_fields());
+        let fields: Vec<_> = wire.fields().collect();
+        assert_eq!(fields[0], (&b"X-RateLimit-Remaining-Requests"[..], &b"3"[..]));
+        let head = complete("HTTP/1.1 429 Too Many\r\nretry-after: 3\r\n\r\n");
+        assert!(head.wire.expect("lines").has_limit_fields());
+        let head = complete("HTTP/1.1 200 OK\r\nX-Request-Id: 3\r\nServer: x\r\n\r\n");
+        assert!(!head.wire.expect("lines").has_limit_fields());
+    }
+
     #[test]
     fn chunked_response_drops_content_length() {
         let head =

@@ -225,3 +225,20 @@ fn more_waiters_than_the_window_holds_are_refused_when_the_reset_is_past_their_g
         Verdict::Refuse(_)
     ));
 }
+
+#[test]
+fn a_key_binds_while_its_window_or_retry_after_is_ahead_or_requests_wait() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    assert!(!key.binds(t0), "a new key knows nothing");
+    key.apply(&requests(5, None, 1_000), t0, &config, false);
+    assert!(key.binds(t0));
+    assert!(!key.binds(t0 + Duration::from_secs(2)), "past its reset");
+    let report = Report {
+        retry_after: Some(Duration::from_secs(5)),
+        ..Report::default()
+    };
+    key.apply(&report, t0, &config, false);
+    assert!(key.binds(t0 + Duration::from_secs(2)));
+}

@@ -1,0 +1,107 @@
+//! A pacer end to end on header maps: learning a key from an answer, holding its requests and
+//! not another credential's, and forgetting keys nothing holds.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use tokio::time::Instant;
+
+use super::*;
+
+fn pacer() -> Arc<Pacer> {
+    Pacer::new("llm".into(), PaceConfig::default(), &Metrics::new())
+}
+
+fn with_credential(value: &'static str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::AUTHORIZATION, HeaderValue::from_static(value));
+    headers
+}
+
+fn exhausted() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("x-ratelimit-limit-requests", HeaderValue::from_static("20"));
+    headers.insert("x-ratelimit-remaining-requests", HeaderValue::from_static("0"));
+    headers.insert("x-ratelimit-reset-requests", HeaderValue::from_static("5s"));
+    headers
+}
+
+#[tokio::test]
+async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credentials_do_not() {
+    let pacer = pacer();
+    let config = PaceConfig::default();
+    let alice = with_credential("Bearer sk-alice-secret");
+    let (ticket, pass) = pacer.admit(&config, &alice, &CREDENTIALS, Asked::default(), None);
+    assert!(matches!(pass, Pass::Go), "nothing is known yet");
+    let ticket = ticket.going();
+    pacer.observe(&config, &ticket, 200, &exhausted(), None);
+    drop(ticket);
+
+    let soon = Some(Instant::now() + Duration::from_secs(1));
+    match pacer
+        .admit(&config, &alice, &CREDENTIALS, Asked::default(), soon)
+        .1
+    {
+        Pass::Refuse(refusal) => assert!((4..=5).contains(&refusal.retry_after_secs), "{refusal:?}"),
+        other => panic!("a wait past the deadline is refused: {other:?}"),
+    }
+    assert!(matches!(
+        pacer
+            .admit(&config, &alice, &CREDENTIALS, Asked::default(), None)
+            .1,
+        Pass::Wait(_)
+    ));
+    let bob = with_credential("Bearer sk-bob-secret");
+    assert!(matches!(
+        pacer.admit(&config, &bob, &CREDENTIALS, Asked::default(), None).1,
+        Pass::Go
+    ));
+    // A tag splits a credential's key.
+    let tagged = Asked {
+        tag: Some(Asked::tag(b"gpt-4o")),
+        ..Asked::default()
+    };
+    assert!(matches!(
+        pacer.admit(&config, &alice, &CREDENTIALS, tagged, None).1,
+        Pass::Go
+    ));
+
+    let report = pacer.report();
+    let shown = serde_json::to_string(&report).unwrap();
+    assert!(!shown.contains("secret") && !shown.contains("alice"), "{shown}");
+    assert!(report.keys.iter().all(|k| k.key.len() == 8), "{shown}");
+}
+
+#[tokio::test]
+async fn off_reads_nothing_and_holds_nothing() {
+    let pacer = pacer();
+    let config = PaceConfig {
+        enabled: false,
+        ..PaceConfig::default()
+    };
+    let alice = with_credential("Bearer a");
+    let (ticket, _) = pacer.admit(&config, &alice, &CREDENTIALS, Asked::default(), None);
+    pacer.observe(&config, &ticket.going(), 200, &exhausted(), None);
+    assert!(matches!(
+        pacer
+            .admit(&config, &alice, &CREDENTIALS, Asked::default(), None)
+            .1,
+        Pass::Go
+    ));
+    assert!(pacer.report().keys.is_empty());
+}
+
+#[tokio::test]
+async fn keys_nothing_holds_are_forgotten_as_new_ones_come() {
+    let pacer = pacer();
+    let held = pacer.key(1);
+    for id in 2..=(MIN_SWEEP as u64) {
+        pacer.key(id);
+    }
+    assert_eq!(pacer.keys.lock().unwrap().map.len(), MIN_SWEEP);
+    pacer.key(10_000);
+    let keys = pacer.keys.lock().unwrap();
+    assert_eq!(keys.map.len(), 2, "the held key and the new one");
+    assert!(keys.map.contains_key(&1));
+    drop(held);
+}
