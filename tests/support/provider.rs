@@ -471,24 +471,9 @@ pub fn go_duration_millis(ms: u64) -> String {
     out
 }
 
-/// `secs` since the Unix epoch as an RFC 3339 UTC time: `2026-11-27T23:10:05Z`.
+/// `secs` since the Unix epoch as an RFC 3339 UTC time: `2026-11-27T23:10:05Z` (humantime's
+/// writer: the sidecar reads these with a parser of its own).
 pub fn rfc3339(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Days to a civil date (Howard Hinnant's `civil_from_days`).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+    humantime::format_rfc3339_seconds(at).to_string()
 }
