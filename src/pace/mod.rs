@@ -68,13 +68,17 @@ impl Priority {
     }
 }
 
-/// What a request asked of its pacing: `x-egress-pace-key` (hashed) and `x-egress-priority`.
+/// What a request asked of its pacing: `x-egress-pace-key` (hashed) and `x-egress-priority`,
+/// and whether it came with a credential field.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Asked {
     /// A hash of `x-egress-pace-key`, when sent: it splits the credential's key (by model, say).
     pub tag: Option<u64>,
     /// Its class in the queue.
     pub priority: Priority,
+    /// The application sent one of [`CREDENTIALS`] (the walk over its names saw it): a request
+    /// with none, to an upstream whose `request_headers` set none, is looked up no further.
+    pub credential: bool,
 }
 
 impl Asked {
@@ -223,7 +227,7 @@ impl Pacer {
         if !config.enabled {
             return (Ticket::default(), Pass::Go);
         }
-        let id = self.key_id(headers, credentials, asked.tag);
+        let id = self.key_id(headers, credentials, asked);
         if !self.known.load(std::sync::atomic::Ordering::Acquire) {
             return (Ticket(Held::Untracked(id)), Pass::Go);
         }
@@ -262,8 +266,13 @@ impl Pacer {
     }
 
     /// The key of a request: its credential (the first of `credentials` present) and its tag.
-    fn key_id(&self, headers: &HeaderMap, credentials: &[HeaderName], tag: Option<u64>) -> KeyId {
-        let credential = credentials.iter().find_map(|name| headers.get(name));
+    fn key_id(&self, headers: &HeaderMap, credentials: &[HeaderName], asked: Asked) -> KeyId {
+        let tag = asked.tag;
+        let look = asked.credential || credentials.len() > CREDENTIALS.len();
+        let credential = credentials
+            .iter()
+            .take(if look { credentials.len() } else { 0 })
+            .find_map(|name| headers.get(name));
         if credential.is_none() && tag.is_none() {
             return 0;
         }

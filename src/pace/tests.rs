@@ -18,6 +18,14 @@ fn with_credential(value: &'static str) -> HeaderMap {
     headers
 }
 
+/// What `proxy::headers` says of a request that came with a credential field.
+fn with_credential_sent() -> Asked {
+    Asked {
+        credential: true,
+        ..Asked::default()
+    }
+}
+
 fn exhausted() -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert("x-ratelimit-limit-requests", HeaderValue::from_static("20"));
@@ -31,7 +39,7 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
     let pacer = pacer();
     let config = PaceConfig::default();
     let alice = with_credential("Bearer sk-alice-secret");
-    let (ticket, pass) = pacer.admit(&config, &alice, &CREDENTIALS, Asked::default(), None);
+    let (ticket, pass) = pacer.admit(&config, &alice, &CREDENTIALS, with_credential_sent(), None);
     assert!(matches!(pass, Pass::Go), "nothing is known yet");
     let ticket = ticket.going();
     pacer.observe(&config, &ticket, 200, &exhausted(), None);
@@ -39,7 +47,7 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
 
     let soon = Some(Instant::now() + Duration::from_secs(1));
     match pacer
-        .admit(&config, &alice, &CREDENTIALS, Asked::default(), soon)
+        .admit(&config, &alice, &CREDENTIALS, with_credential_sent(), soon)
         .1
     {
         Pass::Refuse(refusal) => assert!((4..=5).contains(&refusal.retry_after_secs), "{refusal:?}"),
@@ -47,22 +55,32 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
     }
     assert!(matches!(
         pacer
-            .admit(&config, &alice, &CREDENTIALS, Asked::default(), None)
+            .admit(&config, &alice, &CREDENTIALS, with_credential_sent(), None)
             .1,
         Pass::Wait(_)
     ));
     let bob = with_credential("Bearer sk-bob-secret");
     assert!(matches!(
-        pacer.admit(&config, &bob, &CREDENTIALS, Asked::default(), None).1,
+        pacer
+            .admit(&config, &bob, &CREDENTIALS, with_credential_sent(), None)
+            .1,
         Pass::Go
     ));
     // A tag splits a credential's key.
     let tagged = Asked {
         tag: Some(Asked::tag(b"gpt-4o")),
-        ..Asked::default()
+        ..with_credential_sent()
     };
     assert!(matches!(
         pacer.admit(&config, &alice, &CREDENTIALS, tagged, None).1,
+        Pass::Go
+    ));
+
+    // A request whose walk saw no credential field is the anonymous key's, looked up no
+    // further.
+    let unseen = Asked::default();
+    assert!(matches!(
+        pacer.admit(&config, &alice, &CREDENTIALS, unseen, None).1,
         Pass::Go
     ));
 
@@ -80,11 +98,11 @@ async fn off_reads_nothing_and_holds_nothing() {
         ..PaceConfig::default()
     };
     let alice = with_credential("Bearer a");
-    let (ticket, _) = pacer.admit(&config, &alice, &CREDENTIALS, Asked::default(), None);
+    let (ticket, _) = pacer.admit(&config, &alice, &CREDENTIALS, with_credential_sent(), None);
     pacer.observe(&config, &ticket.going(), 200, &exhausted(), None);
     assert!(matches!(
         pacer
-            .admit(&config, &alice, &CREDENTIALS, Asked::default(), None)
+            .admit(&config, &alice, &CREDENTIALS, with_credential_sent(), None)
             .1,
         Pass::Go
     ));
