@@ -21,6 +21,7 @@ use http::{HeaderName, HeaderValue, Request, Response};
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 mod classify;
 mod grpc;
+mod paced;
 mod retry;
 mod rules;
 mod spec;
@@ -481,34 +482,6 @@ impl Upstream {
     pub fn deadline(&self, asked: Option<Duration>) -> Option<Deadline> {
         let limit = asked.or(self.settings.request_timeout).filter(|d| !d.is_zero())?;
         Some(Deadline::after(limit))
-    }
-
-    /// Whether `req` (its head as it will be sent) goes now, waits, or is refused by pacing;
-    /// `asked`: what it asked of pacing; `deadline`: [`Upstream::deadline`].
-    pub fn pace(
-        &self,
-        req: &Request<RequestBody>,
-        asked: pace::Asked,
-        deadline: Option<Deadline>,
-    ) -> (Ticket, pace::Pass) {
-        self.pacer.admit(
-            &self.settings.pace,
-            req.headers(),
-            &self.credentials,
-            asked,
-            deadline.map(|d| d.at),
-        )
-    }
-
-    /// Credits a response head to pacing.
-    fn paced(&self, ticket: &Ticket, resp: &Response<PooledBody>) {
-        self.pacer.observe(
-            &self.settings.pace,
-            ticket,
-            resp.status().as_u16(),
-            resp.headers(),
-            resp.body().wire_fields(),
-        );
     }
 
     /// Sends an origin-form request and returns the response head; the body streams from the
