@@ -302,9 +302,15 @@ impl Strip {
         for name in headers.keys() {
             let len = name.as_str().len();
             egress |= len >= 9 && name.as_str().starts_with("x-egress-");
-            credential |=
-                CREDENTIAL_LENGTHS & length_bit(len) != 0 && crate::pace::CREDENTIALS.contains(name);
-            if self.lengths & length_bit(len) == 0 {
+            let bit = length_bit(len);
+            if (self.lengths | CREDENTIAL_LENGTHS) & bit == 0 {
+                continue;
+            }
+            if CREDENTIAL_LENGTHS & bit != 0 && crate::pace::CREDENTIALS.contains(name) {
+                credential = true;
+                continue;
+            }
+            if self.lengths & bit == 0 {
                 continue;
             }
             // Only names of its length are compared (`User-Agent` is as long as `Connection`).
