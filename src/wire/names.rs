@@ -78,7 +78,6 @@ pub fn from_wire(raw: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderNa
 /// bytes it is exact; for other bytes it may say yes to a name that is none of these (as
 /// [`folded_eq`] may), never no to one that is.
 #[inline]
-#[inline]
 pub fn is_limit_field(raw: &[u8]) -> bool {
     // Inline, and most names (Server, Date, Content-Type) end here: the head parser asks for
     // every field of every response.
