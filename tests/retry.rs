@@ -122,6 +122,34 @@ async fn a_get_answered_503_twice_gets_the_third_answer() {
     );
 }
 
+/// A 429 that says no quota is left until a reset, with no `Retry-After`: the retry by policy
+/// waits for the key's reset (pacing), not only its backoff of at most 10 ms.
+#[tokio::test]
+async fn a_retry_waits_for_its_pace_keys_reset_not_only_its_backoff() {
+    let origin = ScriptedOrigin::start().await;
+    origin.script(
+        "/spent",
+        vec![
+            Answer::status(429)
+                .header("x-ratelimit-limit-requests", "5")
+                .header("x-ratelimit-remaining-requests", "0")
+                .header("x-ratelimit-reset-requests", "1s"),
+            Answer::ok("after the reset"),
+        ],
+    );
+    let settings = "    retry: { attempts: 1, backoff: { base: 10ms, max: 10ms } }\n";
+    let sidecar = sidecar(&origin, "", settings).await;
+    let resp = send(&sidecar, &origin, "GET", "/spent", "", "").await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let seen = origin.requests("/spent");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let gap = seen[1].at - seen[0].at;
+    assert!(
+        gap >= Duration::from_millis(950),
+        "retried {gap:?} after a 429 that said the quota resets in 1s"
+    );
+}
+
 #[tokio::test]
 async fn a_retry_after_over_the_maximum_passes_the_response_through_at_once() {
     let origin = ScriptedOrigin::start().await;

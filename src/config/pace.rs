@@ -39,6 +39,9 @@ impl Default for PaceConfig {
 /// The most `pace.max_wait` may be: a request held longer than an hour is held by mistake.
 const MAX_WAIT_BOUND: Duration = Duration::from_secs(3600);
 
+/// The most `pace.reserve` may be: past any quota a provider gives.
+const MAX_RESERVE: u64 = 1_000_000_000;
+
 /// `pace` under `prefix`, over `base`: each key present replaces the base's.
 pub(super) fn merge_pace(
     base: &PaceConfig,
@@ -54,10 +57,18 @@ pub(super) fn merge_pace(
     } else {
         max_wait
     };
+    let reserve = match raw.reserve {
+        None => base.reserve,
+        Some(n) if n <= MAX_RESERVE => n,
+        Some(n) => {
+            problems.add(key("reserve"), format!("{n} is more than {MAX_RESERVE}"));
+            base.reserve
+        }
+    };
     PaceConfig {
         enabled: raw.enabled.unwrap_or(base.enabled),
         max_wait,
-        reserve: raw.reserve.unwrap_or(base.reserve),
+        reserve,
         smooth: raw.smooth.unwrap_or(base.smooth),
     }
 }

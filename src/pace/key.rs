@@ -72,6 +72,17 @@ pub(super) struct Closed {
     pub(super) retry_after: bool,
 }
 
+/// When a key opens next and what holds it.
+#[derive(Debug, Clone, Copy)]
+struct Opens {
+    /// When the next request may go.
+    at: Instant,
+    /// The reset that holds it, for `Retry-After`.
+    reset: Instant,
+    /// Only smoothing's spacing holds it: the quota has room.
+    spacing: bool,
+}
+
 #[derive(Debug, Default)]
 struct State {
     requests: Option<Window>,
@@ -110,7 +121,10 @@ impl Window {
         }
         let (limit, span) = (self.limit?, self.span.filter(|s| !s.is_zero())?);
         let behind = now.duration_since(self.reset_at + RESET_GUARD);
-        let periods = (behind.as_nanos() / span.as_nanos()) as u32 + 1;
+        // A window too short for the time since is forgotten, not wrapped.
+        let periods = u32::try_from(behind.as_nanos() / span.as_nanos())
+            .ok()?
+            .checked_add(1)?;
         Some(Window {
             left: i64::try_from(limit).unwrap_or(i64::MAX) - i64::from(out),
             reported: limit,
@@ -162,7 +176,7 @@ impl Key {
         let out = self.out();
         let mut state = self.lock();
         state.roll(now, out);
-        if state.queue.is_empty() && state.opens_at(now, config).is_none() {
+        if state.queue.is_empty() && state.open_for(now, config, give_up).is_ok() {
             self.go(&mut state, now, config);
             return Verdict::Go;
         }
@@ -191,21 +205,21 @@ impl Key {
         let mut state = self.lock();
         state.roll(now, out);
         if state.queue.first() == Some(place) {
-            match state.opens_at(now, config) {
-                None => {
+            match state.open_for(now, config, give_up) {
+                Ok(()) => {
                     state.queue.remove(place);
                     self.go(&mut state, now, config);
                     state.queue.wake_first();
                     return Turn::Go;
                 }
-                Some((at, reset)) if at > give_up => {
+                Err(opens) if opens.at > give_up => {
                     state.queue.remove(place);
                     state.queue.wake_first();
-                    return Turn::Refused(reset);
+                    return Turn::Refused(opens.reset);
                 }
-                Some((at, _)) => {
+                Err(opens) => {
                     state.queue.set_waker(place, waker);
-                    return Turn::Later(at);
+                    return Turn::Later(opens.at);
                 }
             }
         }
@@ -217,6 +231,24 @@ impl Key {
         }
         state.queue.set_waker(place, waker);
         Turn::Later(give_up)
+    }
+
+    /// How long a retry of a request of this key waits at `now`: a `Retry-After`, or no
+    /// quota left (not smoothing: the retry is a request the window already let go).
+    pub(super) fn holds_for(&self, now: Instant, config: &PaceConfig) -> Option<Duration> {
+        let out = self.out();
+        let mut state = self.lock();
+        state.roll(now, out);
+        let opens = state.opens_at(now, config).filter(|opens| !opens.spacing)?;
+        Some(opens.at - now)
+    }
+
+    /// A retry of a request of this key goes at `now`.
+    pub(super) fn again(&self, now: Instant, config: &PaceConfig) {
+        let out = self.out();
+        let mut state = self.lock();
+        state.roll(now, out);
+        self.go(&mut state, now, config);
     }
 
     /// The waiter at `place` went away (its request was answered or dropped).
@@ -303,7 +335,7 @@ impl Key {
             remaining_requests: state.requests.map(|w| w.left),
             remaining_tokens: state.tokens.map(|w| w.reported),
             reset_ms: binding.map(|w| w.reset_at.saturating_duration_since(now).as_millis() as u64),
-            closed: opens.is_some_and(|(_, reset)| reset > now),
+            closed: opens.is_some_and(|opens| !opens.spacing),
             waiters: state.queue.len(),
         }
     }
@@ -365,41 +397,59 @@ impl State {
         }
     }
 
-    /// When the next request may go, and the reset that holds it (for `Retry-After`); `None`
-    /// when it may go now.
-    fn opens_at(&self, now: Instant, config: &PaceConfig) -> Option<(Instant, Instant)> {
-        let mut at = (now, now);
-        let later = |at: &mut (Instant, Instant), open: Instant, reset: Instant| {
-            if open > at.0 {
-                *at = (open, reset);
+    /// When the next request may go, and what holds it; `None` when it may go now.
+    fn opens_at(&self, now: Instant, config: &PaceConfig) -> Option<Opens> {
+        let mut opens = Opens {
+            at: now,
+            reset: now,
+            spacing: false,
+        };
+        let mut later = |at: Instant, reset: Instant, spacing: bool| {
+            if at > opens.at {
+                opens = Opens { at, reset, spacing };
             }
         };
         if let Some(until) = self.closed_until {
-            later(&mut at, until, until);
+            later(until, until, false);
         }
         if let Some(w) = self.requests {
-            let left = w.left - reserve(config);
+            let left = w.left.saturating_sub(reserve(config));
             if left <= 0 {
-                later(&mut at, w.reset_at + RESET_GUARD, w.reset_at);
+                later(w.reset_at + RESET_GUARD, w.reset_at, false);
             } else if let (true, Some(last)) = (config.smooth, self.last_go) {
-                let spacing = w.reset_at.saturating_duration_since(last) / (left as u32).saturating_add(1);
-                later(&mut at, last + spacing, last + spacing);
+                let steps = u32::try_from(left).unwrap_or(u32::MAX).saturating_add(1);
+                let spacing = w.reset_at.saturating_duration_since(last) / steps;
+                later(last + spacing, w.reset_at, true);
             }
         }
         if let Some(w) = self.tokens.filter(|w| w.left <= reserve(config)) {
-            later(&mut at, w.reset_at + RESET_GUARD, w.reset_at);
+            later(w.reset_at + RESET_GUARD, w.reset_at, false);
         }
-        (at.0 > now).then_some(at)
+        (opens.at > now).then_some(opens)
+    }
+
+    /// Whether a request that gives up at `give_up` goes now: the key is open, or only
+    /// smoothing holds it and its slot comes too late (the spacing is the sidecar's own, and
+    /// yields to the request's deadline rather than refuse a request the quota has room for).
+    fn open_for(&self, now: Instant, config: &PaceConfig, give_up: Instant) -> Result<(), Opens> {
+        match self.opens_at(now, config) {
+            None => Ok(()),
+            Some(opens) if opens.spacing && opens.at > give_up => Ok(()),
+            Some(opens) => Err(opens),
+        }
     }
 
     /// The reset before which the waiter with `ahead` requests before it cannot go, when that
-    /// is known now: a `Retry-After`, or more waiters ahead than the window has left.
+    /// is known now: a `Retry-After`, no quota left, or more waiters ahead than the window
+    /// has left.
     fn cannot_go_before(&self, now: Instant, config: &PaceConfig, ahead: usize) -> Option<Instant> {
-        let (open, reset) = self.opens_at(now, config)?;
-        let left = self.requests.map_or(i64::MAX, |w| w.left - reserve(config));
+        let opens = self.opens_at(now, config)?;
+        let left = self
+            .requests
+            .map_or(i64::MAX, |w| w.left.saturating_sub(reserve(config)));
         match self.requests {
-            Some(w) if ahead as i64 >= left && w.reset_at > reset => Some(w.reset_at),
-            _ if open > now => Some(reset),
+            Some(w) if i64::try_from(ahead).unwrap_or(i64::MAX) >= left => Some(w.reset_at.max(opens.reset)),
+            _ if !opens.spacing => Some(opens.reset),
             _ => None,
         }
     }

@@ -99,6 +99,40 @@ pub const CREDENTIALS: [HeaderName; 3] = [
     HeaderName::from_static("api-key"),
 ];
 
+/// Where an upstream's requests carry their credential: [`CREDENTIALS`], then the names its
+/// `request_headers` set.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    names: Box<[HeaderName]>,
+    /// `request_headers` sets some name: a request may carry a credential the application
+    /// did not send, so its fields are always looked up.
+    injected: bool,
+}
+
+impl Credentials {
+    /// The names to read for an upstream whose `request_headers` set `set`.
+    pub fn new<'a>(set: impl IntoIterator<Item = &'a HeaderName>) -> Self {
+        let mut names = CREDENTIALS.to_vec();
+        let mut injected = false;
+        for name in set {
+            injected = true;
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        Credentials {
+            names: names.into_boxed_slice(),
+            injected,
+        }
+    }
+}
+
+impl Default for Credentials {
+    fn default() -> Self {
+        Credentials::new([])
+    }
+}
+
 /// A pace key's hash. 0 is the key of requests with neither a credential nor a tag.
 pub type KeyId = u64;
 
@@ -220,7 +254,7 @@ impl Pacer {
         &self,
         config: &PaceConfig,
         headers: &HeaderMap,
-        credentials: &[HeaderName],
+        credentials: &Credentials,
         asked: Asked,
         deadline: Option<Instant>,
     ) -> (Ticket, Pass) {
@@ -228,7 +262,7 @@ impl Pacer {
             return (Ticket::default(), Pass::Go);
         }
         // Most requests carry no credential field and no tag: the anonymous key, at once.
-        let id = if !asked.credential && asked.tag.is_none() && credentials.len() == CREDENTIALS.len() {
+        let id = if !asked.credential && asked.tag.is_none() && !credentials.injected {
             0
         } else {
             self.key_id(headers, credentials, asked)
@@ -271,12 +305,13 @@ impl Pacer {
     }
 
     /// The key of a request: its credential (the first of `credentials` present) and its tag.
-    fn key_id(&self, headers: &HeaderMap, credentials: &[HeaderName], asked: Asked) -> KeyId {
+    fn key_id(&self, headers: &HeaderMap, credentials: &Credentials, asked: Asked) -> KeyId {
         let tag = asked.tag;
-        let look = asked.credential || credentials.len() > CREDENTIALS.len();
+        let look = asked.credential || credentials.injected;
         let credential = credentials
+            .names
             .iter()
-            .take(if look { credentials.len() } else { 0 })
+            .take(if look { credentials.names.len() } else { 0 })
             .find_map(|name| headers.get(name));
         if credential.is_none() && tag.is_none() {
             return 0;
@@ -367,6 +402,33 @@ impl Pacer {
             self.metrics.closed("retry_after");
         }
         self.set_remaining_gauges();
+    }
+
+    /// How long the key of `ticket` holds a retry of its request: a `Retry-After`, or no
+    /// quota left; `None` when open.
+    pub fn holds_for(&self, config: &PaceConfig, ticket: &Ticket) -> Option<Duration> {
+        let key = self.known_key(config, ticket)?;
+        key.holds_for(Instant::now(), config)
+    }
+
+    /// A retry of `ticket`'s request goes: it counts against its key's window.
+    pub fn again(&self, config: &PaceConfig, ticket: &Ticket) {
+        if let Some(key) = self.known_key(config, ticket) {
+            key.again(Instant::now(), config);
+        }
+    }
+
+    /// The state of `ticket`'s key, when pacing is on and knows it (an answer to a request
+    /// admitted before any may have taught it since).
+    fn known_key(&self, config: &PaceConfig, ticket: &Ticket) -> Option<Arc<Key>> {
+        match (&ticket.0, config.enabled) {
+            (Held::Tracked { key, .. }, true) => Some(key.clone()),
+            (Held::Untracked(id), true) => {
+                let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+                keys.map.get(id).cloned()
+            }
+            _ => None,
+        }
     }
 
     /// Counts a limit field the upstream sent that was ignored, and logs the first.

@@ -39,7 +39,13 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
     let pacer = pacer();
     let config = PaceConfig::default();
     let alice = with_credential("Bearer sk-alice-secret");
-    let (ticket, pass) = pacer.admit(&config, &alice, &CREDENTIALS, with_credential_sent(), None);
+    let (ticket, pass) = pacer.admit(
+        &config,
+        &alice,
+        &Credentials::default(),
+        with_credential_sent(),
+        None,
+    );
     assert!(matches!(pass, Pass::Go), "nothing is known yet");
     let ticket = ticket.going();
     pacer.observe(&config, &ticket, 200, &exhausted(), None);
@@ -47,7 +53,13 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
 
     let soon = Some(Instant::now() + Duration::from_secs(1));
     match pacer
-        .admit(&config, &alice, &CREDENTIALS, with_credential_sent(), soon)
+        .admit(
+            &config,
+            &alice,
+            &Credentials::default(),
+            with_credential_sent(),
+            soon,
+        )
         .1
     {
         Pass::Refuse(refusal) => assert!((4..=5).contains(&refusal.retry_after_secs), "{refusal:?}"),
@@ -55,14 +67,26 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
     }
     assert!(matches!(
         pacer
-            .admit(&config, &alice, &CREDENTIALS, with_credential_sent(), None)
+            .admit(
+                &config,
+                &alice,
+                &Credentials::default(),
+                with_credential_sent(),
+                None
+            )
             .1,
         Pass::Wait(_)
     ));
     let bob = with_credential("Bearer sk-bob-secret");
     assert!(matches!(
         pacer
-            .admit(&config, &bob, &CREDENTIALS, with_credential_sent(), None)
+            .admit(
+                &config,
+                &bob,
+                &Credentials::default(),
+                with_credential_sent(),
+                None
+            )
             .1,
         Pass::Go
     ));
@@ -72,7 +96,9 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
         ..with_credential_sent()
     };
     assert!(matches!(
-        pacer.admit(&config, &alice, &CREDENTIALS, tagged, None).1,
+        pacer
+            .admit(&config, &alice, &Credentials::default(), tagged, None)
+            .1,
         Pass::Go
     ));
 
@@ -80,7 +106,9 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
     // further.
     let unseen = Asked::default();
     assert!(matches!(
-        pacer.admit(&config, &alice, &CREDENTIALS, unseen, None).1,
+        pacer
+            .admit(&config, &alice, &Credentials::default(), unseen, None)
+            .1,
         Pass::Go
     ));
 
@@ -98,11 +126,23 @@ async fn off_reads_nothing_and_holds_nothing() {
         ..PaceConfig::default()
     };
     let alice = with_credential("Bearer a");
-    let (ticket, _) = pacer.admit(&config, &alice, &CREDENTIALS, with_credential_sent(), None);
+    let (ticket, _) = pacer.admit(
+        &config,
+        &alice,
+        &Credentials::default(),
+        with_credential_sent(),
+        None,
+    );
     pacer.observe(&config, &ticket.going(), 200, &exhausted(), None);
     assert!(matches!(
         pacer
-            .admit(&config, &alice, &CREDENTIALS, with_credential_sent(), None)
+            .admit(
+                &config,
+                &alice,
+                &Credentials::default(),
+                with_credential_sent(),
+                None
+            )
             .1,
         Pass::Go
     ));
@@ -122,4 +162,26 @@ async fn keys_nothing_holds_are_forgotten_as_new_ones_come() {
     assert_eq!(keys.map.len(), 2, "the held key and the new one");
     assert!(keys.map.contains_key(&1));
     drop(held);
+}
+
+/// A credential `request_headers` injects keys the request even when the application sent no
+/// credential field of its own.
+#[tokio::test]
+async fn an_injected_credential_keys_requests_the_application_sent_none_with() {
+    let pacer = pacer();
+    let config = PaceConfig::default();
+    let injecting = Credentials::new([&http::header::AUTHORIZATION]);
+    let headers = with_credential("Bearer injected");
+    let (ticket, _) = pacer.admit(&config, &headers, &injecting, Asked::default(), None);
+    pacer.observe(&config, &ticket.going(), 200, &exhausted(), None);
+    let soon = Some(Instant::now() + Duration::from_secs(1));
+    assert!(
+        matches!(
+            pacer
+                .admit(&config, &headers, &injecting, Asked::default(), soon)
+                .1,
+            Pass::Refuse(_)
+        ),
+        "the injected credential's key is exhausted"
+    );
 }

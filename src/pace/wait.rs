@@ -41,7 +41,8 @@ impl Refusal {
     pub(super) fn until(reset: Instant, now: Instant) -> Self {
         let wait = reset.saturating_duration_since(now);
         Refusal {
-            retry_after_secs: wait.as_secs() + u64::from(wait.subsec_nanos() > 0),
+            // At least 1: `Retry-After: 0` would send the application straight back.
+            retry_after_secs: (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1),
         }
     }
 }

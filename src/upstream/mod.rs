@@ -16,7 +16,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 mod classify;
@@ -103,7 +103,7 @@ pub struct Upstream {
     pacer: Arc<Pacer>,
     /// Where a request's credential is read, for its pace key: the usual names, then those
     /// `request_headers` sets.
-    credentials: Box<[HeaderName]>,
+    credentials: pace::Credentials,
     key: PoolKey,
 }
 
@@ -250,16 +250,7 @@ impl Upstream {
         };
         let retries = Retries::new(settings.retry.budget, &label);
         let rules = rules::Rules::new(&settings.request_headers);
-        let credentials = pace::CREDENTIALS
-            .iter()
-            .chain(rules.iter().flat_map(rules::Rules::set_names))
-            .fold(Vec::new(), |mut names, name| {
-                if !names.contains(name) {
-                    names.push(name.clone());
-                }
-                names
-            })
-            .into_boxed_slice();
+        let credentials = pace::Credentials::new(rules.iter().flat_map(rules::Rules::set_names));
         let cuts = Arc::new(CutCounters {
             request: upstream_metrics.timeouts("request"),
             body_idle: upstream_metrics.timeouts("body_idle"),
@@ -515,7 +506,7 @@ impl Upstream {
                     .send_with_retries(req, None, retrying.is_some(), &mut retries)
                     .await;
                 match self.goes_again(retrying, &first) {
-                    None => first.map_err(|(err, _)| err),
+                    None => self.answered_once(first, &ticket),
                     Some(retrying) => {
                         let again = Again {
                             req: crate::wire::take_request(req),
@@ -538,10 +529,7 @@ impl Upstream {
             }
         };
         let code = match &result {
-            Ok(resp) => {
-                self.paced(&ticket, resp);
-                resp.status().as_u16()
-            }
+            Ok(resp) => resp.status().as_u16(),
             Err(err) => err.kind().status().as_u16(),
         };
         self.metrics.request(code);
@@ -593,11 +581,23 @@ impl Upstream {
             .send_with_retries(&mut req, None, retrying.is_some(), retries)
             .await;
         match self.goes_again(retrying, &first) {
-            None => first.map_err(|(err, _)| err),
+            None => self.answered_once(first, ticket),
             Some(retrying) => {
                 Box::pin(self.send_again(Again { req, retrying, at }, first, retries, ticket)).await
             }
         }
+    }
+
+    /// The answer of a request sent once, credited to pacing.
+    fn answered_once(
+        &self,
+        first: Result<Response<PooledBody>, Attempted>,
+        ticket: &Ticket,
+    ) -> Result<Response<PooledBody>, ProxyError> {
+        if let Ok(resp) = &first {
+            self.paced(ticket, resp);
+        }
+        first.map_err(|(err, _)| err)
     }
 
     /// What the retry policy keeps of `req` before its first attempt; `None` when it is not
@@ -640,13 +640,16 @@ impl Upstream {
             retrying: Retrying { idempotent, kept },
             at,
         } = again;
+        // Each answer is credited to pacing once, the last one too.
+        let mut credited = false;
         for retry in 0..policy.attempts {
             let Some(reason) = Reason::of(policy, &result, idempotent) else {
                 break;
             };
-            // Every key's requests wait out a `Retry-After`, this one's retry too.
-            if let Ok(resp) = &result {
+            // Every request of the key waits out a `Retry-After`, not only this one's retry.
+            if let (Ok(resp), false) = (&result, credited) {
                 self.paced(ticket, resp);
+                credited = true;
             }
             // What goes again: the same head, with the body untouched when nothing was sent,
             // else as it was kept (whole, or not at all).
@@ -668,6 +671,8 @@ impl Upstream {
                 },
                 Err(_) => self.retries.backoff(policy.backoff, retry),
             };
+            // A closed key (this answer's `Retry-After`, no quota left) holds the retry too.
+            let wait = wait.max(self.pace_hold(ticket).unwrap_or_default());
             if at.is_some_and(|at| tokio::time::Instant::now() + wait >= at) {
                 break;
             }
@@ -691,12 +696,17 @@ impl Upstream {
             *retries += 1;
             // The wait holds no connection: the response and its lease are gone.
             tokio::time::sleep(wait).await;
+            self.pace_again(ticket);
             if let Some(body) = body {
                 *req.body_mut() = body;
             }
             result = self
                 .send_with_retries(&mut req, avoid.as_ref(), true, retries)
                 .await;
+            credited = false;
+        }
+        if let (Ok(resp), false) = (&result, credited) {
+            self.paced(ticket, resp);
         }
         result.map_err(|(err, _)| err)
     }

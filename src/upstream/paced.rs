@@ -36,4 +36,15 @@ impl Upstream {
             resp.body().wire_fields(),
         );
     }
+
+    /// How long the key of `ticket` holds a retry: a `Retry-After`, or no quota left; `None`
+    /// when it is open (smoothing does not hold a retry, already a request of the window).
+    pub(super) fn pace_hold(&self, ticket: &Ticket) -> Option<std::time::Duration> {
+        self.pacer.holds_for(&self.settings.pace, ticket)
+    }
+
+    /// A retry of `ticket`'s request goes: it counts against its key's window.
+    pub(super) fn pace_again(&self, ticket: &Ticket) {
+        self.pacer.again(&self.settings.pace, ticket);
+    }
 }

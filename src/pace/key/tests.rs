@@ -57,9 +57,10 @@ fn what_is_left_goes_then_requests_wait_for_the_reset() {
     assert!((0..3).all(|_| goes(&key, t0, &config)));
     assert!(!goes(&key, t0, &config), "the fourth waits");
     let state = key.lock();
-    let (open, reset) = state.opens_at(t0, &config).expect("closed");
-    assert_eq!(reset, t0 + Duration::from_secs(2));
-    assert_eq!(open, reset + RESET_GUARD);
+    let opens = state.opens_at(t0, &config).expect("closed");
+    assert_eq!(opens.reset, t0 + Duration::from_secs(2));
+    assert_eq!(opens.at, opens.reset + RESET_GUARD);
+    assert!(!opens.spacing);
 }
 
 #[test]
@@ -137,9 +138,17 @@ fn smoothing_spaces_what_is_left_evenly_until_the_reset() {
     key.apply(&requests(20, Some(20), 2_000), t0, &config, false);
     assert!(goes(&key, t0, &config));
     let state = key.lock();
-    let (open, _) = state.opens_at(t0, &config).expect("spaced");
+    let opens = state.opens_at(t0, &config).expect("spaced");
     // 19 left over 2 s: one every 100 ms, the last a step before the reset.
-    assert_eq!(open - t0, Duration::from_millis(100));
+    assert_eq!(opens.at - t0, Duration::from_millis(100));
+    assert!(opens.spacing);
+    drop(state);
+    // The spacing yields to a request that would give up before its slot: the quota has room.
+    let soon = t0 + Duration::from_millis(50);
+    assert!(matches!(
+        key.admit(t0, &config, Priority::Normal, soon),
+        Verdict::Go
+    ));
 }
 
 #[test]
@@ -241,4 +250,34 @@ fn a_key_binds_while_its_window_or_retry_after_is_ahead_or_requests_wait() {
     };
     key.apply(&report, t0, &config, false);
     assert!(key.binds(t0 + Duration::from_secs(2)));
+}
+
+#[test]
+fn absurd_figures_neither_wrap_nor_panic() {
+    let key = key();
+    let config = config(true, u64::MAX);
+    let t0 = Instant::now();
+    key.apply(&requests(u64::MAX, Some(u64::MAX), 1), t0, &config, false);
+    assert!(!goes(&key, t0, &config), "a reserve past any figure holds");
+    let config = self::config(true, 0);
+    key.apply(
+        &requests(1 << 33, None, 2_000),
+        t0 + Duration::from_secs(1),
+        &config,
+        false,
+    );
+    assert!(goes(&key, t0 + Duration::from_secs(1), &config));
+    // A window of a nanosecond, idle for an hour: forgotten, not wrapped.
+    let tiny = Window {
+        limit: Some(5),
+        left: 0,
+        reported: 0,
+        reset_at: t0,
+        predicted: false,
+        span: Some(Duration::from_nanos(1)),
+        exhausted: false,
+    };
+    assert!(tiny
+        .current(t0 + Duration::from_secs(3600 * 24 * 365), 0)
+        .is_none());
 }
