@@ -18,6 +18,18 @@ fn with_credential(value: &'static str) -> HeaderMap {
     headers
 }
 
+/// What the pacer decides for a request with `headers` to an upstream that injects no
+/// credential.
+fn admit(
+    pacer: &Pacer,
+    config: &PaceConfig,
+    headers: &HeaderMap,
+    asked: Asked,
+    deadline: Option<Instant>,
+) -> (Ticket, Pass) {
+    pacer.admit(config, headers, &Credentials::default(), asked, deadline)
+}
+
 /// What `proxy::headers` says of a request that came with a credential field.
 fn with_credential_sent() -> Asked {
     Asked {
@@ -39,55 +51,24 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
     let pacer = pacer();
     let config = PaceConfig::default();
     let alice = with_credential("Bearer sk-alice-secret");
-    let (ticket, pass) = pacer.admit(
-        &config,
-        &alice,
-        &Credentials::default(),
-        with_credential_sent(),
-        None,
-    );
+    let (ticket, pass) = admit(&pacer, &config, &alice, with_credential_sent(), None);
     assert!(matches!(pass, Pass::Go), "nothing is known yet");
     let ticket = ticket.going();
     pacer.observe(&config, &ticket, 200, &exhausted(), None);
     drop(ticket);
 
     let soon = Some(Instant::now() + Duration::from_secs(1));
-    match pacer
-        .admit(
-            &config,
-            &alice,
-            &Credentials::default(),
-            with_credential_sent(),
-            soon,
-        )
-        .1
-    {
+    match admit(&pacer, &config, &alice, with_credential_sent(), soon).1 {
         Pass::Refuse(refusal) => assert!((4..=5).contains(&refusal.retry_after_secs), "{refusal:?}"),
         other => panic!("a wait past the deadline is refused: {other:?}"),
     }
     assert!(matches!(
-        pacer
-            .admit(
-                &config,
-                &alice,
-                &Credentials::default(),
-                with_credential_sent(),
-                None
-            )
-            .1,
+        admit(&pacer, &config, &alice, with_credential_sent(), None).1,
         Pass::Wait(_)
     ));
     let bob = with_credential("Bearer sk-bob-secret");
     assert!(matches!(
-        pacer
-            .admit(
-                &config,
-                &bob,
-                &Credentials::default(),
-                with_credential_sent(),
-                None
-            )
-            .1,
+        admit(&pacer, &config, &bob, with_credential_sent(), None).1,
         Pass::Go
     ));
     // A tag splits a credential's key.
@@ -95,22 +76,12 @@ async fn an_answer_teaches_its_key_whose_requests_then_wait_and_another_credenti
         tag: Some(Asked::tag(b"gpt-4o")),
         ..with_credential_sent()
     };
-    assert!(matches!(
-        pacer
-            .admit(&config, &alice, &Credentials::default(), tagged, None)
-            .1,
-        Pass::Go
-    ));
+    assert!(matches!(admit(&pacer, &config, &alice, tagged, None).1, Pass::Go));
 
     // A request whose walk saw no credential field is the anonymous key's, looked up no
     // further.
     let unseen = Asked::default();
-    assert!(matches!(
-        pacer
-            .admit(&config, &alice, &Credentials::default(), unseen, None)
-            .1,
-        Pass::Go
-    ));
+    assert!(matches!(admit(&pacer, &config, &alice, unseen, None).1, Pass::Go));
 
     let report = pacer.report();
     let shown = serde_json::to_string(&report).unwrap();
@@ -126,24 +97,10 @@ async fn off_reads_nothing_and_holds_nothing() {
         ..PaceConfig::default()
     };
     let alice = with_credential("Bearer a");
-    let (ticket, _) = pacer.admit(
-        &config,
-        &alice,
-        &Credentials::default(),
-        with_credential_sent(),
-        None,
-    );
+    let (ticket, _) = admit(&pacer, &config, &alice, with_credential_sent(), None);
     pacer.observe(&config, &ticket.going(), 200, &exhausted(), None);
     assert!(matches!(
-        pacer
-            .admit(
-                &config,
-                &alice,
-                &Credentials::default(),
-                with_credential_sent(),
-                None
-            )
-            .1,
+        admit(&pacer, &config, &alice, with_credential_sent(), None).1,
         Pass::Go
     ));
     assert!(pacer.report().keys.is_empty());
