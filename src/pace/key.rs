@@ -65,13 +65,6 @@ pub(super) enum Turn {
     Later(Instant),
 }
 
-/// What a report changed.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Closed {
-    /// A `Retry-After` closed the key.
-    pub(super) retry_after: bool,
-}
-
 /// When a key opens next and what holds it.
 #[derive(Debug, Clone, Copy)]
 struct Opens {
@@ -266,24 +259,28 @@ impl Key {
         state.last_go = Some(now);
         if let Some(window) = state.requests.as_mut() {
             window.left -= 1;
-            if window.left <= reserve(config) && !window.exhausted {
-                window.exhausted = true;
-                self.metrics.closed("remaining");
-            }
+            self.note_exhausted(window, config);
+        }
+    }
+
+    /// Counts `window` closed for `remaining` the first time what is left reaches the reserve.
+    fn note_exhausted(&self, window: &mut Window, config: &PaceConfig) {
+        if window.left <= reserve(config) && !window.exhausted {
+            window.exhausted = true;
+            self.metrics.closed("remaining");
         }
     }
 
     /// Takes in what a response said; `counted`: the request it answered is among those in
     /// flight.
-    pub(super) fn apply(&self, report: &Report, now: Instant, config: &PaceConfig, counted: bool) -> Closed {
+    pub(super) fn apply(&self, report: &Report, now: Instant, config: &PaceConfig, counted: bool) {
         let others = self.out().saturating_sub(u32::from(counted));
         let mut state = self.lock();
-        let mut closed = Closed::default();
         if let Some(wait) = report.retry_after {
             let until = now + wait;
             if state.closed_until.is_none_or(|at| at < until) {
                 state.closed_until = Some(until);
-                closed.retry_after = true;
+                self.metrics.closed("retry_after");
             }
         }
         if let Some(quota) = report.requests {
@@ -294,13 +291,9 @@ impl Key {
         }
         let state = &mut *state;
         for window in [&mut state.requests, &mut state.tokens].into_iter().flatten() {
-            if window.left <= reserve(config) && !window.exhausted {
-                window.exhausted = true;
-                self.metrics.closed("remaining");
-            }
+            self.note_exhausted(window, config);
         }
         state.queue.wake_first();
-        closed
     }
 
     /// Whether what the key knows still binds at `now`: a window not yet reset, a

@@ -143,7 +143,8 @@ pub struct Pacer {
     /// Keys the upstream's responses told something of. Empty until a response carries a
     /// limit field: admission then looks no further.
     keys: Mutex<Keys>,
-    /// `keys` is not empty: a plain load on every request instead of the lock.
+    /// Some answer of the upstream carried a limit field: until then a request is admitted
+    /// with a plain load instead of the lock.
     known: std::sync::atomic::AtomicBool,
     hash_key: std::collections::hash_map::RandomState,
     /// The settings in force, for `/debug/pools` (requests are given their upstream's).
@@ -283,7 +284,7 @@ impl Pacer {
     ) -> (Ticket, Pass) {
         let key = self.key(id);
         let now = Instant::now();
-        let give_up = (now + config.max_wait).min(deadline.unwrap_or(now + config.max_wait));
+        let give_up = deadline.map_or(now + config.max_wait, |at| at.min(now + config.max_wait));
         let pass = match key.admit(now, config, priority, give_up) {
             Verdict::Go => Pass::Go,
             Verdict::Wait(place) => {
@@ -397,10 +398,7 @@ impl Pacer {
             Held::Off => return,
         };
         self.known.store(true, std::sync::atomic::Ordering::Release);
-        let closed = key.apply(&report, Instant::now(), config, counted);
-        if closed.retry_after {
-            self.metrics.closed("retry_after");
-        }
+        key.apply(&report, Instant::now(), config, counted);
         self.set_remaining_gauges();
     }
 
@@ -444,20 +442,16 @@ impl Pacer {
     /// `egress_upstream_ratelimit_remaining`: the lowest over the keys, per unit.
     fn set_remaining_gauges(&self) {
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut requests, mut tokens) = (None::<u64>, None::<u64>);
-        for key in keys.map.values() {
-            let (r, t) = key.remaining();
-            requests = match (requests, r) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            tokens = match (tokens, t) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-        }
-        set_gauge(&self.metrics.remaining_requests, requests);
-        set_gauge(&self.metrics.remaining_tokens, tokens);
+        let left: Vec<(Option<u64>, Option<u64>)> = keys.map.values().map(|key| key.remaining()).collect();
+        drop(keys);
+        set_gauge(
+            &self.metrics.remaining_requests,
+            left.iter().filter_map(|l| l.0).min(),
+        );
+        set_gauge(
+            &self.metrics.remaining_tokens,
+            left.iter().filter_map(|l| l.1).min(),
+        );
     }
 
     /// The keys as `/debug/pools` shows them.

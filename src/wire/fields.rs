@@ -61,10 +61,24 @@ impl WireFields {
     /// The fields as name and value bytes (the value trimmed), in order; a line with no colon
     /// is passed over.
     pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.lines.split(|b| *b == b'\n').filter_map(|line| {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
+        self.spans().filter_map(|(start, end)| {
+            let line = &self.lines[start..end];
             let colon = line.iter().position(|b| *b == b':')?;
             Some((&line[..colon], line[colon + 1..].trim_ascii()))
+        })
+    }
+
+    /// Where each line is in `lines`, without its CRLF.
+    fn spans(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            if at >= self.lines.len() {
+                return None;
+            }
+            let end = memchr::memmem::find(&self.lines[at..], b"\r\n").map_or(self.lines.len(), |n| at + n);
+            let span = (at, end);
+            at = end + 2;
+            Some(span)
         })
     }
 
@@ -83,13 +97,10 @@ impl WireFields {
     /// the error once the rest are in.
     pub fn into_map(self, map: &mut HeaderMap) -> Result<(), BadLine> {
         let mut first_bad = None;
-        let mut at = 0;
-        while at < self.lines.len() {
-            let end = memchr::memmem::find(&self.lines[at..], b"\r\n").map_or(self.lines.len(), |n| at + n);
-            if let Err(bad) = self.push_line(at, end, map) {
+        for (start, end) in self.spans() {
+            if let Err(bad) = self.push_line(start, end, map) {
                 first_bad.get_or_insert(bad);
             }
-            at = end + 2;
         }
         first_bad.map_or(Ok(()), Err)
     }

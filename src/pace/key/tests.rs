@@ -118,7 +118,8 @@ fn a_retry_after_closes_the_key_and_a_wait_past_the_give_up_is_refused_with_the_
         retry_after: Some(Duration::from_secs(3)),
         ..Report::default()
     };
-    assert!(key.apply(&report, t0, &config, false).retry_after);
+    key.apply(&report, t0, &config, false);
+    assert_eq!(key.lock().closed_until, Some(t0 + Duration::from_secs(3)));
     match key.admit(t0, &config, Priority::Normal, t0 + Duration::from_secs(1)) {
         Verdict::Refuse(reset) => assert_eq!(reset, t0 + Duration::from_secs(3)),
         other => panic!("{other:?}"),
