@@ -18,6 +18,7 @@ mod access_log;
 mod endpoints;
 mod header_rules;
 mod host;
+mod llm;
 mod pace;
 mod problems;
 mod retry;
@@ -44,6 +45,7 @@ pub use endpoints::{
 pub use header_rules::{header_file_value, HeaderRules, HeaderSource};
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
+pub use llm::{LlmConfig, UsageMode};
 pub use pace::PaceConfig;
 pub use retry::{Backoff, RetryBudget, RetryConfig, RetryOn, DEFAULT_BODY_IDLE_TIMEOUT};
 pub use via::{ParentRoute, ParentUrl, Via, ViaConfig};
@@ -183,6 +185,8 @@ pub struct UpstreamSettings {
     pub retry: RetryConfig,
     /// Pacing to the limits the upstream advertises.
     pub pace: PaceConfig,
+    /// Reading the token usage LLM APIs report.
+    pub llm: LlmConfig,
     /// Pool knobs.
     pub pool: PoolConfig,
     /// HTTP/2 knobs.

@@ -63,6 +63,7 @@ pub(super) struct FileSettings {
     pub(super) body_idle_timeout: Option<Scalar>,
     pub(super) retry: FileRetry,
     pub(super) pace: FilePace,
+    pub(super) llm: FileLlm,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,
@@ -90,6 +91,13 @@ pub(super) struct FilePace {
     pub(super) max_wait: Option<Scalar>,
     pub(super) reserve: Option<u64>,
     pub(super) smooth: Option<bool>,
+}
+
+/// `llm` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileLlm {
+    pub(super) usage: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -170,6 +178,7 @@ pub(super) struct FileUpstream {
     pub(super) body_idle_timeout: Option<Scalar>,
     pub(super) retry: FileRetry,
     pub(super) pace: FilePace,
+    pub(super) llm: FileLlm,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,

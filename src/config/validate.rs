@@ -9,16 +9,16 @@ use std::path::PathBuf;
 
 use super::problems::{duration_or, opt_duration_or, parse_size, Problems};
 use super::schema::{
-    FileBudget, FileConfig, FileDownstream, FileHeaderRules, FileHttp2, FileOutlier, FilePace, FilePolicy,
-    FilePool, FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
+    FileBudget, FileConfig, FileDownstream, FileHeaderRules, FileHttp2, FileLlm, FileOutlier, FilePace,
+    FilePolicy, FilePool, FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
 };
 use super::via::ViaConfig;
-use super::{access_log, endpoints, header_rules, pace, retry, via};
+use super::{access_log, endpoints, header_rules, llm, pace, retry, via};
 use super::{
     load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HeaderRules,
-    HostPattern, Http2Config, OutlierConfig, Overrides, PaceConfig, PolicyConfig, PoolConfig, Protocol,
-    RetryConfig, Scheme, ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings, DEFAULT_ADMIN,
-    DEFAULT_BUDGET_MEMORY_FRACTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DOWNSTREAM_IDLE_TIMEOUT,
+    HostPattern, Http2Config, LlmConfig, OutlierConfig, Overrides, PaceConfig, PolicyConfig, PoolConfig,
+    Protocol, RetryConfig, Scheme, ShutdownConfig, TlsConfig, UpstreamConfig, UpstreamSettings,
+    DEFAULT_ADMIN, DEFAULT_BUDGET_MEMORY_FRACTION, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DOWNSTREAM_IDLE_TIMEOUT,
     DEFAULT_DOWNSTREAM_MAX_CONNECTIONS, DEFAULT_DRAIN_TIMEOUT, DEFAULT_H2_KEEPALIVE_INTERVAL,
     DEFAULT_H2_KEEPALIVE_TIMEOUT, DEFAULT_H2_MAX_STREAMS, DEFAULT_HEADER_READ_TIMEOUT,
     DEFAULT_LEAKY_IDLE_TIMEOUT, DEFAULT_LISTEN, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_IDLE_DOWNSTREAM,
@@ -216,6 +216,7 @@ fn builtin_settings() -> UpstreamSettings {
         body_idle_timeout: Some(retry::DEFAULT_BODY_IDLE_TIMEOUT),
         retry: RetryConfig::default(),
         pace: PaceConfig::default(),
+        llm: LlmConfig::default(),
         pool: PoolConfig {
             max_connections: DEFAULT_POOL_MAX_CONNECTIONS,
             max_idle: DEFAULT_POOL_MAX_IDLE,
@@ -248,6 +249,7 @@ struct SettingsRef<'a> {
     body_idle_timeout: &'a Option<Scalar>,
     retry: &'a FileRetry,
     pace: &'a FilePace,
+    llm: &'a FileLlm,
     pool: &'a FilePool,
     http2: &'a FileHttp2,
     balance: &'a Option<String>,
@@ -267,6 +269,7 @@ impl<'a> SettingsRef<'a> {
             body_idle_timeout: &raw.body_idle_timeout,
             retry: &raw.retry,
             pace: &raw.pace,
+            llm: &raw.llm,
             pool: &raw.pool,
             http2: &raw.http2,
             balance: &raw.balance,
@@ -286,6 +289,7 @@ impl<'a> SettingsRef<'a> {
             body_idle_timeout: &raw.body_idle_timeout,
             retry: &raw.retry,
             pace: &raw.pace,
+            llm: &raw.llm,
             pool: &raw.pool,
             http2: &raw.http2,
             balance: &raw.balance,
@@ -347,6 +351,7 @@ fn merge_settings(
     );
     let retry = retry::merge_retry(&base.retry, raw.retry, &key("retry"), problems);
     let pace = pace::merge_pace(&base.pace, raw.pace, &key("pace"), problems);
+    let llm = llm::merge_llm(&base.llm, raw.llm, &key("llm"), problems);
     let pool = merge_pool(&base.pool, raw.pool, &key("pool"), problems);
     let http2 = merge_http2(&base.http2, raw.http2, &key("http2"), problems);
     let balance = endpoints::merge_balance(base.balance, raw.balance, &key("balance"), problems);
@@ -367,6 +372,7 @@ fn merge_settings(
         body_idle_timeout,
         retry,
         pace,
+        llm,
         pool,
         http2,
         balance,

@@ -1,0 +1,1 @@
+//! The fields read, per provider (stub).

@@ -1,0 +1,1 @@
+//! Counts per app and model (stub).
