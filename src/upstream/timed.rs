@@ -21,6 +21,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Instant, Sleep};
 
+use crate::pace::Spend;
 use crate::pool::{PooledBody, ServedBy};
 use crate::wire::{BoxError, WireFields};
 
@@ -81,6 +82,8 @@ pub struct TimedBody {
     moved: bool,
     counters: Option<Arc<CutCounters>>,
     retries: u32,
+    /// What settles the request's tokens in pacing, for the reader of its usage.
+    spend: Option<Spend>,
 }
 
 impl TimedBody {
@@ -95,7 +98,19 @@ impl TimedBody {
             sleep: None,
             moved: false,
             counters: timed.then(|| counters.clone()),
+            spend: None,
         }
+    }
+
+    /// This body, with what settles its request's tokens in pacing.
+    pub fn with_spend(mut self, spend: Option<Spend>) -> Self {
+        self.spend = spend;
+        self
+    }
+
+    /// What settles the request's tokens in pacing, taken once.
+    pub fn take_spend(&mut self) -> Option<Spend> {
+        self.spend.take()
     }
 
     /// How the response was served (endpoint, reuse, protocol).
