@@ -161,6 +161,8 @@ pub enum Reason {
     NoUsage,
     /// The body ended early (the upstream or the application left) before any usage came.
     Cut,
+    /// The body is compressed (`Content-Encoding`), and not read.
+    Compressed,
 }
 
 impl Reason {
@@ -173,6 +175,7 @@ impl Reason {
             Reason::InvalidValue => "invalid_value",
             Reason::NoUsage => "no_usage",
             Reason::Cut => "cut",
+            Reason::Compressed => "compressed",
         }
     }
 }

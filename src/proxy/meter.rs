@@ -39,11 +39,16 @@ pub(super) struct Named {
 }
 
 impl Named {
-    /// What `req`, bound for `upstream`, names: nothing unless the upstream reads usage.
-    pub(super) fn of(req: &Request<RequestBody>, upstream: &Upstream, app: Option<HeaderValue>) -> Named {
+    /// What `req`, bound for `upstream`, names: nothing unless the upstream reads usage. An
+    /// upstream whose answers are all LLM answers is asked for them uncompressed (see
+    /// [`ask_identity`]).
+    pub(super) fn of(req: &mut Request<RequestBody>, upstream: &Upstream, app: Option<HeaderValue>) -> Named {
         let Some(reading) = upstream.usage() else {
             return Named::default();
         };
+        if reading.always {
+            ask_identity(req);
+        }
         let ledger = reading.metrics.ledger();
         let app = app.and_then(|value| ledger.app_id(&String::from_utf8_lossy(value.as_bytes())));
         let model = if reading.model_in_path {
@@ -52,6 +57,20 @@ impl Named {
             None
         };
         Named { app, model }
+    }
+}
+
+/// Asks for an uncompressed answer: a compressed body cannot be read as it passes without
+/// inflating a copy of it (a window of 32 KiB for gzip, up to 16 MiB for Brotli, per answer).
+/// LLM answers are small text, and a server may always answer `identity`: the application
+/// gets what the provider sent, byte for byte, only not compressed.
+fn ask_identity(req: &mut Request<RequestBody>) {
+    let headers = req.headers_mut();
+    if headers.contains_key(http::header::ACCEPT_ENCODING) {
+        headers.insert(
+            http::header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
     }
 }
 
@@ -81,7 +100,12 @@ pub(super) fn meter(
         return resp.map(super::ResponseBody::Upstream);
     };
     let status = resp.status().as_u16();
+    let compressed = resp
+        .headers()
+        .get(http::header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
     let meter = Meter {
+        compressed,
         reader: Reader::new(framing, reading.shapes),
         framing,
         reading: reading.clone(),
@@ -135,6 +159,8 @@ pub struct Metered {
 
 #[derive(Debug)]
 struct Meter {
+    /// The body is compressed: not read, counted as such.
+    compressed: bool,
     reader: Reader,
     framing: Framing,
     reading: Arc<Reading>,
@@ -153,6 +179,9 @@ struct Meter {
 
 impl Meter {
     fn read(&mut self, data: &[u8]) {
+        if self.compressed {
+            return;
+        }
         self.reader.feed(data);
         if self.framing == Framing::Sse && self.first_event.is_none() && self.reader.events() > 0 {
             self.first_event = Some(self.head_at.elapsed().as_secs_f64());
@@ -169,7 +198,14 @@ impl Meter {
     }
 
     fn count(&mut self, complete: bool) -> Spent {
-        let outcome = self.reader.finish(complete);
+        let outcome = if self.compressed {
+            Outcome::Unreadable {
+                reason: Reason::Compressed,
+                model: None,
+            }
+        } else {
+            self.reader.finish(complete)
+        };
         // A body of an upstream not known for LLM answers counts once it showed a shape.
         if !self.reading.always && !self.reader.shaped() {
             return Spent::default();
