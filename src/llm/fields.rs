@@ -161,14 +161,36 @@ static KEYS: [Key; 28] = {
     ]
 };
 
-fn shape_bits(shapes: Shapes) -> u8 {
+const NODES: usize = Node::UsageMetadata as usize + 1;
+
+fn shapes_index(shapes: Shapes) -> usize {
     match shapes {
-        Shapes::Any => ALL,
-        Shapes::OpenAi => OPENAI,
-        Shapes::Anthropic => ANTHROPIC,
-        Shapes::Gemini => GEMINI,
+        Shapes::Any => 0,
+        Shapes::OpenAi => 1,
+        Shapes::Anthropic => 2,
+        Shapes::Gemini => 3,
     }
 }
+
+/// The keys of each object each `Shapes` reads (indexed as `shapes_index`), as bits of
+/// [`KEYS`]: worked out once, not at every key.
+static CANDIDATES: [[u32; 4]; NODES] = {
+    let mut table = [[0; 4]; NODES];
+    let shapes = [ALL, OPENAI, ANTHROPIC, GEMINI];
+    let mut i = 0;
+    while i < KEYS.len() {
+        let key = &KEYS[i];
+        let mut s = 0;
+        while s < shapes.len() {
+            if key.shapes & shapes[s] != 0 {
+                table[key.parent as usize][s] |= 1 << i;
+            }
+            s += 1;
+        }
+        i += 1;
+    }
+    table
+};
 
 /// A key being read byte by byte against the keys `parent` has for the accepted shapes, without
 /// storing it: the keys still possible and how far they matched.
@@ -181,14 +203,10 @@ pub(super) struct KeyMatch {
 impl KeyMatch {
     /// The start of a key inside `parent`.
     pub(super) fn new(parent: Node, shapes: Shapes) -> KeyMatch {
-        let accepted = shape_bits(shapes);
-        let mut candidates = 0;
-        for (i, key) in KEYS.iter().enumerate() {
-            if key.parent == parent && key.shapes & accepted != 0 {
-                candidates |= 1 << i;
-            }
+        KeyMatch {
+            candidates: CANDIDATES[parent as usize][shapes_index(shapes)],
+            at: 0,
         }
-        KeyMatch { candidates, at: 0 }
     }
 
     /// Whether a key can still match.

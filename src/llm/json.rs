@@ -80,14 +80,18 @@ impl Reader {
     /// An SSE body's last event, when no blank line ended it, is discarded even in a complete
     /// body, as the SSE specification says.
     pub fn finish(&mut self, complete: bool) -> Outcome {
-        let complete = *self.finished.get_or_insert(complete);
-        if complete && self.gave_up.is_none() && self.framing == Framing::Json {
-            match self.scanner.end(&mut self.tally) {
-                Ok(true) => {}
-                Ok(false) => self.gave_up = Some(Reason::Malformed),
-                Err(reason) => self.gave_up = Some(reason),
+        if self.finished.is_none() {
+            self.finished = Some(complete);
+            if complete && self.gave_up.is_none() && self.framing == Framing::Json {
+                // An empty body is not JSON either.
+                match self.scanner.end(&mut self.tally) {
+                    Ok(true) => {}
+                    Ok(false) => self.gave_up = Some(Reason::Malformed),
+                    Err(reason) => self.gave_up = Some(reason),
+                }
             }
         }
+        let complete = self.finished == Some(true);
         let model = self.tally.model();
         if let Some(reason) = self.gave_up {
             return Outcome::Unreadable { reason, model };
@@ -286,7 +290,7 @@ impl Scanner {
             let b = bytes[i];
             match self.state {
                 State::Str(kind @ (Str::Value | Str::Key)) => {
-                    let Some(n) = memchr2(b'"', b'\\', &bytes[i..]) else {
+                    let Some(n) = quote_or_backslash(&bytes[i..]) else {
                         i = bytes.len();
                         continue;
                     };
@@ -580,6 +584,19 @@ impl Scanner {
         }
         false
     }
+}
+
+/// Where the next `"` or `\\` is. Most strings in an answer are short keys and values (`"id"`,
+/// `"index"`, `"stop"`), which a plain loop finds before `memchr` would have set up its vectors;
+/// past them, `memchr` skips the text of a completion.
+fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    const HEAD: usize = 16;
+    let head = &bytes[..bytes.len().min(HEAD)];
+    if let Some(n) = head.iter().position(|b| *b == b'"' || *b == b'\\') {
+        return Some(n);
+    }
+    let tail = bytes.get(HEAD..)?;
+    memchr2(b'"', b'\\', tail).map(|n| n + HEAD)
 }
 
 fn first_digit(b: u8) -> Num {
