@@ -114,9 +114,26 @@ impl Reader {
     }
 }
 
-/// Where the scanner is in the JSON grammar.
+/// Where the scanner is in the JSON grammar. Flat, so that the byte loop dispatches on one
+/// byte: what a state needs besides (which string an escape is in, a number's part, the literal)
+/// is in the scanner's fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// Inside a string value that is skipped.
+    SkipValue,
+    /// Inside a key that is skipped.
+    SkipKey,
+    /// Inside a key matched against the known object's keys (`Scanner::key`).
+    MatchKey,
+    /// Inside a model name, kept (`Scanner::preferred`: Gemini's `modelVersion`).
+    Model,
+    /// After a backslash in a string (`Scanner::escaped`: the string's state); in a `\u`
+    /// escape, `Scanner::at` hex digits still to come.
+    Escape,
+    /// Inside a number (`Scanner::num`; a count's in `Scanner::slot`, summed in `Scanner::sum`).
+    Number,
+    /// Inside `true`, `false` or `null` (`Scanner::word`, `Scanner::at` bytes matched).
+    Literal,
     /// Before the root value.
     Start,
     /// A value expected: after `:`, or after `,` in an array.
@@ -133,14 +150,6 @@ enum State {
     Next,
     /// After the root value: only whitespace.
     End,
-    /// Inside a string.
-    Str(Str),
-    /// After a backslash in a string; in a `\u` escape, the hex digits still to come.
-    Escape(Str, u8),
-    /// Inside a number; a count's digits are summed in `Scanner::sum`.
-    Number(Num, Option<Slot>),
-    /// Inside `true`, `false` or `null`: which one, and the bytes matched.
-    Literal(Word, u8),
 }
 
 /// `true`, `false` or `null`.
@@ -159,19 +168,6 @@ impl Word {
             Word::Null => b"null",
         }
     }
-}
-
-/// What a string's bytes are for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Str {
-    /// A value skipped.
-    Value,
-    /// A key skipped.
-    Key,
-    /// A key matched against the known object's keys.
-    Match,
-    /// A model name, kept; Gemini's `modelVersion` is `preferred`.
-    Model(bool),
 }
 
 /// The parts of a JSON number: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
@@ -199,6 +195,14 @@ impl Num {
 #[derive(Debug)]
 pub(super) struct Scanner {
     state: State,
+    /// The string an escape is in (`SkipValue` or `SkipKey`).
+    escaped: State,
+    /// Hex digits to come in a `\u` escape, or bytes of a literal matched.
+    at: u8,
+    preferred: bool,
+    num: Num,
+    slot: Option<Slot>,
+    word: Word,
     /// Open containers.
     depth: u8,
     /// The depth at which values are documents: 0, or 1 inside a JSON body's root array.
@@ -228,6 +232,12 @@ impl Scanner {
     pub(super) fn new(shapes: Shapes, json: bool) -> Scanner {
         Scanner {
             state: State::Start,
+            escaped: State::SkipValue,
+            at: 0,
+            preferred: false,
+            num: Num::Zero,
+            slot: None,
+            word: Word::Null,
             depth: 0,
             base: 0,
             known: 0,
@@ -267,11 +277,11 @@ impl Scanner {
     /// The end of the document's bytes: whether a whole value was read (false: none began);
     /// `Malformed` if one began and did not end.
     pub(super) fn end(&mut self, tally: &mut Tally) -> Result<bool, Reason> {
-        if let State::Number(num, slot) = self.state {
-            if !num.complete() {
+        if self.state == State::Number {
+            if !self.num.complete() {
                 return Err(Reason::Malformed);
             }
-            self.end_number(slot, tally);
+            self.end_number(tally);
             self.value_done(tally);
         }
         match self.state {
@@ -289,114 +299,81 @@ impl Scanner {
         while i < bytes.len() {
             let b = bytes[i];
             match self.state {
-                State::Str(kind @ (Str::Value | Str::Key)) => {
+                State::SkipValue | State::SkipKey => {
                     let Some(n) = quote_or_backslash(&bytes[i..]) else {
                         i = bytes.len();
                         continue;
                     };
                     i += n;
                     if bytes[i] == b'"' {
-                        if self.string_end(kind, tally) {
+                        if self.string_end(tally) {
                             self.document_done(&mut from, i + 1)?;
                         }
                     } else {
-                        self.state = State::Escape(kind, 0);
+                        self.escape();
                     }
                 }
-                State::Str(Str::Match) => match b {
+                State::MatchKey => match b {
                     b'"' => {
-                        self.string_end(Str::Match, tally);
+                        self.string_end(tally);
                     }
                     // An escaped key matches nothing.
-                    b'\\' => self.state = State::Escape(Str::Key, 0),
+                    b'\\' => {
+                        self.state = State::SkipKey;
+                        self.escape();
+                    }
                     _ => {
                         self.key.push(b);
                         if !self.key.alive() {
-                            self.state = State::Str(Str::Key);
+                            self.state = State::SkipKey;
                         }
                     }
                 },
-                State::Str(Str::Model(preferred)) => match b {
+                State::Model => match b {
                     b'"' => {
-                        if self.string_end(Str::Model(preferred), tally) {
+                        if self.string_end(tally) {
                             self.document_done(&mut from, i + 1)?;
                         }
                     }
                     // An escaped model name is not taken.
-                    b'\\' => self.state = State::Escape(Str::Value, 0),
+                    b'\\' => {
+                        self.state = State::SkipValue;
+                        self.escape();
+                    }
                     _ => {
                         if !tally.model_byte(b) {
-                            self.state = State::Str(Str::Value);
+                            self.state = State::SkipValue;
                         }
                     }
                 },
-                State::Escape(kind, 0) => {
-                    self.state = match b {
-                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => State::Str(kind),
-                        b'u' => State::Escape(kind, 4),
-                        _ => return Err(Reason::Malformed),
-                    };
-                }
-                State::Escape(kind, hex) => {
-                    if !b.is_ascii_hexdigit() {
-                        return Err(Reason::Malformed);
-                    }
-                    self.state = if hex == 1 {
-                        State::Str(kind)
-                    } else {
-                        State::Escape(kind, hex - 1)
-                    };
-                }
-                State::Number(num, slot) => {
-                    if let Some(next) = self.number(num, slot, b)? {
-                        self.state = State::Number(next, slot);
+                State::Escape => self.escaped_byte(b)?,
+                State::Number => {
+                    if let Some(next) = self.number(b)? {
+                        self.num = next;
                     } else {
                         // The byte after a number is the grammar's next token: read it again.
-                        self.end_number(slot, tally);
+                        self.end_number(tally);
                         if self.value_done(tally) {
                             self.document_done(&mut from, i)?;
                         }
                         continue;
                     }
                 }
-                State::Literal(word, at) => {
-                    let text = word.text();
-                    if text.get(usize::from(at)) != Some(&b) {
+                State::Literal => {
+                    let text = self.word.text();
+                    if text.get(usize::from(self.at)) != Some(&b) {
                         return Err(Reason::Malformed);
                     }
-                    if usize::from(at) + 1 == text.len() {
-                        if self.value_done(tally) {
-                            self.document_done(&mut from, i + 1)?;
-                        }
-                    } else {
-                        self.state = State::Literal(word, at + 1);
+                    self.at += 1;
+                    if usize::from(self.at) == text.len() && self.value_done(tally) {
+                        self.document_done(&mut from, i + 1)?;
                     }
                 }
                 _ if is_space(b) => {}
-                State::Start | State::Value => self.value(b, tally)?,
-                State::FirstItem if b == b']' => {
-                    if self.close(b, tally)? {
+                structural => {
+                    if self.structural(structural, b, tally)? {
                         self.document_done(&mut from, i + 1)?;
                     }
-                }
-                State::FirstItem => self.value(b, tally)?,
-                State::FirstKey | State::Key if b == b'"' => self.key_start(),
-                State::FirstKey if b == b'}' => {
-                    if self.close(b, tally)? {
-                        self.document_done(&mut from, i + 1)?;
-                    }
-                }
-                State::Colon if b == b':' => self.state = State::Value,
-                State::Next if b == b',' => {
-                    self.state = if self.in_array() { State::Value } else { State::Key };
-                }
-                State::Next if b == b'}' || b == b']' => {
-                    if self.close(b, tally)? {
-                        self.document_done(&mut from, i + 1)?;
-                    }
-                }
-                State::FirstKey | State::Key | State::Colon | State::Next | State::End => {
-                    return Err(Reason::Malformed)
                 }
             }
             i += 1;
@@ -410,6 +387,50 @@ impl Scanner {
         self.skip(at - *from)?;
         self.bytes = 0;
         *from = at;
+        Ok(())
+    }
+
+    /// A structural byte (not whitespace) in `state`; true when it ended a document of a root
+    /// array.
+    fn structural(&mut self, state: State, b: u8, tally: &mut Tally) -> Result<bool, Reason> {
+        match state {
+            State::FirstItem | State::Next if b == b']' => return self.close(b, tally),
+            State::FirstKey | State::Next if b == b'}' => return self.close(b, tally),
+            State::Start | State::Value | State::FirstItem => self.value(b, tally)?,
+            State::FirstKey | State::Key if b == b'"' => self.key_start(),
+            State::Colon if b == b':' => self.state = State::Value,
+            State::Next if b == b',' => {
+                self.state = if self.in_array() { State::Value } else { State::Key };
+            }
+            _ => return Err(Reason::Malformed),
+        }
+        Ok(false)
+    }
+
+    /// A backslash in a string.
+    fn escape(&mut self) {
+        self.escaped = self.state;
+        self.at = 0;
+        self.state = State::Escape;
+    }
+
+    /// The byte after a backslash, or a hex digit of a `\u` escape.
+    fn escaped_byte(&mut self, b: u8) -> Result<(), Reason> {
+        if self.at == 0 {
+            match b {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.state = self.escaped,
+                b'u' => self.at = 4,
+                _ => return Err(Reason::Malformed),
+            }
+        } else {
+            if !b.is_ascii_hexdigit() {
+                return Err(Reason::Malformed);
+            }
+            self.at -= 1;
+            if self.at == 0 {
+                self.state = self.escaped;
+            }
+        }
         Ok(())
     }
 
@@ -427,17 +448,18 @@ impl Scanner {
         match (target, b) {
             (Some(Target::Count(slot)), b'0'..=b'9') => {
                 self.sum = u64::from(b - b'0');
-                self.state = State::Number(first_digit(b), Some(slot));
+                self.number_start(first_digit(b), Some(slot));
             }
-            (Some(Target::Count(_)), b'n') => self.state = State::Literal(Word::Null, 1),
+            (Some(Target::Count(_)), b'n') => self.literal(Word::Null),
             (Some(Target::Count(_)), b'-' | b'"' | b'{' | b'[' | b't' | b'f') => {
                 return Err(Reason::InvalidValue)
             }
             (Some(Target::Model { preferred }), b'"') => {
+                self.preferred = preferred;
                 self.state = if tally.start_model(preferred) {
-                    State::Str(Str::Model(preferred))
+                    State::Model
                 } else {
-                    State::Str(Str::Value)
+                    State::SkipValue
                 };
             }
             (_, b'{') => {
@@ -462,15 +484,28 @@ impl Scanner {
                 }
                 self.state = State::FirstItem;
             }
-            (_, b'"') => self.state = State::Str(Str::Value),
-            (_, b'-') => self.state = State::Number(Num::Minus, None),
-            (_, b'0'..=b'9') => self.state = State::Number(first_digit(b), None),
-            (_, b't') => self.state = State::Literal(Word::True, 1),
-            (_, b'f') => self.state = State::Literal(Word::False, 1),
-            (_, b'n') => self.state = State::Literal(Word::Null, 1),
+            (_, b'"') => self.state = State::SkipValue,
+            (_, b'-') => self.number_start(Num::Minus, None),
+            (_, b'0'..=b'9') => self.number_start(first_digit(b), None),
+            (_, b't') => self.literal(Word::True),
+            (_, b'f') => self.literal(Word::False),
+            (_, b'n') => self.literal(Word::Null),
             _ => return Err(Reason::Malformed),
         }
         Ok(())
+    }
+
+    fn number_start(&mut self, num: Num, slot: Option<Slot>) {
+        self.num = num;
+        self.slot = slot;
+        self.state = State::Number;
+    }
+
+    /// A literal whose first byte was read.
+    fn literal(&mut self, word: Word) {
+        self.word = word;
+        self.at = 1;
+        self.state = State::Literal;
     }
 
     fn open(&mut self, array: bool) -> Result<(), Reason> {
@@ -504,39 +539,39 @@ impl Scanner {
         self.state = if known > 0 && self.depth == self.base + self.known {
             self.key = KeyMatch::new(self.chain[known - 1], self.shapes);
             if self.key.alive() {
-                State::Str(Str::Match)
+                State::MatchKey
             } else {
-                State::Str(Str::Key)
+                State::SkipKey
             }
         } else {
-            State::Str(Str::Key)
+            State::SkipKey
         };
     }
 
     /// A string's closing quote; true when it ended a document of a root array.
-    fn string_end(&mut self, kind: Str, tally: &mut Tally) -> bool {
-        match kind {
-            Str::Key => self.state = State::Colon,
-            Str::Match => {
+    fn string_end(&mut self, tally: &mut Tally) -> bool {
+        match self.state {
+            State::MatchKey => {
                 self.target = self.key.target();
                 if matches!(self.target, Some(Target::Count(_))) {
                     tally.shaped = true;
                 }
                 self.state = State::Colon;
             }
-            Str::Value => return self.value_done(tally),
-            Str::Model(preferred) => {
-                tally.end_model(preferred);
+            State::Model => {
+                tally.end_model(self.preferred);
                 return self.value_done(tally);
             }
+            State::SkipValue => return self.value_done(tally),
+            _ => self.state = State::Colon,
         }
         false
     }
 
-    /// The next byte of a number in `num`: its next part, or `None` when the number ended
-    /// before `b`.
-    fn number(&mut self, num: Num, slot: Option<Slot>, b: u8) -> Result<Option<Num>, Reason> {
-        let next = match (num, b) {
+    /// The next byte of a number: its next part, or `None` when the number ended before `b`.
+    fn number(&mut self, b: u8) -> Result<Option<Num>, Reason> {
+        let slot = self.slot;
+        let next = match (self.num, b) {
             (Num::Minus, b'0'..=b'9') => first_digit(b),
             (Num::Int, b'0'..=b'9') => {
                 if slot.is_some() {
@@ -559,8 +594,8 @@ impl Scanner {
         Ok(Some(next))
     }
 
-    fn end_number(&mut self, slot: Option<Slot>, tally: &mut Tally) {
-        if let Some(slot) = slot {
+    fn end_number(&mut self, tally: &mut Tally) {
+        if let Some(slot) = self.slot {
             tally.count(slot, self.sum);
         }
     }
