@@ -21,6 +21,8 @@
 mod fields;
 mod json;
 pub mod ledger;
+#[cfg(test)]
+mod reader_tests;
 mod sse;
 
 use std::fmt;
