@@ -27,7 +27,7 @@ use crate::llm::{self, Framing, Outcome, Reader, Reason, Tokens};
 use crate::pace::Spend;
 use crate::routing::Arrival;
 use crate::upstream::{Reading, TimedBody, Upstream};
-use crate::wire::{BoxError, RequestBody, WireFields};
+use crate::wire::{BodyType, BoxError, RequestBody, WireFields};
 
 /// What a request named for its answer's labels: its `x-egress-app`, the model in its path.
 #[derive(Debug, Clone, Copy, Default)]
@@ -92,18 +92,15 @@ pub(super) fn meter(
     let Some(reading) = upstream.usage() else {
         return resp.map(super::ResponseBody::Upstream);
     };
-    let framing = resp
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| Framing::of(v.as_bytes()));
-    let Some(framing) = framing else {
+    // An HTTP/1.1 head's fields may be lines in the body, noted as they were parsed.
+    let body = match resp.body().wire_fields() {
+        Some(wire) => wire.body_type(),
+        None => BodyType::of_map(resp.headers()),
+    };
+    let (Some(framing), compressed) = (body.framing, body.compressed) else {
         return resp.map(super::ResponseBody::Upstream);
     };
     let status = resp.status().as_u16();
-    let compressed = resp
-        .headers()
-        .get(http::header::CONTENT_ENCODING)
-        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
     let meter = Meter {
         compressed,
         reader: Reader::new(framing, reading.shapes),

@@ -118,6 +118,11 @@ impl TimedBody {
         self.inner.as_ref().map(PooledBody::served).unwrap_or_default()
     }
 
+    /// The response's fields as their lines, left in place.
+    pub fn wire_fields(&self) -> Option<&WireFields> {
+        self.inner.as_ref().and_then(PooledBody::wire_fields)
+    }
+
     /// The response's fields as their lines, when its head's map was left empty for them.
     pub fn take_wire_fields(&mut self) -> Option<WireFields> {
         self.inner.as_mut().and_then(PooledBody::take_wire_fields)
