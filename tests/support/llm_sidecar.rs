@@ -184,7 +184,15 @@ pub fn llm_series_count(scrape: &prometheus_parse::Scrape) -> usize {
 pub async fn scrape_when_counted(admin: SocketAddr, n: u64) -> prometheus_parse::Scrape {
     let total = |m: &prometheus_parse::Scrape| request_table(m).values().sum::<u64>();
     let m = scrape_until(admin, Duration::from_secs(10), |m| total(m) >= n).await;
-    assert_eq!(total(&m), n, "LLM answers counted: {:?}", request_table(&m));
+    if total(&m) != n {
+        let text = admin_get(admin, "/metrics").await.text();
+        let llm: Vec<&str> = text.lines().filter(|l| l.contains("egress_llm_")).collect();
+        panic!(
+            "{} LLM answers counted, not {n}; the llm metrics:\n{}",
+            total(&m),
+            llm.join("\n")
+        );
+    }
     m
 }
 
