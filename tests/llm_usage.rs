@@ -104,7 +104,8 @@ async fn sdk_calls_are_counted_exactly_per_app_and_model() {
     if !sdks_or_skip().await {
         return;
     }
-    let provider = LlmProvider::start().await;
+    // HTTP/2 to the provider, as to the real APIs (the other tests speak HTTP/1.1 to it).
+    let provider = LlmProvider::start_h2().await;
     let dir = TempDir::new();
     let socket = dir.path.join("egress.sock");
     let log = dir.path.join("access.log");
@@ -222,6 +223,7 @@ async fn sdk_calls_are_counted_exactly_per_app_and_model() {
 
     // x-egress-app never reaches the provider; the headers around it do.
     for e in provider.exchanges() {
+        assert_eq!(e.version, http::Version::HTTP_2, "{:?} over HTTP/2", e.test_id);
         assert!(e.headers.get("x-test-id").is_some(), "{e:?}");
         assert!(
             e.headers.get("x-egress-app").is_none(),

@@ -1,5 +1,5 @@
-//! A scripted LLM provider over TLS (the token-accounting tests, issue 44): one HTTP/1.1 server
-//! with a certificate for api.openai.com, api.anthropic.com and generativelanguage.googleapis.com
+//! A scripted LLM provider over TLS (the token-accounting tests, issue 44): one server (HTTP/1.1,
+//! or HTTP/2 by ALPN as the real APIs speak it) with a certificate for api.openai.com, api.anthropic.com and generativelanguage.googleapis.com
 //! that answers OpenAI chat completions and Responses, Anthropic messages and Gemini
 //! `generateContent` as the real APIs do (JSON, or server-sent events when the request asks for
 //! a stream; OpenAI's usage chunk only with `stream_options.include_usage`), with the model and
@@ -146,6 +146,7 @@ pub enum Answer {
 #[derive(Debug, Clone)]
 pub struct Exchange {
     pub test_id: Option<String>,
+    pub version: http::Version,
     pub method: String,
     /// Path and query.
     pub path: String,
@@ -180,12 +181,23 @@ pub struct LlmProvider {
 // === impl LlmProvider ===
 
 impl LlmProvider {
+    /// A provider speaking HTTP/1.1 only: every write a chunk of its own.
     pub async fn start() -> Self {
+        Self::start_with(&[b"http/1.1"]).await
+    }
+
+    /// A provider offering HTTP/2 and HTTP/1.1 by ALPN, as api.openai.com and the others do: a
+    /// sidecar with `protocol: auto` speaks HTTP/2 to it.
+    pub async fn start_h2() -> Self {
+        Self::start_with(&[b"h2", b"http/1.1"]).await
+    }
+
+    async fn start_with(alpn: &[&[u8]]) -> Self {
         let ca = TestCa::new();
         let dir = TempDir::new();
         let ca_file = ca.write_pem(&dir);
         let names: Vec<&str> = HOSTS.iter().map(|(_, h)| *h).collect();
-        let acceptor = ca.server(&names, false, &[b"http/1.1"]);
+        let acceptor = ca.server(&names, false, alpn);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
@@ -211,9 +223,11 @@ impl LlmProvider {
                         return;
                     };
                     let svc = service_fn(move |req| serve(req, s.clone()));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
+                    // HTTP/1.1 or HTTP/2, whichever ALPN chose (the first bytes tell).
+                    let _ =
+                        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                            .serve_connection(TokioIo::new(tls), svc)
+                            .await;
                 });
             }
         });
@@ -294,6 +308,7 @@ impl Drop for LlmProvider {
 
 async fn serve(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<BoxBody>, std::io::Error> {
     let (parts, body) = req.into_parts();
+    let version = parts.version;
     let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let request: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
     let path = parts
@@ -368,6 +383,7 @@ async fn serve(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<B
     };
     shared.exchanges.lock().unwrap().push(Exchange {
         test_id,
+        version,
         method: parts.method.to_string(),
         path,
         headers: parts.headers,
