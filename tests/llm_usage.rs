@@ -383,12 +383,12 @@ async fn answers_pass_untouched_and_first_events_are_not_delayed() {
     shapes_pass_untouched(&provider, &auto_routes, "auto").await;
     shapes_pass_untouched(&provider, &off_routes, "off").await;
 
-    // Streams whose first event comes 5 ms after the head and whose next ones 15 ms after
+    // Streams whose first event comes 8 ms after the head and whose next ones 15 ms after
     // that: a sidecar that held the first event back for more bytes would add those 15 ms.
     let model = "gpt-4o-2024-11-20";
     let s = spend(700, 80, 0, 0, 0);
     let paced = Writes::Paced {
-        before: Duration::from_millis(5),
+        before: Duration::from_millis(8),
         after: Duration::from_millis(15),
     };
     provider.script(
@@ -451,6 +451,29 @@ async fn answers_pass_untouched_and_first_events_are_not_delayed() {
     assert_eq!(
         first_token_counts(&m).get(&("openai".to_string(), model.to_string())),
         Some(&(STREAMS as u64))
+    );
+    // It measures from the head to the end of the first event (8 ms here): most observations
+    // fall between 5 and 22 ms, where none could if it measured to the head (0) or to a later
+    // event (23 ms or more). Counts at the bucket bounds nearest those.
+    let buckets = first_token_buckets(&m, "openai", model);
+    let low = buckets
+        .iter()
+        .filter(|(le, _)| *le <= 0.005)
+        .map(|b| b.1)
+        .fold(0.0, f64::max);
+    let high = buckets
+        .iter()
+        .rev()
+        .find(|(le, _)| (0.008..=0.022).contains(le))
+        .unwrap_or_else(|| panic!("no bucket bound between 8 and 22 ms: {buckets:?}"))
+        .1;
+    println!(
+        "time to first token: {} of {STREAMS} observations between 5 and 22 ms: {buckets:?}",
+        high - low
+    );
+    assert!(
+        high - low >= (STREAMS / 2) as f64,
+        "time to first token measures head -> first event: {buckets:?}"
     );
     let m_off = support::scrape(off.admin).await;
     assert_eq!(llm_series_count(&m_off), 0, "usage: off reads nothing");

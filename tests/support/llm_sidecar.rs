@@ -171,6 +171,27 @@ pub fn first_token_counts(scrape: &prometheus_parse::Scrape) -> BTreeMap<(String
     .collect()
 }
 
+/// The cumulative buckets of `egress_llm_time_to_first_token_seconds{upstream, model}`:
+/// (upper bound in seconds, observations at or below it).
+pub fn first_token_buckets(
+    scrape: &prometheus_parse::Scrape,
+    upstream: &str,
+    model: &str,
+) -> Vec<(f64, f64)> {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "egress_llm_time_to_first_token_seconds")
+        .filter(|s| s.labels.get("upstream") == Some(upstream) && s.labels.get("model") == Some(model))
+        .flat_map(|s| match &s.value {
+            prometheus_parse::Value::Histogram(buckets) => {
+                buckets.iter().map(|b| (b.less_than, b.count)).collect::<Vec<_>>()
+            }
+            _ => panic!("{} is not a histogram", s.metric),
+        })
+        .collect()
+}
+
 pub fn llm_series_count(scrape: &prometheus_parse::Scrape) -> usize {
     scrape
         .samples
