@@ -21,7 +21,11 @@
 #        CLIENTS (8: h2load's connections; 64 is compare.sh's workload 1), UPSTREAM (h1: nginx;
 #        h2c: nghttpd with 100 streams a connection and the sidecar's `protocol: http2`, the
 #        path of compare.sh's workload 4, with CLIENTS=32 as in benches/RESULTS.md),
-#        DUMP_INSTR=1 (callgrind counts each instruction, for benches/cg_per_request.py)
+#        DUMP_INSTR=1 (callgrind counts each instruction, for benches/cg_per_request.py),
+#        UPSTREAM_BODY (h1 only: `json`, an OpenAI chat completion with usage; `sse`, an OpenAI
+#        stream of SSE_CHUNKS (400) chunks with usage at the end, about 100 KB: instructions per
+#        request over its size give instructions per streamed MB; compare `llm: { usage: off }`
+#        in UPSTREAM_EXTRA with the default)
 # Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
 
 set -euo pipefail
@@ -43,6 +47,7 @@ UPSTREAM=${UPSTREAM:-h1}
 read -r UP_PORT STATUS_PORT < <(free_ports 2)
 case $UPSTREAM in
     h1)
+        [[ ${UPSTREAM_BODY:-} != sse ]] || chat_completion_sse "${SSE_CHUNKS:-400}" >"$TMP/stream.sse"
         nginx_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
         start_nginx upstream "${LOAD_CPU:-0}"
         ;;
@@ -83,5 +88,9 @@ low=$(instructions_for "$LOW")
 log "callgrind: $HIGH requests"
 high=$(instructions_for "$HIGH")
 [[ -n $low && -n $high ]] || die "no instruction count (logs in $TMP)"
-echo "sidecar $("$BIN" --version | awk '{print $2}') ($BIN, $UPSTREAM upstream, ${CLIENTS:-8} clients${UPSTREAM_EXTRA:+, $UPSTREAM_EXTRA}${TOP_EXTRA:+, $TOP_EXTRA}): $(( (high - low) / (HIGH - LOW) )) instructions per request" \
+echo "sidecar $("$BIN" --version | awk '{print $2}') ($BIN, $UPSTREAM upstream${UPSTREAM_BODY:+ answering $UPSTREAM_BODY}, ${CLIENTS:-8} clients${UPSTREAM_EXTRA:+, $UPSTREAM_EXTRA}${TOP_EXTRA:+, $TOP_EXTRA}): $(( (high - low) / (HIGH - LOW) )) instructions per request" \
     "(Ir $low at $LOW requests, $high at $HIGH)"
+if [[ ${UPSTREAM_BODY:-} == sse ]]; then
+    size=$(stat -c %s "$TMP/stream.sse")
+    echo "  the stream is $size bytes: $(( (high - low) / (HIGH - LOW) * 1048576 / size )) instructions per streamed MiB"
+fi

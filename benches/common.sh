@@ -253,18 +253,41 @@ EOF
 
 # The upstream of the HTTP/1.1 benches: nginx answering `ok\n` (3-byte body) on PORT; with
 # STATUS_PORT, `stub_status` there too (its `accepts` counts the connections the upstream saw).
+# UPSTREAM_BODY picks the answer: unset, `ok\n` as text/plain; `json`, an OpenAI chat completion
+# with its usage (application/json, 600 bytes); `sse`, $TMP/stream.sse as text/event-stream (the
+# caller writes it: an OpenAI stream with include_usage).
 nginx_upstream_conf() { # name port [status-port]
     nginx_common "$1"
     echo "http {"
     nginx_http_common "$1"
+    local location='location / { default_type text/plain; return 200 "ok\n"; }'
+    case ${UPSTREAM_BODY:-} in
+        json) location="location / { default_type application/json; return 200 '$(chat_completion_json)'; }" ;;
+        sse) location="location / { types { } default_type text/event-stream; root $TMP; try_files /stream.sse =404; }" ;;
+    esac
     cat <<EOF
     server {
         listen 127.0.0.1:$2 backlog=4096;
-        location / { default_type text/plain; return 200 "ok\n"; }
+        $location
     }
 EOF
     [[ -n ${3:-} ]] && echo "    server { listen 127.0.0.1:$3; location / { stub_status; } }"
     echo "}"
+}
+
+# An OpenAI chat completion as the API answers it, usage included (one line, no single quote).
+chat_completion_json() {
+    printf '%s' '{"id":"chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG","object":"chat.completion","created":1741570283,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":"The image shows a wooden boardwalk path running through a lush green field or meadow.","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":1117,"completion_tokens":46,"total_tokens":1163,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_fc9f1d7035"}'
+}
+
+# An OpenAI chat completion stream with include_usage: N content chunks, the usage chunk, [DONE].
+chat_completion_sse() { # chunks
+    local i
+    for ((i = 0; i < $1; i++)); do
+        printf 'data: {"id":"chatcmpl-B9MHD","object":"chat.completion.chunk","created":1741570283,"model":"gpt-4o-2024-08-06","service_tier":"default","system_fingerprint":"fp_fc9f1d7035","choices":[{"index":0,"delta":{"content":" word%d"},"logprobs":null,"finish_reason":null}],"usage":null}\n\n' "$i"
+    done
+    printf 'data: {"id":"chatcmpl-B9MHD","object":"chat.completion.chunk","created":1741570283,"model":"gpt-4o-2024-08-06","choices":[],"usage":{"prompt_tokens":1117,"completion_tokens":%d,"total_tokens":%d}}\n\n' "$1" "$((1117 + $1))"
+    printf 'data: [DONE]\n\n'
 }
 
 # nginx as a keep-alive reverse proxy to 127.0.0.1:UPPORT: an `upstream {}` pool of

@@ -71,6 +71,14 @@ pub struct Record {
     pub trace_id: Option<String>,
     /// `User-Agent` as sent (any bytes a field value may hold), for text lines.
     pub user_agent: Option<Box<[u8]>>,
+    /// The model an LLM answer (or its request) named, as labelled (`llm`).
+    pub model: Option<std::sync::Arc<str>>,
+    /// Tokens an LLM answer reported: every prompt token, cached or not.
+    pub input_tokens: Option<u64>,
+    /// Tokens an LLM answer reported generating, reasoning included.
+    pub output_tokens: Option<u64>,
+    /// The part of `input_tokens` served from a prompt cache.
+    pub cached_tokens: Option<u64>,
 }
 
 impl Record {
@@ -103,6 +111,10 @@ impl Record {
             duration_ms: 0.0,
             trace_id: None,
             user_agent: None,
+            model: None,
+            input_tokens: None,
+            output_tokens: None,
+            cached_tokens: None,
         }
     }
 }
@@ -284,8 +296,30 @@ fn json_line(r: &Record) -> String {
     push_ms(&mut line, r.duration_ms);
     line.push_str(",\"trace_id\":");
     json_opt_str(&mut line, r.trace_id.as_deref());
+    // What an LLM answer spent, only when known: other lines keep their fields.
+    if let Some(model) = &r.model {
+        line.push_str(",\"model\":");
+        json_str(&mut line, model);
+    }
+    for (key, value) in usage_fields(r) {
+        line.push_str(",\"");
+        line.push_str(key);
+        line.push_str("\":");
+        push_u64(&mut line, value);
+    }
     line.push_str("}\n");
     line
+}
+
+/// The token counts a line shows, those known.
+fn usage_fields(r: &Record) -> impl Iterator<Item = (&'static str, u64)> {
+    [
+        ("input_tokens", r.input_tokens),
+        ("output_tokens", r.output_tokens),
+        ("cached_tokens", r.cached_tokens),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| Some((key, value?)))
 }
 
 fn push_u64(line: &mut String, mut n: u64) {
@@ -437,7 +471,7 @@ fn text_line(r: &Record) -> String {
     push_escaped(&mut line, r.user_agent.as_deref().unwrap_or(b"-"));
     line.push_str("\" upstream=");
     push_escaped(&mut line, r.upstream.as_deref().unwrap_or("-").as_bytes());
-    let _ = writeln!(
+    let _ = write!(
         line,
         " endpoint={} ttfb_ms={:.3} duration_ms={:.3} error={} retries={}",
         r.endpoint.map_or_else(|| "-".to_owned(), |e| e.to_string()),
@@ -446,6 +480,14 @@ fn text_line(r: &Record) -> String {
         r.error.unwrap_or("-"),
         r.retries,
     );
+    if let Some(model) = &r.model {
+        line.push_str(" model=");
+        push_escaped(&mut line, model.as_bytes());
+    }
+    for (key, value) in usage_fields(r) {
+        let _ = write!(line, " {key}={value}");
+    }
+    line.push('\n');
     line
 }
 
@@ -514,6 +556,10 @@ mod tests {
             duration_ms: 1.5,
             trace_id: None,
             user_agent: Some(b"curl/8.0"[..].into()),
+            model: None,
+            input_tokens: None,
+            output_tokens: None,
+            cached_tokens: None,
         }
     }
 
@@ -569,6 +615,35 @@ mod tests {
             "127.0.0.1 - - [24/Nov/2026:08:53:14 +0000] \"GET /v1/x HTTP/1.1\" 200 2 \"-\" \"curl/8.0\" \
              upstream=api endpoint=10.0.0.1:80 ttfb_ms=1.250 duration_ms=1.500 error=- retries=1\n"
         );
+    }
+
+    #[test]
+    fn an_llm_answers_line_shows_its_model_and_tokens() {
+        let mut r = record();
+        r.model = Some("gpt-4o-2024-08-06".into());
+        (r.input_tokens, r.output_tokens, r.cached_tokens) = (Some(120), Some(42), Some(100));
+        let json: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
+        assert_eq!(json["model"], "gpt-4o-2024-08-06");
+        assert_eq!(
+            (
+                &json["input_tokens"],
+                &json["output_tokens"],
+                &json["cached_tokens"]
+            ),
+            (&120.into(), &42.into(), &100.into())
+        );
+        assert_eq!(json.as_object().unwrap().len(), 25);
+        assert!(
+            text_line(&r).ends_with(
+                " retries=1 model=gpt-4o-2024-08-06 input_tokens=120 output_tokens=42 cached_tokens=100\n"
+            ),
+            "{}",
+            text_line(&r)
+        );
+        // A model without usage (an error answer): the model alone.
+        (r.input_tokens, r.output_tokens, r.cached_tokens) = (None, None, None);
+        let json: serde_json::Value = serde_json::from_str(&json_line(&r)).unwrap();
+        assert!(json.get("input_tokens").is_none() && json["model"] == "gpt-4o-2024-08-06");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The admin listener: `/healthz` (alive), `/readyz` (ready; 503 while draining), `/metrics`
 //! (Prometheus text), `/debug/pools` (JSON, each pool and each of its connections, each
-//! upstream's pace keys, and the memory budget) and
-//! `/debug/clients` (JSON, per application source). Read-only: nothing on it changes state.
+//! upstream's pace keys, and the memory budget), `/debug/clients` (JSON, per application
+//! source) and `/debug/usage` (JSON, what LLM answers spent by upstream, app and model, since
+//! start and over the last minute). Read-only: nothing on it changes state.
 //!
 //! Served with hyper: it sees a probe every few seconds, so none of the downstream server's
 //! memory concerns apply.
@@ -92,6 +93,9 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
             &serde_json::json!({ "pools": pools, "pace": pace, "budget": budget }),
         ));
     }
+    if req.uri().path() == "/debug/usage" {
+        return Ok(json(&metrics.usage()));
+    }
     if req.uri().path() == "/metrics" {
         let (body, content_type) = if wants_openmetrics(req.headers()) {
             (metrics.render(), OPENMETRICS)
@@ -111,7 +115,7 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         _ => (
             StatusCode::NOT_FOUND,
-            "not found; try /healthz, /readyz, /metrics, /debug/pools or /debug/clients\n",
+            "not found; try /healthz, /readyz, /metrics, /debug/pools, /debug/clients or /debug/usage\n",
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));

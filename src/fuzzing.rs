@@ -37,6 +37,7 @@ pub const TARGETS: &[(&str, FuzzFn)] = &[
     ("config", config),
     ("duration", duration),
     ("limit_report", limit_report),
+    ("llm_usage", llm_usage),
 ];
 
 /// A request head as the downstream codec reads it, then its body as far as it arrived: a
@@ -248,6 +249,73 @@ pub fn limit_report(data: &[u8]) {
         .chain([report.retry_after]);
     for d in waits.flatten() {
         assert!(d <= crate::duration::LONGEST, "{report:?}");
+    }
+}
+
+/// A response body as the usage reader sees it, the first byte choosing where it is cut into
+/// chunks: for both framings and every shape, the outcome, the events and `shaped` are the same
+/// whole and chunked, a second `finish` says what the first did, and no count read is more than
+/// the fields it adds up may hold (each at most 2^53).
+pub fn llm_usage(data: &[u8]) {
+    use crate::llm::{Framing, Outcome, Reader, Shapes, Tokens};
+    let Some((&seed, body)) = data.split_first() else {
+        return;
+    };
+    let mut chunks = Vec::new();
+    let mut rest = body;
+    let mut draw = u32::from(seed) | 0x100;
+    while !rest.is_empty() {
+        // xorshift32: chunk lengths from 1 to 24, as the seed says.
+        draw ^= draw << 13;
+        draw ^= draw >> 17;
+        draw ^= draw << 5;
+        let (chunk, after) = rest.split_at((draw % 24 + 1).min(rest.len() as u32) as usize);
+        chunks.push(chunk);
+        rest = after;
+    }
+    // How many raw fields each count adds up, per shape (`Shapes::Any`: all of them).
+    let terms = |shapes: Shapes| -> Tokens {
+        let (input, output, cache_read, cache_write, reasoning) = match shapes {
+            Shapes::Any => (5, 4, 4, 1, 3),
+            Shapes::OpenAi => (2, 2, 2, 0, 2),
+            Shapes::Anthropic => (3, 1, 1, 1, 0),
+            Shapes::Gemini => (1, 2, 1, 0, 1),
+        };
+        Tokens {
+            input,
+            output,
+            cache_read,
+            cache_write,
+            reasoning,
+        }
+    };
+    for framing in [Framing::Json, Framing::Sse] {
+        for shapes in [Shapes::Any, Shapes::OpenAi, Shapes::Anthropic, Shapes::Gemini] {
+            let run = |chunks: &[&[u8]]| {
+                let mut reader = Reader::new(framing, shapes);
+                for chunk in chunks {
+                    reader.feed(chunk);
+                }
+                let seen = (reader.events(), reader.shaped());
+                let outcome = reader.finish(true);
+                assert_eq!(reader.finish(false), outcome, "{framing:?} {shapes:?}");
+                (outcome, seen)
+            };
+            let whole = run(&[body]);
+            assert_eq!(run(&chunks), whole, "{framing:?} {shapes:?}");
+            if let Outcome::Read(usage) = whole.0 {
+                let (t, n) = (usage.tokens, terms(shapes));
+                let most = |terms: u64| terms << 53;
+                assert!(
+                    t.input <= most(n.input)
+                        && t.output <= most(n.output)
+                        && t.cache_read <= most(n.cache_read)
+                        && t.cache_write <= most(n.cache_write)
+                        && t.reasoning <= most(n.reasoning),
+                    "{framing:?} {shapes:?}: {usage:?}"
+                );
+            }
+        }
     }
 }
 

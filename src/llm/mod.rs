@@ -21,6 +21,8 @@
 mod fields;
 mod json;
 pub mod ledger;
+#[cfg(test)]
+mod reader_tests;
 mod sse;
 
 use std::fmt;
@@ -161,6 +163,8 @@ pub enum Reason {
     NoUsage,
     /// The body ended early (the upstream or the application left) before any usage came.
     Cut,
+    /// The body is compressed (`Content-Encoding`), and not read.
+    Compressed,
 }
 
 impl Reason {
@@ -173,6 +177,7 @@ impl Reason {
             Reason::InvalidValue => "invalid_value",
             Reason::NoUsage => "no_usage",
             Reason::Cut => "cut",
+            Reason::Compressed => "compressed",
         }
     }
 }

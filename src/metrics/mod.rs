@@ -14,8 +14,10 @@
 //!
 //! Not handled here: serving `/metrics` (`admin`).
 
+mod llm;
 mod pace;
 
+pub use llm::LlmMetrics;
 pub use pace::{PaceMetrics, UnitLabels};
 
 use std::collections::HashSet;
@@ -479,6 +481,7 @@ pub struct Metrics {
     registry: Registry,
     families: Arc<Families>,
     pace: Arc<pace::PaceFamilies>,
+    llm: Arc<llm::LlmFamilies>,
     sources: Arc<GaugeSources>,
     labels: Mutex<HashSet<String>>,
 }
@@ -506,11 +509,14 @@ impl Metrics {
         families.register_memory(&mut registry);
         let pace = Arc::new(pace::PaceFamilies::default());
         pace.register(&mut registry);
+        let llm = Arc::new(llm::LlmFamilies::default());
+        llm.register(&mut registry);
         registry.register_collector(Box::new(GaugeCollector(sources.clone())));
         Metrics {
             registry,
             families,
             pace,
+            llm,
             sources,
             labels: Mutex::new(HashSet::new()),
         }
@@ -547,6 +553,16 @@ impl Metrics {
     /// The pacing handles of the upstream named `name`.
     pub fn pace(&self, name: &str) -> PaceMetrics {
         self.pace.handles(self.label(name))
+    }
+
+    /// The token-accounting handles of the upstream named `name`.
+    pub fn llm(&self, name: &str) -> LlmMetrics {
+        LlmMetrics::new(self.label(name), self.llm.clone())
+    }
+
+    /// What LLM answers spent, by upstream, app and model (`/debug/usage`).
+    pub fn usage(&self) -> crate::llm::ledger::Report {
+        self.llm.ledger.report()
     }
 
     /// Handles for one upstream named `name`.

@@ -7,14 +7,20 @@
 //! within the same window only lowers what is left (a late answer carries an older, higher
 //! count); one after the reset starts the next window. Past the reset with no figure yet, the
 //! next window is predicted from the limit and the window's length seen so far, less the
-//! requests still out (sent late in the last window, they may count in this one). Tokens are
-//! held only when none are left: a request's cost in tokens is not known before it goes.
+//! requests still out (sent late in the last window, they may count in this one).
+//!
+//! Tokens: a request's cost is known only after its answer, when its usage is read
+//! (`llm`). Before, each request that goes is charged the key's estimate, a moving average of
+//! what its answers spent (input and output; 0 until the first is read), and requests wait
+//! while what is left is under it; after, the difference between what the answer spent and the
+//! estimate is taken from (or given back to) what is left. A figure the upstream reports
+//! replaces the sum, as for requests.
 //!
 //! With `smooth`, what is left is released evenly until the reset: each request waits
 //! `(reset - last) / (left + 1)` after the one before, so the window's requests are spread.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::task::Waker;
 use std::time::Duration;
@@ -32,6 +38,8 @@ pub(super) struct Key {
     id: KeyId,
     /// Requests sent and not yet answered (their head).
     in_flight: AtomicU32,
+    /// The upstream reported a tokens quota for this key: answers settle their tokens.
+    counts_tokens: AtomicBool,
     state: Mutex<State>,
     metrics: PaceMetrics,
 }
@@ -80,6 +88,8 @@ struct Opens {
 struct State {
     requests: Option<Window>,
     tokens: Option<Window>,
+    /// Tokens an answer spends, as a moving average of those read; 0 before the first.
+    per_request: u64,
     /// A `Retry-After` holds every request until then.
     closed_until: Option<Instant>,
     /// When the last request was let go, for smoothing.
@@ -134,6 +144,7 @@ impl Key {
         Key {
             id,
             in_flight: AtomicU32::new(0),
+            counts_tokens: AtomicBool::new(false),
             state: Mutex::default(),
             metrics,
         }
@@ -155,6 +166,34 @@ impl Key {
     /// A request of this key had its answer (or failed).
     pub(super) fn returned(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether answers of this key settle what they spent in tokens.
+    pub(super) fn counts_tokens(&self) -> bool {
+        self.counts_tokens.load(Ordering::Relaxed)
+    }
+
+    /// An answer of this key spent `tokens`: the estimate moves towards it, and what is left
+    /// in the window takes the difference between the two (the request was charged the
+    /// estimate when it went).
+    pub(super) fn spent(&self, tokens: u64, now: Instant) {
+        let out = self.out();
+        let mut state = self.lock();
+        state.roll(now, out);
+        let charged = state.per_request;
+        state.per_request = if charged == 0 {
+            tokens
+        } else {
+            charged.saturating_mul(3).saturating_add(tokens) / 4
+        };
+        if let Some(w) = state.tokens.as_mut() {
+            let given_back =
+                i64::try_from(charged).unwrap_or(i64::MAX) - i64::try_from(tokens).unwrap_or(i64::MAX);
+            w.left = w.left.saturating_add(given_back);
+            if given_back > 0 {
+                state.queue.wake_first();
+            }
+        }
     }
 
     /// Whether a new request with `priority` goes now, waits, or is refused because it could
@@ -261,6 +300,11 @@ impl Key {
             window.left -= 1;
             self.note_exhausted(window, config);
         }
+        let charge = i64::try_from(state.per_request).unwrap_or(i64::MAX);
+        if let Some(window) = state.tokens.as_mut() {
+            window.left = window.left.saturating_sub(charge);
+            self.note_exhausted(window, config);
+        }
     }
 
     /// Counts `window` closed for `remaining` the first time what is left reaches the reserve.
@@ -288,6 +332,7 @@ impl Key {
         }
         if let Some(quota) = report.tokens {
             state.tokens = take(state.tokens, &quota, now, 0);
+            self.counts_tokens.store(true, Ordering::Relaxed);
         }
         let state = &mut *state;
         for window in [&mut state.requests, &mut state.tokens].into_iter().flatten() {
@@ -415,7 +460,12 @@ impl State {
                 later(last + spacing, w.reset_at, true);
             }
         }
-        if let Some(w) = self.tokens.filter(|w| w.left <= reserve(config)) {
+        // A request needs what one is estimated to spend, at least a token.
+        let needs = i64::try_from(self.per_request.max(1)).unwrap_or(i64::MAX);
+        if let Some(w) = self
+            .tokens
+            .filter(|w| w.left.saturating_sub(reserve(config)) < needs)
+        {
             later(w.reset_at + RESET_GUARD, w.reset_at, false);
         }
         (opens.at > now).then_some(opens)

@@ -221,6 +221,31 @@ impl Ticket {
     }
 }
 
+impl Ticket {
+    /// The response head is in: the request no longer counts as in flight. What settles its
+    /// tokens once its answer's usage is read, when its key counts tokens.
+    pub fn into_spend(mut self) -> Option<Spend> {
+        let Held::Tracked { key, out } = std::mem::take(&mut self.0) else {
+            return None;
+        };
+        if out {
+            key.returned();
+        }
+        key.counts_tokens().then_some(Spend(key))
+    }
+}
+
+/// A request's answer, to settle what it spent in its pace key's tokens (see `key`).
+#[derive(Debug)]
+pub struct Spend(Arc<Key>);
+
+impl Spend {
+    /// The answer spent `tokens`, input and output.
+    pub fn settle(self, tokens: u64) {
+        self.0.spent(tokens, Instant::now());
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         if let Held::Tracked { key, out: true } = &self.0 {

@@ -13,8 +13,8 @@
 //! with `Connection: upgrade`; every other hop-by-hop field is still removed.
 //!
 //! The sidecar's own request headers, `x-egress-timeout`, `x-egress-retry`,
-//! `x-egress-pace-key` and `x-egress-priority`, are read and removed before anything is
-//! forwarded ([`take_asked`]).
+//! `x-egress-pace-key`, `x-egress-priority` and `x-egress-app`, are read and removed before
+//! anything is forwarded ([`take_asked`]).
 //!
 //! `Max-Forwards` on OPTIONS and TRACE is decremented, and at 0 the sidecar answers itself
 //! ([`take_hop`], [`last_hop_answer`]).
@@ -95,8 +95,9 @@ pub fn scan(headers: &HeaderMap) -> Scanned {
 
 /// Takes `x-egress-timeout` (a duration: `30s`, `1500ms`; `0s` turns the upstream's
 /// `request_timeout` off), `x-egress-retry` (`off`, or `on` for the upstream's policy),
-/// `x-egress-pace-key` (any value) and `x-egress-priority` (`high`, `normal`, `low`) out of
-/// the request, which `scanned` read. An invalid value is an error naming the header.
+/// `x-egress-pace-key` (any value), `x-egress-priority` (`high`, `normal`, `low`) and
+/// `x-egress-app` (any value) out of the request, which `scanned` read. An invalid value is an
+/// error naming the header.
 pub fn take_asked(req: &mut Request<impl Sized>, scanned: Scanned) -> Result<Asked, String> {
     let headers = req.headers_mut();
     let mut asked = Asked::default();
@@ -115,6 +116,7 @@ pub fn take_asked(req: &mut Request<impl Sized>, scanned: Scanned) -> Result<Ask
         asked.pace.priority = crate::pace::Priority::parse(&text)
             .ok_or_else(|| format!("x-egress-priority: {text:?} is not high, normal or low"))?;
     }
+    asked.app = take_value(headers, X_EGRESS_APP)?;
     if let Some(text) = take_one(headers, X_EGRESS_RETRY)? {
         asked.no_retry = if text.eq_ignore_ascii_case("off") {
             true
@@ -149,6 +151,7 @@ const X_EGRESS_TIMEOUT: HeaderName = HeaderName::from_static("x-egress-timeout")
 const X_EGRESS_RETRY: HeaderName = HeaderName::from_static("x-egress-retry");
 const X_EGRESS_PACE_KEY: HeaderName = HeaderName::from_static("x-egress-pace-key");
 const X_EGRESS_PRIORITY: HeaderName = HeaderName::from_static("x-egress-priority");
+const X_EGRESS_APP: HeaderName = HeaderName::from_static("x-egress-app");
 
 /// `Max-Forwards` on OPTIONS and TRACE (RFC 9110 §7.6.2): `Ok(true)` when it is 0 and the
 /// sidecar must answer as the final recipient, else the value is decremented for the next hop.
@@ -391,9 +394,14 @@ mod tests {
             ("X-Api-Key", "k"),
             ("x-egress-pace-key", "gpt-4o"),
             ("x-egress-priority", "HIGH"),
+            ("X-Egress-App", "billing-worker"),
         ]);
         let scanned = scan(paced.headers());
         let asked = take_asked(&mut paced, scanned).unwrap();
+        assert_eq!(
+            asked.app.as_ref().map(HeaderValue::as_bytes),
+            Some(&b"billing-worker"[..])
+        );
         assert!(asked.pace.credential);
         assert_eq!(asked.pace.tag, Some(crate::pace::Asked::tag(b"gpt-4o")));
         assert_eq!(asked.pace.priority, crate::pace::Priority::High);

@@ -19,6 +19,7 @@
 pub mod admit;
 pub mod connect;
 pub mod headers;
+pub mod meter;
 pub mod observe;
 pub mod upgrade;
 
@@ -194,24 +195,30 @@ impl Proxy {
         if headers::take_hop(req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
             return Ok(headers::last_hop_answer(req).map(|body| ResponseBody::Full(Some(body))));
         }
-        // Read (and removed) before anything goes upstream; an upgrade ignores them.
-        let asked =
-            headers::take_asked(req, scanned).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
+        // Read (and removed) before anything goes upstream; an upgrade ignores them. Of
+        // `x-egress-app`, only its label's id lives on (in a block: a field held across the
+        // send would be 40 bytes of every request's future).
+        let (timeout, no_retry, pace, named) = {
+            let asked = headers::take_asked(req, scanned)
+                .map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
+            let named = meter::Named::of(req, &target.upstream, asked.app);
+            (asked.timeout, asked.no_retry, asked.pace, named)
+        };
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
         } else {
             headers::to_upstream_scanned(req, target.upstream.host_header(), scanned);
         }
         target.upstream.rewrite_headers(req.headers_mut());
-        let deadline = target.upstream.deadline(asked.timeout);
+        let deadline = target.upstream.deadline(timeout);
         let admitting = admit::Admitting {
             upstream: &target.upstream,
             request: req,
             source,
             deadline,
-            pace: asked.pace,
+            pace,
         };
-        let (upstream, no_retry) = (&target.upstream, asked.no_retry);
+        let upstream = &target.upstream;
         let ticket = match self.admit.admit(admitting) {
             (admit::Admission::Now, ticket) => ticket,
             // Boxed, and a path of its own: a request admitted at once carries no wait's state.
@@ -221,6 +228,11 @@ impl Proxy {
                     no_retry,
                     deadline,
                     upgrade,
+                    who: meter::Who {
+                        source,
+                        arrival,
+                        named,
+                    },
                 };
                 return Box::pin(self.send_later(later, req, sending, ticket)).await;
             }
@@ -232,7 +244,12 @@ impl Proxy {
             return Box::pin(self.upgrade(req, upstream)).await;
         }
         let resp = upstream.send(req, no_retry, deadline, ticket.going()).await?;
-        Ok(to_downstream(resp))
+        let who = meter::Who {
+            source,
+            arrival,
+            named,
+        };
+        Ok(to_downstream(resp, upstream, who))
     }
 
     /// The rest of [`Self::forward`] for a request the admission step did not admit at once.
@@ -251,7 +268,7 @@ impl Proxy {
             .upstream
             .send(req, sending.no_retry, sending.deadline, ticket.going())
             .await?;
-        Ok(to_downstream(resp))
+        Ok(to_downstream(resp, sending.upstream, sending.who))
     }
 
     /// Sends an upgrade request on a connection of its own (`upgrade`).
@@ -278,11 +295,17 @@ struct Sending<'a> {
     no_retry: bool,
     deadline: Option<Deadline>,
     upgrade: bool,
+    who: meter::Who<'a>,
 }
 
-/// A pooled response on its way to the application.
-fn to_downstream(resp: Response<TimedBody>) -> Response<ResponseBody> {
-    let mut resp = resp.map(ResponseBody::Upstream);
+/// A pooled response from `upstream` on its way to the application, read for usage
+/// (`meter`) when the upstream reads it.
+fn to_downstream(
+    resp: Response<TimedBody>,
+    upstream: &Upstream,
+    who: meter::Who<'_>,
+) -> Response<ResponseBody> {
+    let mut resp = meter::meter(resp, upstream, who);
     headers::to_downstream(&mut resp);
     resp
 }
@@ -344,6 +367,8 @@ pub enum ResponseBody {
     Direct(Incoming),
     /// A complete body (error responses).
     Full(Option<Bytes>),
+    /// `Upstream`, read for the usage an LLM API reports (`meter`).
+    Metered(Box<meter::Metered>),
     /// Any of the above, under the access log.
     Logged(Box<observe::Logged>),
 }
@@ -354,8 +379,26 @@ impl ResponseBody {
     pub fn take_wire_fields(&mut self) -> Option<WireFields> {
         match self {
             ResponseBody::Upstream(body) => body.take_wire_fields(),
+            ResponseBody::Metered(body) => body.take_wire_fields(),
             ResponseBody::Logged(body) => body.take_wire_fields(),
             ResponseBody::Direct(_) | ResponseBody::Full(_) => None,
+        }
+    }
+
+    /// The pooled body, read for usage or not.
+    pub(crate) fn pooled(&self) -> Option<&TimedBody> {
+        match self {
+            ResponseBody::Upstream(body) => Some(body),
+            ResponseBody::Metered(body) => Some(body.inner()),
+            _ => None,
+        }
+    }
+
+    /// What the answer spent, when its body was read for usage (counted now, if not yet).
+    pub(crate) fn spent(&mut self) -> Option<meter::Spent> {
+        match self {
+            ResponseBody::Metered(body) => Some(body.spent()),
+            _ => None,
         }
     }
 }
@@ -383,6 +426,7 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            ResponseBody::Metered(body) => Pin::new(&mut **body).poll_frame(cx),
             ResponseBody::Direct(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Logged(body) => Pin::new(&mut **body).poll_frame(cx),
@@ -392,6 +436,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Upstream(body) => body.is_end_stream(),
+            ResponseBody::Metered(body) => body.is_end_stream(),
             ResponseBody::Direct(body) => body.is_end_stream(),
             ResponseBody::Full(bytes) => bytes.is_none(),
             ResponseBody::Logged(body) => body.is_end_stream(),
@@ -401,6 +446,7 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Upstream(body) => body.size_hint(),
+            ResponseBody::Metered(body) => body.size_hint(),
             ResponseBody::Direct(body) => body.size_hint(),
             ResponseBody::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             ResponseBody::Logged(body) => body.size_hint(),

@@ -1,9 +1,9 @@
 //! The one place that sees a request whole, on HTTP/1.1 and h2c alike: its span, entered
 //! around every poll of its handling, and its access-log line. What the line needs is read off
 //! the request before it is forwarded, off the routing decision, off the response head and what
-//! was served when it comes, and off the response body as it streams; the line is queued when
-//! the body ends or is dropped (a client that left mid-body still gets its line, with the bytes
-//! that went out).
+//! was served when it comes, and off the response body as it streams (its bytes, and what an
+//! LLM answer spent, `meter`); the line is queued when the body ends or is dropped (a client
+//! that left mid-body still gets its line, with the bytes that went out).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -168,7 +168,7 @@ impl Pending {
         if let Some(scheme) = routed.scheme {
             r.scheme = scheme;
         }
-        if let ResponseBody::Upstream(body) = resp.body() {
+        if let Some(body) = resp.body().pooled() {
             let served = body.served();
             r.endpoint = served.endpoint;
             r.reused = served.reused;
@@ -232,6 +232,15 @@ impl Drop for Logged {
         pending.record.duration_ms = ms(pending.started);
         if let Some(bytes) = &pending.bytes_in {
             pending.record.bytes_in = bytes.load(Ordering::Relaxed);
+        }
+        if let Some(spent) = self.inner.spent() {
+            let r = &mut pending.record;
+            r.model = spent.model;
+            if let Some(tokens) = spent.tokens {
+                r.input_tokens = Some(tokens.input);
+                r.output_tokens = Some(tokens.output);
+                r.cached_tokens = Some(tokens.cache_read);
+            }
         }
         self.log.write(&pending.record);
     }

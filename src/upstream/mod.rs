@@ -26,11 +26,13 @@ mod retry;
 mod rules;
 mod spec;
 mod timed;
+mod usage;
 
 use grpc::GrpcPool;
 use retry::{is_idempotent, Reason, Retries};
 pub use spec::{PoolKey, Spec};
 pub use timed::{CutCounters, Deadline, Deadlines, TimedBody};
+pub use usage::Reading;
 
 use crate::connector::parent::Parent;
 use crate::connector::{dial, h1, http2, tls, Io};
@@ -104,11 +106,13 @@ pub struct Upstream {
     /// Where a request's credential is read, for its pace key: the usual names, then those
     /// `request_headers` sets.
     credentials: pace::Credentials,
+    /// How answers are read for the token usage they report (`llm.usage`).
+    usage: Option<Arc<Reading>>,
     key: PoolKey,
 }
 
 /// What one request asks of its exchange beyond the upstream's settings.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Asked {
     /// `x-egress-timeout`: this request's `request_timeout` (zero: none).
     pub timeout: Option<Duration>,
@@ -116,6 +120,8 @@ pub struct Asked {
     pub no_retry: bool,
     /// `x-egress-pace-key` and `x-egress-priority`.
     pub pace: pace::Asked,
+    /// `x-egress-app`: who spends what the answer reports (`llm`).
+    pub app: Option<HeaderValue>,
 }
 
 enum Failure {
@@ -256,6 +262,7 @@ impl Upstream {
             body_idle: upstream_metrics.timeouts("body_idle"),
         });
         let host_header = host_header(scheme, &authority);
+        let usage = Reading::new(settings.llm.usage, &label, &authority, &shared.metrics);
         Upstream {
             uri_authority: http::uri::Authority::try_from(host_header.as_bytes()).ok(),
             host_header,
@@ -277,6 +284,7 @@ impl Upstream {
             rules,
             pacer,
             credentials,
+            usage,
             metrics: upstream_metrics,
             key,
         }
@@ -538,7 +546,10 @@ impl Upstream {
             at: deadline.map(|d| d.at),
             idle: self.settings.body_idle_timeout,
         };
-        result.map(|resp| resp.map(|body| TimedBody::new(body, deadlines, &self.cuts, retries)))
+        let spend = ticket.into_spend();
+        result.map(|resp| {
+            resp.map(|body| TimedBody::new(body, deadlines, &self.cuts, retries).with_spend(spend))
+        })
     }
 
     /// [`Upstream::send_with_policy`] under the request's deadline `at` (`limit` after its

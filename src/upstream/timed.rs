@@ -21,6 +21,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::{Instant, Sleep};
 
+use crate::pace::Spend;
 use crate::pool::{PooledBody, ServedBy};
 use crate::wire::{BoxError, WireFields};
 
@@ -81,6 +82,8 @@ pub struct TimedBody {
     moved: bool,
     counters: Option<Arc<CutCounters>>,
     retries: u32,
+    /// What settles the request's tokens in pacing, for the reader of its usage.
+    spend: Option<Spend>,
 }
 
 impl TimedBody {
@@ -95,12 +98,29 @@ impl TimedBody {
             sleep: None,
             moved: false,
             counters: timed.then(|| counters.clone()),
+            spend: None,
         }
+    }
+
+    /// This body, with what settles its request's tokens in pacing.
+    pub fn with_spend(mut self, spend: Option<Spend>) -> Self {
+        self.spend = spend;
+        self
+    }
+
+    /// What settles the request's tokens in pacing, taken once.
+    pub fn take_spend(&mut self) -> Option<Spend> {
+        self.spend.take()
     }
 
     /// How the response was served (endpoint, reuse, protocol).
     pub fn served(&self) -> ServedBy {
         self.inner.as_ref().map(PooledBody::served).unwrap_or_default()
+    }
+
+    /// The response's fields as their lines, left in place.
+    pub fn wire_fields(&self) -> Option<&WireFields> {
+        self.inner.as_ref().and_then(PooledBody::wire_fields)
     }
 
     /// The response's fields as their lines, when its head's map was left empty for them.

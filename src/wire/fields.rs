@@ -28,6 +28,43 @@ pub struct WireFields {
     /// A rate-limit field is among them ([`super::names::is_limit_field`]), noted as the head
     /// was parsed: pacing reads only the heads that carry one.
     limit_fields: bool,
+    /// What `Content-Type` and `Content-Encoding` say of the body, noted as the head was
+    /// parsed: the reader of LLM usage reads only JSON and event streams.
+    body: BodyType,
+}
+
+/// What a response's `Content-Type` and `Content-Encoding` say of its body, for readers of
+/// bodies (`llm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BodyType {
+    /// JSON or an event stream, else `None`.
+    pub framing: Option<crate::llm::Framing>,
+    /// A `Content-Encoding` other than `identity`.
+    pub compressed: bool,
+}
+
+impl BodyType {
+    /// Reads a `Content-Type` value.
+    pub fn content_type(&mut self, value: &[u8]) {
+        self.framing = crate::llm::Framing::of(value);
+    }
+
+    /// Reads a `Content-Encoding` value.
+    pub fn content_encoding(&mut self, value: &[u8]) {
+        self.compressed |= !value.trim_ascii().eq_ignore_ascii_case(b"identity");
+    }
+
+    /// What the fields of `map` say.
+    pub fn of_map(map: &HeaderMap) -> Self {
+        let mut body = BodyType::default();
+        if let Some(value) = map.get(http::header::CONTENT_TYPE) {
+            body.content_type(value.as_bytes());
+        }
+        for value in map.get_all(http::header::CONTENT_ENCODING) {
+            body.content_encoding(value.as_bytes());
+        }
+        body
+    }
 }
 
 /// A line that could not go into a header map.
@@ -44,7 +81,19 @@ impl WireFields {
             lines,
             content_length,
             limit_fields: false,
+            body: BodyType::default(),
         }
+    }
+
+    /// These lines, noted with what they say of the body.
+    pub fn with_body_type(mut self, body: BodyType) -> Self {
+        self.body = body;
+        self
+    }
+
+    /// What the lines say of the body.
+    pub fn body_type(&self) -> BodyType {
+        self.body
     }
 
     /// These lines, noted as carrying a rate-limit field (or not).

@@ -16,7 +16,7 @@ use http::header::{AUTHORIZATION, COOKIE, PROXY_AUTHORIZATION};
 use http::{HeaderMap, HeaderName};
 
 pub use body::{BodySender, KeptCopy, RequestBody, StreamingBody, REQUEST_BODY_IDLE};
-pub use fields::WireFields;
+pub use fields::{BodyType, WireFields};
 
 /// Takes a lent request (the request path lends it, see `proxy::Proxy::handle`) for a step
 /// that must own it, leaving an empty one behind; the empty one allocates nothing.

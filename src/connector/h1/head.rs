@@ -19,7 +19,7 @@ use crate::spare;
 use crate::wire::codec::ConnectionTokens;
 use crate::wire::names;
 use crate::wire::scan::{self, Field, Fields, Found};
-use crate::wire::WireFields;
+use crate::wire::{BodyType, WireFields};
 
 /// Most header fields in a response head.
 pub(super) const MAX_RESPONSE_HEADERS: usize = 128;
@@ -182,6 +182,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         lengths,
         rewritten,
         limit_fields,
+        body,
     } = read;
     // `close` wins over `keep-alive` (as for requests); HTTP/1.0 closes unless it asks to stay.
     persistence.close = tokens.close || (version == Version::HTTP_10 && !tokens.keep_alive);
@@ -200,7 +201,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     } else {
         let left_out = persistence_fields | coding | overridden;
         wire_fields(&head, &fields, left_out, matches!(framing, Framing::Length(_)))
-            .map(|wire| wire.with_limit_fields(limit_fields))
+            .map(|wire| wire.with_limit_fields(limit_fields).with_body_type(body))
     };
     if wire.is_none() {
         let read_here = if tokens.names_fields {
@@ -266,6 +267,8 @@ struct Read {
     rewritten: bool,
     /// A rate-limit field, which pacing reads (`wire::names::is_limit_field`).
     limit_fields: bool,
+    /// `Content-Type` and `Content-Encoding`, which the reader of LLM usage asks.
+    body: BodyType,
 }
 
 const _: () = assert!(MAX_RESPONSE_HEADERS <= 128, "one bit per field in a u128");
@@ -284,11 +287,13 @@ impl Read {
                 self.persistence.keep_alive(value);
                 self.persistence_fields |= bit;
             }
+            12 if names::folded_eq(name, b"content-type") => self.body.content_type(value),
             14 if names::folded_eq(name, b"content-length") => {
                 self.framing.content_length(value);
                 self.lengths |= bit;
             }
             16 if names::folded_eq(name, b"proxy-connection") => self.rewritten = true,
+            16 if names::folded_eq(name, b"content-encoding") => self.body.content_encoding(value),
             17 if names::folded_eq(name, b"transfer-encoding") => {
                 self.framing.transfer_encoding(value);
                 self.coding |= bit;
@@ -367,6 +372,29 @@ mod tests {
 
     fn complete(text: &str) -> Head {
         head(text).unwrap().expect("complete")
+    }
+
+    #[test]
+    fn the_body_type_is_noted_as_the_head_is_parsed() {
+        let body = |text: &str| complete(text).wire.expect("kept as lines").body_type();
+        let json = body(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: 2\r\n\r\n",
+        );
+        assert_eq!(
+            (json.framing, json.compressed),
+            (Some(crate::llm::Framing::Json), false)
+        );
+        let sse =
+            body("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert_eq!(sse.framing, Some(crate::llm::Framing::Sse));
+        let gzip =
+            body("HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Type: application/json\r\n\r\n");
+        assert!(gzip.compressed);
+        assert!(!body("HTTP/1.1 200 OK\r\nContent-Encoding: identity\r\n\r\n").compressed);
+        assert_eq!(
+            body("HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n").framing,
+            None
+        );
     }
 
     #[test]

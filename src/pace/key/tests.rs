@@ -224,6 +224,73 @@ fn no_tokens_left_holds_requests_until_the_tokens_reset() {
     assert!(goes(&key, t0 + Duration::from_millis(700) + RESET_GUARD, &config));
 }
 
+fn tokens(remaining: u64, reset_ms: u64) -> Report {
+    Report {
+        tokens: Some(Quota {
+            limit: Some(100_000),
+            remaining,
+            reset: Some(Duration::from_millis(reset_ms)),
+            window: None,
+        }),
+        ..Report::default()
+    }
+}
+
+#[test]
+fn requests_are_charged_the_estimate_of_their_tokens_and_settled_with_what_they_spent() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    assert!(!key.counts_tokens(), "no tokens quota reported yet");
+    key.apply(&tokens(1_000, 60_000), t0, &config, false);
+    assert!(key.counts_tokens());
+    let left = |key: &Key| key.lock().tokens.unwrap().left;
+    // Nothing read yet: the estimate is 0, requests go while a token is left.
+    assert!(goes(&key, t0, &config));
+    assert_eq!(left(&key), 1_000);
+    // The first answer spent 300: the estimate is 300, and the window takes it.
+    key.spent(300, t0);
+    assert_eq!(left(&key), 700);
+    // Two more go, each charged 300; the third would need 300 of the 100 left.
+    assert!(goes(&key, t0, &config) && goes(&key, t0, &config));
+    assert_eq!(left(&key), 100);
+    assert!(
+        !goes(&key, t0, &config),
+        "100 left is less than a request's estimate"
+    );
+    // They spent 100 and 140: 200 + 160 given back, the estimate moves towards them.
+    key.spent(100, t0);
+    assert_eq!(left(&key), 300);
+    assert_eq!(key.lock().per_request, (300 * 3 + 100) / 4);
+    key.spent(140, t0);
+    let estimate = key.lock().per_request;
+    assert_eq!(estimate, (250 * 3 + 140) / 4);
+    assert_eq!(left(&key), 300 + 250 - 140);
+    assert!(goes(&key, t0, &config), "room again for the estimate");
+    assert_eq!(left(&key), 410 - i64::try_from(estimate).unwrap());
+    // A figure from the upstream within the window only lowers what is left.
+    key.apply(&tokens(5_000, 60_000), t0, &config, false);
+    assert_eq!(left(&key), 410 - i64::try_from(estimate).unwrap());
+    key.apply(&tokens(50, 60_000), t0, &config, false);
+    assert_eq!(left(&key), 50);
+    assert!(!goes(&key, t0, &config));
+}
+
+#[test]
+fn tokens_spent_beyond_the_window_close_it_until_the_reset() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    key.apply(&tokens(1_000, 700), t0, &config, false);
+    assert!(goes(&key, t0, &config));
+    key.spent(5_000, t0);
+    assert!(key.lock().tokens.unwrap().left < 0);
+    assert!(!goes(&key, t0, &config));
+    let opens = key.lock().opens_at(t0, &config).expect("closed");
+    assert!(!opens.spacing);
+    assert_eq!(opens.reset, t0 + Duration::from_millis(700));
+}
+
 #[test]
 fn more_waiters_than_the_window_holds_are_refused_when_the_reset_is_past_their_give_up() {
     let key = key();
