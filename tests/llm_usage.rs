@@ -6,10 +6,12 @@
 //! each:
 //! 1. every API shape, JSON and streamed, counted exactly per app (two by `x-egress-app`, one by
 //!    the Unix socket's executable) and model, in the metrics, `/debug/usage` and the access log;
+//!    (over HTTP/2, as to the real APIs; the other tests speak HTTP/1.1 to the provider);
 //! 2. the bytes pass untouched (hashes), and the first event is no later than with `usage: off`;
 //! 3. 1,000 streams held open cost no more memory each than with `usage: off` (within 1 KiB);
-//! 4. hostile bodies pass untouched and are counted as unreadable (or counted right when only
-//!    their writes are odd), in bounded CPU;
+//! 4. hostile bodies (50 MB, 10,000 deep, -5, 1e309, malformed, cut, gzipped) pass untouched and
+//!    are counted as unreadable with their reasons, usage split at every offset or sent byte by
+//!    byte is counted right, in bounded CPU;
 //! 5. `x-egress-app` never reaches the provider, and the app and model label caps hold.
 //!
 //! Run with `--nocapture` to see the measured numbers.
@@ -221,9 +223,19 @@ async fn sdk_calls_are_counted_exactly_per_app_and_model() {
     let (status, _) = post(&mut client, CHAT, "app0-429", Some("app-alpha"), &body).await;
     assert_eq!(status, 429);
 
-    // x-egress-app never reaches the provider; the headers around it do.
+    // x-egress-app never reaches the provider; the headers around it do. The SDKs' requests
+    // (which accept gzip) reach these known hosts asking for uncompressed answers, so that
+    // their usage can be read as they pass.
     for e in provider.exchanges() {
         assert_eq!(e.version, http::Version::HTTP_2, "{:?} over HTTP/2", e.test_id);
+        if e.test_id.as_deref() != Some("app0-429") {
+            assert_eq!(
+                e.headers.get("accept-encoding").map(|v| v.as_bytes()),
+                Some(&b"identity"[..]),
+                "{:?}: Accept-Encoding to a known provider",
+                e.test_id
+            );
+        }
         assert!(e.headers.get("x-test-id").is_some(), "{e:?}");
         assert!(
             e.headers.get("x-egress-app").is_none(),
@@ -560,6 +572,20 @@ async fn a_thousand_held_streams_cost_no_more_memory_each_than_without_reading()
 
 // === 4: hostile bodies ===
 
+/// A chat completion with usage (prompt 400, completion 90), gzipped (Python's
+/// `gzip.compress(body, mtime=0)`), as hex.
+const GZIPPED_CHAT: &str = "1f8b0800000000000203458eeb6ac3300c85dfe5fc8e8717429bfa55c6289ea326ee522b441a8c85bcfb64e8e5\
+97e05c74be0d7940409aa2a6db32bbf10f0df8eb4a49eff25b6233483317b3d24a51c92aefc743d7f6bdf7bec18d079a2d3e2eea3a76ad6f3be7\
+7be70fb530714e24081f1b7219e817a13648248e84b061e5d92ea248168d456b878b52a90053c6dee0924b96e96cd3621001a2bc60ff6cf0f378\
+b2ac06a967e56f2ab6d555aa17f7533f99acac717e254f7edfff01667be3da05010000";
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
 fn chat_json(model: &str, usage: &str) -> String {
     format!(
         "{{\"id\":\"chatcmpl-h\",\"object\":\"chat.completion\",\"created\":1764288000,\"model\":\"{model}\",\
@@ -632,6 +658,23 @@ async fn hostile_bodies_pass_untouched_and_are_given_up_on_in_bounded_cpu() {
             .entry(("openai".into(), reason.to_string()))
             .or_default() += 1;
     }
+
+    // A compressed answer (the provider ignored the Accept-Encoding the sidecar sent): passed
+    // as it came, counted as compressed.
+    let gzipped = Bytes::from(hex_bytes(GZIPPED_CHAT));
+    provider.script(
+        "gzipped",
+        Answer::Gzipped {
+            body: gzipped.clone(),
+        },
+    );
+    let (status, got) = post(&mut client, CHAT, "gzipped", None, &chat).await;
+    answered += 1;
+    assert_eq!(status, 200);
+    assert_eq!(got, gzipped, "a compressed body passes untouched");
+    *want_unreadable
+        .entry(("openai".into(), "compressed".into()))
+        .or_default() += 1;
 
     // 50 MB of JSON: passed whole, given up on as too large, in bounded CPU.
     let len = 50_000_000;

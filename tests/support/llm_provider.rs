@@ -1,11 +1,13 @@
 //! A scripted LLM provider over TLS (the token-accounting tests, issue 44): one server (HTTP/1.1,
-//! or HTTP/2 by ALPN as the real APIs speak it) with a certificate for api.openai.com, api.anthropic.com and generativelanguage.googleapis.com
-//! that answers OpenAI chat completions and Responses, Anthropic messages and Gemini
-//! `generateContent` as the real APIs do (JSON, or server-sent events when the request asks for
-//! a stream; OpenAI's usage chunk only with `stream_options.include_usage`), with the model and
-//! usage the test scripted for the request's `x-test-id`, written as the test chose (event by
-//! event, byte by byte, split at an offset, paced, held mid-body); hostile bodies on demand; and
-//! a record of every exchange: the request's headers and body, the SHA-256 of the bytes sent.
+//! or HTTP/2 by ALPN as the real APIs speak it) with a certificate for api.openai.com,
+//! api.anthropic.com and generativelanguage.googleapis.com that answers OpenAI chat completions
+//! and Responses, Anthropic messages and Gemini `generateContent` as the real APIs do (JSON, or
+//! server-sent events when the request asks for a stream; OpenAI's usage chunk only with
+//! `stream_options.include_usage`), with the model and usage the test scripted for the
+//! request's `x-test-id`, written as the test chose (event by event, byte by byte, split at an
+//! offset, paced, held mid-body); hostile bodies on demand (any bytes, 50 MB, cut mid-stream,
+//! gzipped); and a record of every exchange: the request's version, headers and body, the
+//! SHA-256 of the bytes sent.
 //!
 //! The sidecar reaches it as the real hosts (`url: https://api.openai.com`, `addresses` pointing
 //! here, the test CA as `tls.ca_file`), so `llm.usage: auto` sees known hosts.
@@ -140,6 +142,9 @@ pub enum Answer {
     /// The events of a chat stream up to (not including) its usage chunk, then the connection
     /// is cut.
     Cut { model: String },
+    /// A JSON answer with `Content-Encoding: gzip`, these bytes (compressed by the test),
+    /// whatever the request accepted.
+    Gzipped { body: Bytes },
 }
 
 /// One request the provider answered.
@@ -325,6 +330,7 @@ async fn serve(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<B
         .and_then(|id| shared.scripts.lock().unwrap().get(id).cloned());
     let shape = Shape::of(&path, &request);
     let tag = test_id.clone().unwrap_or_default();
+    let gzipped = matches!(answer, Some(Answer::Gzipped { .. }));
     let (status, content_type, body, sent) = match (answer, shape) {
         (None, _) => error(400, &format!("no answer scripted for x-test-id {tag:?}")),
         (Some(Answer::Llm { .. }), None) => error(404, &format!("no API at {path}")),
@@ -352,6 +358,10 @@ async fn serve(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<B
         ) => {
             let sent = digest(events.iter().map(|e| &e[..]));
             (200, content_type, write(events, writes, shared.clone()), sent)
+        }
+        (Some(Answer::Gzipped { body }), _) => {
+            let sent = digest([&body[..]]);
+            (200, "application/json", full_body(body), sent)
         }
         (Some(Answer::Large { model, spend, len }), _) => {
             let (head, tail) = large_ends(&model, &spend);
@@ -401,6 +411,12 @@ async fn serve(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<B
         http::HeaderValue::from_static(content_type),
     );
     headers.insert("x-request-id", http::HeaderValue::from_static("req_scripted"));
+    if gzipped {
+        headers.insert(
+            http::header::CONTENT_ENCODING,
+            http::HeaderValue::from_static("gzip"),
+        );
+    }
     if status == 429 {
         headers.insert("retry-after", http::HeaderValue::from_static("1"));
     }
