@@ -47,7 +47,7 @@ pub(super) enum Slot {
     ThoughtsTokenCount,
 }
 
-const SLOTS: usize = 14;
+const SLOTS: usize = Slot::ThoughtsTokenCount as usize + 1;
 
 /// Counts that are input or output totals: at least one must be committed for a usage to be read
 /// (a usage that has only details is not usage).
@@ -92,6 +92,11 @@ const fn key(parent: Node, name: &'static [u8], target: Target, shapes: u8) -> K
         shapes,
     }
 }
+
+const _: () = assert!(
+    KEYS.len() <= u32::BITS as usize,
+    "a KeyMatch holds one bit per key"
+);
 
 /// Every key read; a key's index is its bit in a [`KeyMatch`]'s candidates.
 static KEYS: [Key; 28] = {
@@ -163,20 +168,14 @@ static KEYS: [Key; 28] = {
 
 const NODES: usize = Node::UsageMetadata as usize + 1;
 
-fn shapes_index(shapes: Shapes) -> usize {
-    match shapes {
-        Shapes::Any => 0,
-        Shapes::OpenAi => 1,
-        Shapes::Anthropic => 2,
-        Shapes::Gemini => 3,
-    }
-}
+/// Each `Shapes`' bits, in its declaration order: `shapes as usize` indexes them.
+const SHAPE_BITS: [u8; 4] = [ALL, OPENAI, ANTHROPIC, GEMINI];
 
-/// The keys of each object each `Shapes` reads (indexed as `shapes_index`), as bits of
+/// The keys of each object each `Shapes` reads (indexed as [`SHAPE_BITS`]), as bits of
 /// [`KEYS`]: worked out once, not at every key.
 static CANDIDATES: [[u32; 4]; NODES] = {
     let mut table = [[0; 4]; NODES];
-    let shapes = [ALL, OPENAI, ANTHROPIC, GEMINI];
+    let shapes = SHAPE_BITS;
     let mut i = 0;
     while i < KEYS.len() {
         let key = &KEYS[i];
@@ -204,7 +203,7 @@ impl KeyMatch {
     /// The start of a key inside `parent`.
     pub(super) fn new(parent: Node, shapes: Shapes) -> KeyMatch {
         KeyMatch {
-            candidates: CANDIDATES[parent as usize][shapes_index(shapes)],
+            candidates: CANDIDATES[parent as usize][shapes as usize],
             at: 0,
         }
     }
@@ -415,6 +414,14 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shape_bits_follow_the_declaration_order() {
+        assert_eq!(SHAPE_BITS[Shapes::Any as usize], ALL);
+        assert_eq!(SHAPE_BITS[Shapes::OpenAi as usize], OPENAI);
+        assert_eq!(SHAPE_BITS[Shapes::Anthropic as usize], ANTHROPIC);
+        assert_eq!(SHAPE_BITS[Shapes::Gemini as usize], GEMINI);
+    }
 
     #[test]
     fn keys_are_unique_per_object() {
