@@ -273,10 +273,10 @@ pub fn llm_usage(data: &[u8]) {
         chunks.push(chunk);
         rest = after;
     }
-    // How many raw fields each count adds up, per shape (`Shapes::Any`: all of them).
+    // How many raw fields each count adds up, per shape (`Shapes::All`: all of them).
     let terms = |shapes: Shapes| -> Tokens {
         let (input, output, cache_read, cache_write, reasoning) = match shapes {
-            Shapes::Any => (5, 4, 4, 1, 3),
+            Shapes::All => (5, 4, 4, 1, 3),
             Shapes::OpenAi => (2, 2, 2, 0, 2),
             Shapes::Anthropic => (3, 1, 1, 1, 0),
             Shapes::Gemini => (1, 2, 1, 0, 1),
@@ -290,7 +290,7 @@ pub fn llm_usage(data: &[u8]) {
         }
     };
     for framing in [Framing::Json, Framing::Sse] {
-        for shapes in [Shapes::Any, Shapes::OpenAi, Shapes::Anthropic, Shapes::Gemini] {
+        for shapes in [Shapes::All, Shapes::OpenAi, Shapes::Anthropic, Shapes::Gemini] {
             let run = |chunks: &[&[u8]]| {
                 let mut reader = Reader::new(framing, shapes);
                 for chunk in chunks {

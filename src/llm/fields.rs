@@ -287,7 +287,7 @@ impl Counts {
     /// The counts with one meaning each. Each provider's fields are disjoint, so for one
     /// provider's body every sum below has a single term that is present (Anthropic's input is
     /// its three input fields, Gemini's output its candidates and thoughts, as each defines
-    /// them); a body mixing shapes (only read with `Shapes::Any`, and no provider sends one)
+    /// them); a body mixing shapes (only read with `Shapes::All`, and no provider sends one)
     /// gets the sum of what each shape says, saturating.
     pub(super) fn tokens(&self) -> Tokens {
         use Slot::*;
@@ -417,7 +417,7 @@ mod tests {
 
     #[test]
     fn shape_bits_follow_the_declaration_order() {
-        assert_eq!(SHAPE_BITS[Shapes::Any as usize], ALL);
+        assert_eq!(SHAPE_BITS[Shapes::All as usize], ALL);
         assert_eq!(SHAPE_BITS[Shapes::OpenAi as usize], OPENAI);
         assert_eq!(SHAPE_BITS[Shapes::Anthropic as usize], ANTHROPIC);
         assert_eq!(SHAPE_BITS[Shapes::Gemini as usize], GEMINI);
@@ -445,12 +445,12 @@ mod tests {
             m.target()
         };
         assert_eq!(
-            find(Node::Root, Shapes::Any, b"usage"),
+            find(Node::Root, Shapes::All, b"usage"),
             Some(Target::Object(Node::Usage))
         );
-        assert_eq!(find(Node::Root, Shapes::Any, b"usag"), None);
-        assert_eq!(find(Node::Root, Shapes::Any, b"usages"), None);
-        assert_eq!(find(Node::Root, Shapes::Any, b"Usage"), None);
+        assert_eq!(find(Node::Root, Shapes::All, b"usag"), None);
+        assert_eq!(find(Node::Root, Shapes::All, b"usages"), None);
+        assert_eq!(find(Node::Root, Shapes::All, b"Usage"), None);
         assert_eq!(find(Node::Root, Shapes::Gemini, b"usage"), None);
         assert_eq!(
             find(Node::Usage, Shapes::Anthropic, b"cache_read_input_tokens"),
@@ -468,7 +468,7 @@ mod tests {
             find(Node::Usage, Shapes::OpenAi, b"prompt_tokens_details"),
             Some(Target::Object(Node::PromptDetails))
         );
-        let mut long = KeyMatch::new(Node::Usage, Shapes::Any);
+        let mut long = KeyMatch::new(Node::Usage, Shapes::All);
         (0..300).for_each(|_| long.push(b'a'));
         assert!(!long.alive());
     }

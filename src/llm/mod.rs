@@ -38,8 +38,8 @@ pub const DEPTH_MAX: usize = 64;
 /// Which providers' fields a reader takes (`llm.usage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shapes {
-    /// Any of the shapes below.
-    Any,
+    /// Every shape below.
+    All,
     /// OpenAI's chat completions and Responses API (and Azure OpenAI's, the same).
     OpenAi,
     /// Anthropic's messages.

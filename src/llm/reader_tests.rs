@@ -65,9 +65,9 @@ fn json(shapes: Shapes, body: &str) -> Outcome {
 
 /// Whole and in two pieces only, for bodies too long to split everywhere in a debug build.
 fn json_quick(body: &[u8]) -> Outcome {
-    let whole = read_chunks(Framing::Json, Shapes::Any, &[body]).0;
+    let whole = read_chunks(Framing::Json, Shapes::All, &[body]).0;
     let (a, b) = body.split_at(body.len() / 2);
-    assert_eq!(read_chunks(Framing::Json, Shapes::Any, &[a, b]).0, whole);
+    assert_eq!(read_chunks(Framing::Json, Shapes::All, &[a, b]).0, whole);
     whole
 }
 
@@ -117,7 +117,7 @@ fn openai_chat_completion_json() {
     assert_eq!(tokens_read, tokens(1117, 238, 1024, 0, 192));
     assert_eq!(model.as_deref(), Some("o4-mini-2025-04-16"));
     assert_eq!(events, 1);
-    assert_eq!(json(Shapes::Any, OPENAI_CHAT), outcome);
+    assert_eq!(json(Shapes::All, OPENAI_CHAT), outcome);
 }
 
 fn chat_chunk(rest: &str) -> String {
@@ -164,7 +164,7 @@ fn openai_chat_stream_with_include_usage() {
 #[test]
 fn openai_chat_stream_without_include_usage_has_none() {
     let body = openai_stream(false);
-    let (outcome, events) = read(Framing::Sse, Shapes::Any, body.as_bytes());
+    let (outcome, events) = read(Framing::Sse, Shapes::All, body.as_bytes());
     assert_eq!(
         outcome,
         Outcome::Unreadable {
@@ -173,7 +173,7 @@ fn openai_chat_stream_without_include_usage_has_none() {
         }
     );
     assert_eq!(events, 5);
-    let mut reader = Reader::new(Framing::Sse, Shapes::Any);
+    let mut reader = Reader::new(Framing::Sse, Shapes::All);
     reader.feed(body.as_bytes());
     assert!(!reader.shaped());
 }
@@ -457,7 +457,7 @@ fn named_shapes_ignore_other_shapes_fields() {
 #[test]
 fn mixed_shapes_add_up() {
     let body = r#"{"usage":{"prompt_tokens":10,"completion_tokens":1},"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":2}}"#;
-    assert_eq!(usage(json(Shapes::Any, body)).0, tokens(15, 3, 0, 0, 0));
+    assert_eq!(usage(json(Shapes::All, body)).0, tokens(15, 3, 0, 0, 0));
     assert_eq!(usage(json(Shapes::Gemini, body)).0, tokens(5, 2, 0, 0, 0));
 }
 
@@ -474,7 +474,7 @@ fn keys_at_the_wrong_path_do_not_count() {
         r#"{"usage":{"Prompt_tokens":5,"prompt_token":1,"prompt_tokenss":1}}"#,
         r#"{"usage":{"prompt\u005ftokens":5}}"#,
     ] {
-        assert_eq!(unreadable(json(Shapes::Any, body)), Reason::NoUsage, "{body}");
+        assert_eq!(unreadable(json(Shapes::All, body)), Reason::NoUsage, "{body}");
     }
     // A known object's keys after an unknown sibling object are still read.
     let body = r#"{"message":{"content":[{"usage":{"input_tokens":9}}],"usage":{"input_tokens":3},"model":"claude-x"}}"#;
@@ -490,9 +490,9 @@ fn keys_at_the_wrong_path_do_not_count() {
 #[test]
 fn null_counts_are_absent() {
     let body = r#"{"usage":{"prompt_tokens":null,"completion_tokens":4,"prompt_tokens_details":null}}"#;
-    assert_eq!(usage(json(Shapes::Any, body)).0, tokens(0, 4, 0, 0, 0));
+    assert_eq!(usage(json(Shapes::All, body)).0, tokens(0, 4, 0, 0, 0));
     let body = r#"{"usage":{"prompt_tokens":null}}"#;
-    assert_eq!(unreadable(json(Shapes::Any, body)), Reason::NoUsage);
+    assert_eq!(unreadable(json(Shapes::All, body)), Reason::NoUsage);
     // A later null does not erase an earlier value.
     let body = "data: {\"usage\":{\"input_tokens\":7}}\n\ndata: {\"usage\":{\"input_tokens\":null}}\n\n";
     assert_eq!(
@@ -504,7 +504,7 @@ fn null_counts_are_absent() {
 #[test]
 fn details_alone_are_not_usage() {
     let body = r#"{"usage":{"prompt_tokens_details":{"cached_tokens":5}}}"#;
-    assert_eq!(unreadable(json(Shapes::Any, body)), Reason::NoUsage);
+    assert_eq!(unreadable(json(Shapes::All, body)), Reason::NoUsage);
 }
 
 #[test]
@@ -535,7 +535,7 @@ fn invalid_counts_give_up() {
     // An invalid count gives up a whole stream, whatever came before.
     let body = "data: {\"usage\":{\"input_tokens\":7}}\n\ndata: {\"usage\":{\"output_tokens\":-1}}\n\n";
     assert_eq!(
-        unreadable(read(Framing::Sse, Shapes::Any, body.as_bytes()).0),
+        unreadable(read(Framing::Sse, Shapes::All, body.as_bytes()).0),
         Reason::InvalidValue
     );
 }
@@ -565,7 +565,7 @@ fn malformed_json_gives_up() {
         r#"[{"usage":{"prompt_tokens":1}},"#,
         r#"{"usage":{"prompt_tokens":1},"model":"gpt"#,
     ] {
-        let outcome = json(Shapes::Any, body);
+        let outcome = json(Shapes::All, body);
         assert_eq!(unreadable(outcome), Reason::Malformed, "{body:?}");
     }
     // The model read before a give-up is still told.
@@ -579,7 +579,7 @@ fn malformed_json_gives_up() {
     );
     // Scalars and whitespace are JSON with nothing to read.
     for body in ["5", " 0 ", "null", "\"x\"", "[]", "{}", "[1,{}]"] {
-        assert_eq!(unreadable(json(Shapes::Any, body)), Reason::NoUsage, "{body}");
+        assert_eq!(unreadable(json(Shapes::All, body)), Reason::NoUsage, "{body}");
     }
 }
 
@@ -589,7 +589,7 @@ fn strings_are_skipped_whatever_they_hold() {
         br#"{"choices":[{"text":"a\\\"b \"usage\": {\"prompt_tokens\": 5} \u00e9\ud83d\ude00 \\"}],"x":"#;
     let mut body = body.to_vec();
     body.extend_from_slice(b"\"\xff\xfe\xc3\x28 not UTF-8 \x80\",\"usage\":{\"input_tokens\":8}}");
-    let (outcome, _) = read(Framing::Json, Shapes::Any, &body);
+    let (outcome, _) = read(Framing::Json, Shapes::All, &body);
     assert_eq!(usage(outcome).0.input, 8);
     // A long string of escapes, quotes and backslashes.
     let mut body = br#"{"content":""#.to_vec();
@@ -633,14 +633,14 @@ fn too_deep_gives_up() {
         "]".repeat(DEPTH_MAX - 1)
     );
     assert_eq!(
-        unreadable(json(Shapes::Any, &body)),
+        unreadable(json(Shapes::All, &body)),
         Reason::NoUsage,
         "just deep enough"
     );
     let body = format!("{{\"a\":{}1{}}}", "[".repeat(DEPTH_MAX), "]".repeat(DEPTH_MAX));
-    assert_eq!(unreadable(json(Shapes::Any, &body)), Reason::TooDeep);
+    assert_eq!(unreadable(json(Shapes::All, &body)), Reason::TooDeep);
     let body = format!("data: {}\n\n", "{\"a\":".repeat(10_000));
-    let (outcome, _, _) = read_chunks(Framing::Sse, Shapes::Any, &[body.as_bytes()]);
+    let (outcome, _, _) = read_chunks(Framing::Sse, Shapes::All, &[body.as_bytes()]);
     assert_eq!(unreadable(outcome), Reason::TooDeep);
 }
 
@@ -649,7 +649,7 @@ fn too_deep_gives_up() {
 #[test]
 fn a_50_mb_answer_is_too_large() {
     let filler = format!("\"{}\",", "lorem ipsum dolor sit amet ".repeat(2_000));
-    let mut reader = Reader::new(Framing::Json, Shapes::Any);
+    let mut reader = Reader::new(Framing::Json, Shapes::All);
     reader.feed(br#"{"model":"gpt-4o","choices":["#);
     let mut fed = 0;
     while fed < 50 << 20 {
@@ -665,7 +665,7 @@ fn a_50_mb_answer_is_too_large() {
         }
     );
     // A stream of many small events is not one document.
-    let mut reader = Reader::new(Framing::Sse, Shapes::Any);
+    let mut reader = Reader::new(Framing::Sse, Shapes::All);
     let event = format!("data: {{\"x\":\"{}\"}}\n\n", "y".repeat(1 << 20));
     for _ in 0..20 {
         reader.feed(event.as_bytes());
@@ -673,7 +673,7 @@ fn a_50_mb_answer_is_too_large() {
     reader.feed(b"data: {\"usage\":{\"input_tokens\":1}}\n\n");
     assert!(matches!(reader.finish(true), Outcome::Read(_)));
     // Nor is a long Gemini array; but one event's data past the limit is.
-    let mut reader = Reader::new(Framing::Sse, Shapes::Any);
+    let mut reader = Reader::new(Framing::Sse, Shapes::All);
     reader.feed(b"data: \"");
     let line = "z".repeat(1 << 20);
     for _ in 0..=16 {
@@ -729,19 +729,19 @@ fn sse_framing_follows_the_specification() {
 fn sse_malformed_events_are_skipped_and_remembered() {
     let good = "data: {\"usage\":{\"input_tokens\":4}}\n\n";
     let bad = "data: {\"usage\":{\"input_tokens\":5}\n\ndata: not json\n\n";
-    let (outcome, events) = read(Framing::Sse, Shapes::Any, format!("{good}{bad}").as_bytes());
+    let (outcome, events) = read(Framing::Sse, Shapes::All, format!("{good}{bad}").as_bytes());
     assert_eq!(usage(outcome).0.input, 4);
     assert_eq!(events, 3);
-    let (outcome, _) = read(Framing::Sse, Shapes::Any, bad.as_bytes());
+    let (outcome, _) = read(Framing::Sse, Shapes::All, bad.as_bytes());
     assert_eq!(unreadable(outcome), Reason::Malformed);
     // [DONE] and empty data are quiet; anything near them is not.
     let quiet = "data: [DONE]\n\ndata:\n\ndata: \n\nevent: end\n\n";
     assert_eq!(
-        unreadable(read(Framing::Sse, Shapes::Any, quiet.as_bytes()).0),
+        unreadable(read(Framing::Sse, Shapes::All, quiet.as_bytes()).0),
         Reason::NoUsage
     );
     for near in ["data: [DONE] \n\n", "data: [DONE\n\n", "data: [DONE]\ndata:\n\n"] {
-        let outcome = read(Framing::Sse, Shapes::Any, near.as_bytes()).0;
+        let outcome = read(Framing::Sse, Shapes::All, near.as_bytes()).0;
         assert_eq!(unreadable(outcome), Reason::Malformed, "{near:?}");
     }
 }
@@ -749,12 +749,12 @@ fn sse_malformed_events_are_skipped_and_remembered() {
 #[test]
 fn an_unterminated_last_event_is_discarded() {
     let body = "data: {\"usage\":{\"input_tokens\":4}}\n\ndata: {\"usage\":{\"input_tokens\":9}}\n";
-    let (outcome, events) = read(Framing::Sse, Shapes::Any, body.as_bytes());
+    let (outcome, events) = read(Framing::Sse, Shapes::All, body.as_bytes());
     assert_eq!(usage(outcome).0.input, 4);
     assert_eq!(events, 1);
     let body = "data: {\"usage\":{\"input_tokens\":9}}";
     assert_eq!(
-        unreadable(read(Framing::Sse, Shapes::Any, body.as_bytes()).0),
+        unreadable(read(Framing::Sse, Shapes::All, body.as_bytes()).0),
         Reason::NoUsage
     );
 }
@@ -768,7 +768,7 @@ fn cut_bodies_keep_what_was_committed() {
     let (tokens_read, _) = usage(reader.finish(false));
     assert_eq!(tokens_read, tokens(40, 1, 5, 10, 0), "message_start's counts");
     // Nothing committed: cut, with the model if one was.
-    let mut reader = Reader::new(Framing::Json, Shapes::Any);
+    let mut reader = Reader::new(Framing::Json, Shapes::All);
     reader.feed(&OPENAI_CHAT.as_bytes()[..OPENAI_CHAT.len() - 10]);
     assert_eq!(
         reader.finish(false),
@@ -783,11 +783,11 @@ fn cut_bodies_keep_what_was_committed() {
         "the first finish holds"
     );
     // An earlier give-up wins over the cut.
-    let mut reader = Reader::new(Framing::Json, Shapes::Any);
+    let mut reader = Reader::new(Framing::Json, Shapes::All);
     reader.feed(b"{\"usage\":{\"prompt_tokens\":-");
     assert_eq!(unreadable(reader.finish(false)), Reason::InvalidValue);
     // Fed after finishing: nothing changes.
-    let mut reader = Reader::new(Framing::Sse, Shapes::Any);
+    let mut reader = Reader::new(Framing::Sse, Shapes::All);
     assert_eq!(unreadable(reader.finish(false)), Reason::Cut);
     reader.feed(b"data: {\"usage\":{\"input_tokens\":4}}\n\n");
     assert_eq!(unreadable(reader.finish(true)), Reason::Cut);
@@ -796,7 +796,7 @@ fn cut_bodies_keep_what_was_committed() {
 
 #[test]
 fn shaped_once_a_count_key_is_seen() {
-    let mut reader = Reader::new(Framing::Sse, Shapes::Any);
+    let mut reader = Reader::new(Framing::Sse, Shapes::All);
     reader.feed(b"data: {\"usage\":{\"output_tok");
     assert!(!reader.shaped());
     reader.feed(b"ens\":");
@@ -808,14 +808,14 @@ fn shaped_once_a_count_key_is_seen() {
 
 #[test]
 fn events_count_as_they_end() {
-    let mut reader = Reader::new(Framing::Sse, Shapes::Any);
+    let mut reader = Reader::new(Framing::Sse, Shapes::All);
     reader.feed(b"event: message_start\ndata: {}\n");
     assert_eq!(reader.events(), 0);
     reader.feed(b"\r\n");
     assert_eq!(reader.events(), 1);
     reader.feed(b"data: [DONE]\n\n");
     assert_eq!(reader.events(), 2);
-    let mut reader = Reader::new(Framing::Json, Shapes::Any);
+    let mut reader = Reader::new(Framing::Json, Shapes::All);
     reader.feed(b"{\"a\":1");
     assert_eq!(reader.events(), 0);
     reader.feed(b"}");

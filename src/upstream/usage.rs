@@ -35,7 +35,7 @@ impl Reading {
         let known = llm::known_host(&authority.host);
         let (shapes, always) = match mode {
             UsageMode::Off => return None,
-            UsageMode::Auto => (Shapes::Any, known.is_some()),
+            UsageMode::Auto => (Shapes::All, known.is_some()),
             UsageMode::OpenAi => (Shapes::OpenAi, true),
             UsageMode::Anthropic => (Shapes::Anthropic, true),
             UsageMode::Gemini => (Shapes::Gemini, true),
