@@ -1,8 +1,9 @@
 //! Test support: the sidecar in-process, its admin endpoints, and waiting on observable state;
 //! fake upstreams, the raw client, a DNS responder, the child-process sidecar, child-process
-//! clients that print JSON lines, a scripted origin, the pacing tests' Python app and
-//! rate-limited provider (`pace_app`, `provider`: used by path), a Squid parent proxy, nginx as
-//! an origin and machine checks in submodules.
+//! clients that print JSON lines, a scripted origin, the token-accounting tests' LLM provider,
+//! Python apps and view of the sidecar (`llm_provider`, `llm_app`, `llm_sidecar`), the pacing
+//! tests' Python app and rate-limited provider (`pace_app`, `provider`; all used by path), a
+//! Squid parent proxy, nginx as an origin and machine checks in submodules.
 //! Everything binds 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
@@ -10,6 +11,9 @@ mod child;
 mod client;
 mod dns;
 mod line_client;
+pub mod llm_app;
+pub mod llm_provider;
+pub mod llm_sidecar;
 mod machine;
 mod nginx;
 pub mod pace_app;
