@@ -8,6 +8,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU16;
+
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -46,13 +48,14 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// Adds `other`, saturating: an upstream's counts come from outside.
     fn add(&mut self, other: &Counts) {
-        self.requests += other.requests;
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.cache_read_tokens += other.cache_read_tokens;
-        self.cache_write_tokens += other.cache_write_tokens;
-        self.reasoning_tokens += other.reasoning_tokens;
+        self.requests = self.requests.saturating_add(other.requests);
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cache_read_tokens = self.cache_read_tokens.saturating_add(other.cache_read_tokens);
+        self.cache_write_tokens = self.cache_write_tokens.saturating_add(other.cache_write_tokens);
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(other.reasoning_tokens);
     }
 
     fn of(tokens: Option<&Tokens>) -> Counts {
@@ -100,11 +103,44 @@ pub struct Report {
 
 type RowKey = (Arc<str>, Arc<str>, Arc<str>);
 
+/// One row's counts: what `/debug/usage` shows of an upstream, app and model. Held by whoever
+/// counts into it (`metrics::LlmMetrics`), so an answer is counted without a lookup.
+#[derive(Debug)]
+pub struct Entry {
+    start: Instant,
+    counts: Mutex<Counted>,
+}
+
 #[derive(Debug, Default)]
-struct Entry {
+struct Counted {
     total: Counts,
     /// (second since the ledger's start, what it counted), oldest first.
     recent: VecDeque<(u64, Counts)>,
+}
+
+impl Entry {
+    /// Counts one answer, which spent `tokens` (`None`: its usage was not read).
+    pub fn record(&self, tokens: Option<&Tokens>) {
+        let second = self.start.elapsed().as_secs();
+        self.record_at(second, tokens);
+    }
+
+    fn record_at(&self, second: u64, tokens: Option<&Tokens>) {
+        let counts = Counts::of(tokens);
+        let mut entry = lock(&self.counts);
+        entry.total.add(&counts);
+        match entry.recent.back_mut() {
+            Some((at, bucket)) if *at == second => bucket.add(&counts),
+            _ => entry.recent.push_back((second, counts)),
+        }
+        while entry
+            .recent
+            .front()
+            .is_some_and(|(at, _)| *at + RECENT_SECS <= second)
+        {
+            entry.recent.pop_front();
+        }
+    }
 }
 
 /// A label given out by [`Ledger::app_id`] or [`Ledger::model_id`]: its index among the labels
@@ -120,7 +156,8 @@ const OTHER_ID: LabelId = LabelId(NonZeroU16::MIN);
 #[derive(Debug)]
 struct Names {
     cap: usize,
-    ids: HashMap<Box<str>, LabelId>,
+    /// Fx, not SipHash: at most a few hundred names, so chosen collisions cost little.
+    ids: FxHashMap<Box<str>, LabelId>,
     labels: Vec<Arc<str>>,
 }
 
@@ -128,7 +165,7 @@ impl Names {
     fn new(cap: usize, other: &Arc<str>) -> Self {
         Names {
             cap,
-            ids: HashMap::new(),
+            ids: FxHashMap::default(),
             labels: vec![other.clone()],
         }
     }
@@ -161,7 +198,7 @@ pub struct Ledger {
     start: Instant,
     apps: Mutex<Names>,
     models: Mutex<Names>,
-    rows: Mutex<HashMap<RowKey, Entry>>,
+    rows: Mutex<HashMap<RowKey, Arc<Entry>>>,
     unknown: Arc<str>,
 }
 
@@ -226,37 +263,17 @@ impl Ledger {
         self.unknown.clone()
     }
 
-    /// Counts one answer of `upstream` for `app` and `model`, which spent `tokens` (`None`:
-    /// its usage was not read; the answer still counts).
-    pub fn record(&self, upstream: &Arc<str>, app: &Arc<str>, model: &Arc<str>, tokens: Option<&Tokens>) {
-        self.record_at(self.second(Instant::now()), upstream, app, model, tokens);
-    }
-
-    fn record_at(
-        &self,
-        second: u64,
-        upstream: &Arc<str>,
-        app: &Arc<str>,
-        model: &Arc<str>,
-        tokens: Option<&Tokens>,
-    ) {
-        let counts = Counts::of(tokens);
+    /// The row of `upstream`, `app` and `model`, made when new.
+    pub fn row(&self, upstream: &Arc<str>, app: &Arc<str>, model: &Arc<str>) -> Arc<Entry> {
         let mut rows = lock(&self.rows);
-        let entry = rows
-            .entry((upstream.clone(), app.clone(), model.clone()))
-            .or_default();
-        entry.total.add(&counts);
-        match entry.recent.back_mut() {
-            Some((at, bucket)) if *at == second => bucket.add(&counts),
-            _ => entry.recent.push_back((second, counts)),
-        }
-        while entry
-            .recent
-            .front()
-            .is_some_and(|(at, _)| *at + RECENT_SECS <= second)
-        {
-            entry.recent.pop_front();
-        }
+        rows.entry((upstream.clone(), app.clone(), model.clone()))
+            .or_insert_with(|| {
+                Arc::new(Entry {
+                    start: self.start,
+                    counts: Mutex::default(),
+                })
+            })
+            .clone()
     }
 
     /// What was spent since start and over the last 60 s, rows sorted by upstream, app, model.
@@ -269,6 +286,7 @@ impl Ledger {
         let mut since_start = Vec::with_capacity(rows.len());
         let mut last_60s = Vec::new();
         for ((upstream, app, model), entry) in rows.iter() {
+            let entry = lock(&entry.counts);
             let row = |counts| Row {
                 upstream: upstream.clone(),
                 app: app.clone(),
@@ -370,9 +388,10 @@ mod tests {
     fn rows_add_up_since_start_and_forget_past_the_minute() {
         let ledger = Ledger::default();
         let (up, app, model) = (ledger.unknown(), ledger.app("a"), ledger.model(Some("m")));
-        ledger.record_at(0, &up, &app, &model, Some(&tokens(10, 5)));
-        ledger.record_at(0, &up, &app, &model, Some(&tokens(1, 1)));
-        ledger.record_at(30, &up, &app, &model, None);
+        let row = ledger.row(&up, &app, &model);
+        row.record_at(0, Some(&tokens(10, 5)));
+        ledger.row(&up, &app, &model).record_at(0, Some(&tokens(1, 1)));
+        row.record_at(30, None);
         let now = ledger.report_at(59);
         assert_eq!(now.since_start.len(), 1);
         let total = now.since_start[0].counts;
@@ -400,24 +419,22 @@ mod tests {
     fn a_busy_row_keeps_at_most_a_minute_of_buckets() {
         let ledger = Ledger::default();
         let (up, app, model) = (ledger.unknown(), ledger.app("a"), ledger.model(None));
+        let row = ledger.row(&up, &app, &model);
         for second in 0..1000 {
-            ledger.record_at(second, &up, &app, &model, Some(&tokens(1, 1)));
+            row.record_at(second, Some(&tokens(1, 1)));
         }
-        let rows = lock(&ledger.rows);
-        assert_eq!(rows.values().next().unwrap().recent.len(), 60);
+        assert_eq!(lock(&row.counts).recent.len(), 60);
+        // Saturating, not wrapping: counts come from outside.
+        row.record_at(1000, Some(&tokens(u64::MAX, 1)));
+        assert_eq!(lock(&row.counts).total.input_tokens, u64::MAX);
     }
 
     #[test]
     fn the_report_is_the_json_the_readme_shows() {
         let ledger = Ledger::default();
         let up: Arc<str> = "openai".into();
-        ledger.record_at(
-            0,
-            &up,
-            &ledger.app("chat"),
-            &ledger.model(Some("gpt-4o")),
-            Some(&tokens(7, 3)),
-        );
+        let row = ledger.row(&up, &ledger.app("chat"), &ledger.model(Some("gpt-4o")));
+        row.record_at(0, Some(&tokens(7, 3)));
         let json = serde_json::to_value(ledger.report_at(0)).unwrap();
         assert_eq!(
             json["since_start"][0],

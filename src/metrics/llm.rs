@@ -1,14 +1,16 @@
 //! The token-accounting metrics (`llm`): tokens and answers by upstream, app and model, answers
 //! whose usage could not be read, and the time a stream takes to its first event.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::llm::ledger::Ledger;
+use crate::llm::ledger::{Entry, Ledger};
 use crate::llm::{Reason, Tokens};
 
 /// `upstream`, `app`, `model`, `type`.
@@ -26,7 +28,7 @@ struct AnswerLabels {
     upstream: Arc<str>,
     app: Arc<str>,
     model: Arc<str>,
-    status: u16,
+    status: &'static str,
 }
 
 /// `upstream`, `reason`.
@@ -103,6 +105,59 @@ impl LlmFamilies {
 pub struct LlmMetrics {
     upstream: Arc<str>,
     families: Arc<LlmFamilies>,
+    /// The handles of each (app, model) counted, by the labels' addresses: labels are interned
+    /// by the ledger (one `Arc` per name), so an answer is counted with no hash of a label set
+    /// and no family lookup (they cost 3,000 instructions an answer, callgrind).
+    rows: Arc<Mutex<Rows>>,
+}
+
+/// The rows of an upstream, by the addresses of their app and model labels.
+type Rows = FxHashMap<(usize, usize), Arc<Row>>;
+
+/// The counters of one upstream, app and model.
+#[derive(Debug)]
+struct Row {
+    app: Arc<str>,
+    model: Arc<str>,
+    /// `input`, `output`, `cache_read`, `cache_write`, `reasoning`.
+    tokens: [Counter; 5],
+    /// `egress_llm_requests_total` by status, as met.
+    answers: Mutex<Vec<(u16, Counter)>>,
+    ledger: Arc<Entry>,
+}
+
+const TOKEN_TYPES: [&str; 5] = ["input", "output", "cache_read", "cache_write", "reasoning"];
+
+/// The `status` label: the code for the statuses LLM APIs answer with, else its class, so an
+/// upstream cannot make a series per code it invents.
+fn status_label(code: u16) -> &'static str {
+    const NAMED: [(u16, &str); 15] = [
+        (200, "200"),
+        (400, "400"),
+        (401, "401"),
+        (403, "403"),
+        (404, "404"),
+        (408, "408"),
+        (409, "409"),
+        (413, "413"),
+        (422, "422"),
+        (429, "429"),
+        (500, "500"),
+        (502, "502"),
+        (503, "503"),
+        (504, "504"),
+        (529, "529"),
+    ];
+    if let Some((_, label)) = NAMED.iter().find(|(named, _)| *named == code) {
+        return label;
+    }
+    match code {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
 }
 
 impl LlmMetrics {
@@ -110,6 +165,7 @@ impl LlmMetrics {
         LlmMetrics {
             upstream: upstream.into(),
             families,
+            rows: Arc::default(),
         }
     }
 
@@ -118,8 +174,39 @@ impl LlmMetrics {
         &self.families.ledger
     }
 
+    /// The handles of `app` and `model` (labels the ledger gave), made when new.
+    fn row(&self, app: &Arc<str>, model: &Arc<str>) -> Arc<Row> {
+        let key = (
+            Arc::as_ptr(app).cast::<u8>() as usize,
+            Arc::as_ptr(model).cast::<u8>() as usize,
+        );
+        let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        rows.entry(key)
+            .or_insert_with(|| {
+                let f = &self.families;
+                let tokens = TOKEN_TYPES.map(|kind| {
+                    f.tokens
+                        .get_or_create(&TokenLabels {
+                            upstream: self.upstream.clone(),
+                            app: app.clone(),
+                            model: model.clone(),
+                            r#type: kind,
+                        })
+                        .clone()
+                });
+                Arc::new(Row {
+                    app: app.clone(),
+                    model: model.clone(),
+                    tokens,
+                    answers: Mutex::default(),
+                    ledger: f.ledger.row(&self.upstream, app, model),
+                })
+            })
+            .clone()
+    }
+
     /// Counts one answer with `status` for `app` and `model`: its tokens when read, its
-    /// reason when its usage was unreadable.
+    /// reason when its usage was unreadable (`None`: not counted as unreadable).
     pub fn answer(
         &self,
         app: &Arc<str>,
@@ -127,37 +214,21 @@ impl LlmMetrics {
         status: u16,
         read: Result<&Tokens, Option<Reason>>,
     ) {
-        let f = &self.families;
-        let labels = AnswerLabels {
-            upstream: self.upstream.clone(),
-            app: app.clone(),
-            model: model.clone(),
-            status,
-        };
-        f.requests.get_or_create(&labels).inc();
+        let row = self.row(app, model);
+        row.answered(status, &self.families, &self.upstream);
         match read {
             Ok(tokens) => {
-                let AnswerLabels {
-                    upstream, app, model, ..
-                } = labels;
-                let mut labels = TokenLabels {
-                    upstream,
-                    app,
-                    model,
-                    r#type: "input",
-                };
-                for (kind, count) in [
-                    ("input", tokens.input),
-                    ("output", tokens.output),
-                    ("cache_read", tokens.cache_read),
-                    ("cache_write", tokens.cache_write),
-                    ("reasoning", tokens.reasoning),
-                ] {
-                    labels.r#type = kind;
-                    f.tokens.get_or_create(&labels).inc_by(count);
+                let counts = [
+                    tokens.input,
+                    tokens.output,
+                    tokens.cache_read,
+                    tokens.cache_write,
+                    tokens.reasoning,
+                ];
+                for (counter, count) in row.tokens.iter().zip(counts) {
+                    counter.inc_by(count);
                 }
-                f.ledger
-                    .record(&self.upstream, &labels.app, &labels.model, Some(tokens));
+                row.ledger.record(Some(tokens));
             }
             Err(reason) => {
                 if let Some(reason) = reason {
@@ -165,9 +236,9 @@ impl LlmMetrics {
                         upstream: self.upstream.clone(),
                         reason: reason.as_str(),
                     };
-                    f.unreadable.get_or_create(&labels).inc();
+                    self.families.unreadable.get_or_create(&labels).inc();
                 }
-                f.ledger.record(&self.upstream, app, model, None);
+                row.ledger.record(None);
             }
         }
     }
@@ -179,5 +250,72 @@ impl LlmMetrics {
             model: model.clone(),
         };
         self.families.first_token.get_or_create(&labels).observe(seconds);
+    }
+}
+
+impl Row {
+    /// Counts an answer with `status`.
+    fn answered(&self, status: u16, families: &LlmFamilies, upstream: &Arc<str>) {
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, counter)) = answers.iter().find(|(code, _)| *code == status) {
+            counter.inc();
+            return;
+        }
+        let labels = AnswerLabels {
+            upstream: upstream.clone(),
+            app: self.app.clone(),
+            model: self.model.clone(),
+            status: status_label(status),
+        };
+        let counter = families.requests.get_or_create(&labels).clone();
+        counter.inc();
+        answers.push((status, counter));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unusual_statuses_are_labelled_by_class() {
+        assert_eq!(status_label(200), "200");
+        assert_eq!(status_label(529), "529");
+        assert_eq!(status_label(299), "2xx");
+        assert_eq!(status_label(418), "4xx");
+        assert_eq!(status_label(999), "5xx");
+        assert_eq!(status_label(101), "1xx");
+    }
+
+    #[test]
+    fn answers_count_in_the_families_and_the_ledger_alike() {
+        let metrics = crate::metrics::Metrics::new();
+        let llm = metrics.llm("openai");
+        let ledger = llm.ledger();
+        let (app, model) = (ledger.app("billing"), ledger.model(Some("gpt-4o")));
+        let tokens = Tokens {
+            input: 10,
+            output: 4,
+            cache_read: 3,
+            cache_write: 0,
+            reasoning: 1,
+        };
+        llm.answer(&app, &model, 200, Ok(&tokens));
+        llm.answer(&app, &model, 200, Ok(&tokens));
+        llm.answer(&app, &ledger.model(None), 429, Err(None));
+        llm.answer(&app, &model, 200, Err(Some(Reason::NoUsage)));
+        let text = metrics.render();
+        for line in [
+            r#"egress_llm_tokens_total{upstream="openai",app="billing",model="gpt-4o",type="input"} 20"#,
+            r#"egress_llm_tokens_total{upstream="openai",app="billing",model="gpt-4o",type="reasoning"} 2"#,
+            r#"egress_llm_requests_total{upstream="openai",app="billing",model="gpt-4o",status="200"} 3"#,
+            r#"egress_llm_requests_total{upstream="openai",app="billing",model="unknown",status="429"} 1"#,
+            r#"egress_llm_usage_unreadable_total{upstream="openai",reason="no_usage"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
+        let usage = metrics.usage();
+        let row = usage.since_start.iter().find(|r| &*r.model == "gpt-4o").unwrap();
+        assert_eq!((row.counts.requests, row.counts.input_tokens), (3, 20));
     }
 }

@@ -11,10 +11,13 @@
 //!
 //! Tokens: a request's cost is known only after its answer, when its usage is read
 //! (`llm`). Before, each request that goes is charged the key's estimate, a moving average of
-//! what its answers spent (input and output; 0 until the first is read), and requests wait
-//! while what is left is under it; after, the difference between what the answer spent and the
-//! estimate is taken from (or given back to) what is left. A figure the upstream reports
-//! replaces the sum, as for requests.
+//! what its answers spent of the tokens the binding quota counts (input and output, or, for
+//! Anthropic's separate limits, uncached input or output; 0 until the first is read), and
+//! requests wait while what is left is under it (never more than the window's whole limit);
+//! after, the difference between what the answer spent and what it was charged is taken from
+//! (or given back to) what is left, and an answer whose usage is not read gives its charge
+//! back. A figure the upstream reports within the window only lowers what is left, as for
+//! requests.
 //!
 //! With `smooth`, what is left is released evenly until the reset: each request waits
 //! `(reset - last) / (left + 1)` after the one before, so the window's requests are spread.
@@ -27,9 +30,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::report::{Quota, Report};
+use super::report::{Counted, Quota, Report};
 use super::{KeyId, KeyReport, Priority, RESET_GUARD, UNKNOWN_RESET};
 use crate::config::PaceConfig;
+use crate::llm::Tokens;
 use crate::metrics::PaceMetrics;
 
 /// One pace key.
@@ -88,8 +92,11 @@ struct Opens {
 struct State {
     requests: Option<Window>,
     tokens: Option<Window>,
-    /// Tokens an answer spends, as a moving average of those read; 0 before the first.
+    /// Tokens an answer spends of those `counted`, as a moving average of those read; 0
+    /// before the first.
     per_request: u64,
+    /// Which tokens the tokens quota last reported counts.
+    counted: Counted,
     /// A `Retry-After` holds every request until then.
     closed_until: Option<Instant>,
     /// When the last request was let go, for smoothing.
@@ -173,27 +180,46 @@ impl Key {
         self.counts_tokens.load(Ordering::Relaxed)
     }
 
-    /// An answer of this key spent `tokens`: the estimate moves towards it, and what is left
-    /// in the window takes the difference between the two (the request was charged the
-    /// estimate when it went).
-    pub(super) fn spent(&self, tokens: u64, now: Instant) {
+    /// A request of this key goes: it is charged the estimate of its tokens, which it
+    /// returns.
+    pub(super) fn charge(&self, now: Instant) -> u32 {
         let out = self.out();
         let mut state = self.lock();
         state.roll(now, out);
-        let charged = state.per_request;
-        state.per_request = if charged == 0 {
-            tokens
-        } else {
-            charged.saturating_mul(3).saturating_add(tokens) / 4
-        };
+        let charged = u32::try_from(state.per_request).unwrap_or(u32::MAX);
         if let Some(w) = state.tokens.as_mut() {
-            let given_back =
-                i64::try_from(charged).unwrap_or(i64::MAX) - i64::try_from(tokens).unwrap_or(i64::MAX);
-            w.left = w.left.saturating_add(given_back);
-            if given_back > 0 {
-                state.queue.wake_first();
-            }
+            w.left = w.left.saturating_sub(i64::from(charged));
         }
+        charged
+    }
+
+    /// An answer of this key, whose request was `charged`, spent `tokens`: the estimate moves
+    /// towards what the quota counts of them, and what is left takes the difference.
+    pub(super) fn spent(&self, tokens: &Tokens, charged: u32, now: Instant) {
+        let out = self.out();
+        let mut state = self.lock();
+        state.roll(now, out);
+        let counted = match state.counted {
+            Counted::All => tokens.input.saturating_add(tokens.output),
+            Counted::Input => tokens.input.saturating_sub(tokens.cache_read),
+            Counted::Output => tokens.output,
+        };
+        let estimate = state.per_request;
+        state.per_request = if estimate == 0 {
+            counted
+        } else {
+            estimate.saturating_mul(3).saturating_add(counted) / 4
+        };
+        state.give_back(i64::from(charged).saturating_sub(i64::try_from(counted).unwrap_or(i64::MAX)));
+    }
+
+    /// A request of this key was `charged`, and its answer's usage was not read: the charge
+    /// is given back, the estimate stays.
+    pub(super) fn refund(&self, charged: u32, now: Instant) {
+        let out = self.out();
+        let mut state = self.lock();
+        state.roll(now, out);
+        state.give_back(i64::from(charged));
     }
 
     /// Whether a new request with `priority` goes now, waits, or is refused because it could
@@ -300,11 +326,6 @@ impl Key {
             window.left -= 1;
             self.note_exhausted(window, config);
         }
-        let charge = i64::try_from(state.per_request).unwrap_or(i64::MAX);
-        if let Some(window) = state.tokens.as_mut() {
-            window.left = window.left.saturating_sub(charge);
-            self.note_exhausted(window, config);
-        }
     }
 
     /// Counts `window` closed for `remaining` the first time what is left reaches the reserve.
@@ -332,6 +353,7 @@ impl Key {
         }
         if let Some(quota) = report.tokens {
             state.tokens = take(state.tokens, &quota, now, 0);
+            state.counted = report.tokens_counted;
             self.counts_tokens.store(true, Ordering::Relaxed);
         }
         let state = &mut *state;
@@ -426,6 +448,17 @@ fn reserve(config: &PaceConfig) -> i64 {
 }
 
 impl State {
+    /// Adds `tokens` (takes, when negative) to what the tokens window has left, waking the
+    /// first waiter when it grew.
+    fn give_back(&mut self, tokens: i64) {
+        if let Some(w) = self.tokens.as_mut() {
+            w.left = w.left.saturating_add(tokens);
+            if tokens > 0 {
+                self.queue.wake_first();
+            }
+        }
+    }
+
     /// Moves the windows on to `now`; `out`: requests in flight.
     fn roll(&mut self, now: Instant, out: u32) {
         self.requests = self.requests.and_then(|w| w.current(now, out));
@@ -460,11 +493,20 @@ impl State {
                 later(last + spacing, w.reset_at, true);
             }
         }
-        // A request needs what one is estimated to spend, at least a token.
-        let needs = i64::try_from(self.per_request.max(1)).unwrap_or(i64::MAX);
+        // A request needs what one is estimated to spend, at least a token, and never more
+        // than a whole window holds: an estimate past the limit must not close the key for good.
+        let needs = |w: &Window| {
+            let estimate = i64::try_from(self.per_request.max(1)).unwrap_or(i64::MAX);
+            let whole = w.limit.map_or(i64::MAX, |limit| {
+                i64::try_from(limit)
+                    .unwrap_or(i64::MAX)
+                    .saturating_sub(reserve(config))
+            });
+            estimate.min(whole.max(1))
+        };
         if let Some(w) = self
             .tokens
-            .filter(|w| w.left.saturating_sub(reserve(config)) < needs)
+            .filter(|w| w.left.saturating_sub(reserve(config)) < needs(w))
         {
             later(w.reset_at + RESET_GUARD, w.reset_at, false);
         }

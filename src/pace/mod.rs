@@ -199,9 +199,9 @@ enum Held {
     /// The upstream's pacer knew no key when the request was admitted: only its key's hash,
     /// for an answer that turns out to carry limit fields.
     Untracked(KeyId),
-    /// The key's state, and whether the request went (it counts as in flight until the
-    /// ticket drops).
-    Tracked { key: Arc<Key>, out: bool },
+    /// The key's state, whether the request went (it counts as in flight until the ticket
+    /// drops), and the tokens it was charged when it went.
+    Tracked { key: Arc<Key>, out: bool, charged: u32 },
 }
 
 impl Ticket {
@@ -212,10 +212,14 @@ impl Ticket {
         if let Held::Tracked {
             key,
             out: out @ false,
+            charged,
         } = &mut self.0
         {
             key.sent();
             *out = true;
+            if key.counts_tokens() {
+                *charged = key.charge(Instant::now());
+            }
         }
         self
     }
@@ -223,32 +227,51 @@ impl Ticket {
 
 impl Ticket {
     /// The response head is in: the request no longer counts as in flight. What settles its
-    /// tokens once its answer's usage is read, when its key counts tokens.
+    /// tokens once its answer's usage is read, when its key counts tokens. A retry is not
+    /// charged again: the request's one charge is settled by the answer it ends with.
     pub fn into_spend(mut self) -> Option<Spend> {
-        let Held::Tracked { key, out } = std::mem::take(&mut self.0) else {
+        let Held::Tracked { key, out, charged } = std::mem::take(&mut self.0) else {
             return None;
         };
         if out {
             key.returned();
         }
-        key.counts_tokens().then_some(Spend(key))
+        (out && key.counts_tokens()).then_some(Spend {
+            key,
+            charged,
+            settled: false,
+        })
     }
 }
 
-/// A request's answer, to settle what it spent in its pace key's tokens (see `key`).
+/// A request's answer, to settle what it spent in its pace key's tokens (see `key`); dropped
+/// unsettled (its usage not read), it gives the request's charge back.
 #[derive(Debug)]
-pub struct Spend(Arc<Key>);
+pub struct Spend {
+    key: Arc<Key>,
+    charged: u32,
+    settled: bool,
+}
 
 impl Spend {
-    /// The answer spent `tokens`, input and output.
-    pub fn settle(self, tokens: u64) {
-        self.0.spent(tokens, Instant::now());
+    /// The answer spent `tokens`.
+    pub fn settle(mut self, tokens: &crate::llm::Tokens) {
+        self.settled = true;
+        self.key.spent(tokens, self.charged, Instant::now());
+    }
+}
+
+impl Drop for Spend {
+    fn drop(&mut self) {
+        if !self.settled && self.charged > 0 {
+            self.key.refund(self.charged, Instant::now());
+        }
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if let Held::Tracked { key, out: true } = &self.0 {
+        if let Held::Tracked { key, out: true, .. } = &self.0 {
             key.returned();
         }
     }
@@ -327,7 +350,12 @@ impl Pacer {
                 Pass::Refuse(Refusal::until(reset, now))
             }
         };
-        (Ticket(Held::Tracked { key, out: false }), pass)
+        let held = Held::Tracked {
+            key,
+            out: false,
+            charged: 0,
+        };
+        (Ticket(held), pass)
     }
 
     /// The key of a request: its credential (the first of `credentials` present) and its tag.
@@ -418,7 +446,7 @@ impl Pacer {
             return;
         }
         let (key, counted) = match &ticket.0 {
-            Held::Tracked { key, out } => (key.clone(), *out),
+            Held::Tracked { key, out, .. } => (key.clone(), *out),
             Held::Untracked(id) => (self.key(*id), false),
             Held::Off => return,
         };

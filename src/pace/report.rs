@@ -23,6 +23,19 @@ pub struct Quota {
     pub window: Option<Duration>,
 }
 
+/// Which tokens a tokens quota counts: Anthropic limits input and output apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Counted {
+    /// Input and output (OpenAI's `-tokens`, Anthropic's combined `tokens`).
+    #[default]
+    All,
+    /// Input not read from a prompt cache (Anthropic's `input-tokens`: cache reads do not
+    /// count against it).
+    Input,
+    /// Output (Anthropic's `output-tokens`).
+    Output,
+}
+
 /// What a response says of its upstream's limits.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Report {
@@ -32,6 +45,8 @@ pub struct Report {
     /// Tokens: of several token limits (Anthropic's input and output, or several forms), the
     /// one with the least left.
     pub tokens: Option<Quota>,
+    /// Which tokens `tokens` counts.
+    pub tokens_counted: Counted,
     /// How long a 429 or 503 asks every request to wait: `retry-after-ms`, else `Retry-After`.
     pub retry_after: Option<Duration>,
 }
@@ -122,17 +137,28 @@ impl Report {
         let standard = ietf::requests(&policies, &limits);
         let requests = [openai[0].quota(), anthropic[0].quota(), standard];
         let tokens = [
-            openai[1].quota(),
-            anthropic[1].quota(),
-            anthropic[2].quota(),
-            anthropic[3].quota(),
+            (openai[1].quota(), Counted::All),
+            (anthropic[1].quota(), Counted::All),
+            (anthropic[2].quota(), Counted::Input),
+            (anthropic[3].quota(), Counted::Output),
         ];
+        let least_tokens = tokens
+            .into_iter()
+            .filter_map(|(quota, counted)| Some((quota?, counted)))
+            .reduce(|least, q| {
+                if q.0.remaining < least.0.remaining {
+                    q
+                } else {
+                    least
+                }
+            });
         let retry_after = asked_wait(waits_ms, waits, now, &mut |header, value, e| {
             tell(header, value.as_bytes(), e.to_string())
         });
         Report {
             requests: least(requests.into_iter().flatten()),
-            tokens: least(tokens.into_iter().flatten()),
+            tokens: least_tokens.map(|(quota, _)| quota),
+            tokens_counted: least_tokens.map_or(Counted::All, |(_, counted)| counted),
             retry_after,
         }
     }

@@ -18,7 +18,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response};
+use http::{HeaderValue, Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::clients::Source;
@@ -29,9 +29,12 @@ use crate::routing::Arrival;
 use crate::upstream::{Reading, TimedBody, Upstream};
 use crate::wire::{BodyType, BoxError, RequestBody, WireFields};
 
-/// What a request named for its answer's labels: its `x-egress-app`, the model in its path.
+/// Whether a request's answer is read, and what the request named for its labels: its
+/// `x-egress-app`, the model in its path.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Named {
+    /// The answer is read (see [`Named::of`]).
+    read: bool,
     /// `None`: no `x-egress-app` (or an empty one).
     app: Option<LabelId>,
     /// The model the path names.
@@ -39,13 +42,19 @@ pub(super) struct Named {
 }
 
 impl Named {
-    /// What `req`, bound for `upstream`, names: nothing unless the upstream reads usage. An
-    /// upstream whose answers are all LLM answers is asked for them uncompressed (see
-    /// [`ask_identity`]).
+    /// Whether the answer to `req`, bound for `upstream`, is read, and what `req` names. It is
+    /// read when the upstream reads usage: every answer of a known provider's host or a named
+    /// provider (a `HEAD` aside), and, of another host, the answers to `POST`s (every LLM call
+    /// is one: a JSON API's `GET`s are not scanned for a shape they never have). An upstream
+    /// whose answers are all read is asked for them uncompressed (see [`ask_identity`]).
     pub(super) fn of(req: &mut Request<RequestBody>, upstream: &Upstream, app: Option<HeaderValue>) -> Named {
         let Some(reading) = upstream.usage() else {
             return Named::default();
         };
+        let method = req.method();
+        if method == Method::HEAD || !(reading.always || method == Method::POST) {
+            return Named::default();
+        }
         if reading.always {
             ask_identity(req);
         }
@@ -56,7 +65,11 @@ impl Named {
         } else {
             None
         };
-        Named { app, model }
+        Named {
+            read: true,
+            app,
+            model,
+        }
     }
 }
 
@@ -89,9 +102,13 @@ pub(super) fn meter(
     upstream: &Upstream,
     who: Who<'_>,
 ) -> Response<super::ResponseBody> {
-    let Some(reading) = upstream.usage() else {
+    let Some(reading) = upstream.usage().filter(|_| who.named.read) else {
         return resp.map(super::ResponseBody::Upstream);
     };
+    // Answers without a body (`1xx`, `204`, `304`) say nothing.
+    if matches!(resp.status().as_u16(), 100..=199 | 204 | 304) {
+        return resp.map(super::ResponseBody::Upstream);
+    }
     // An HTTP/1.1 head's fields may be lines in the body, noted as they were parsed.
     let body = match resp.body().wire_fields() {
         Some(wire) => wire.body_type(),
@@ -230,7 +247,7 @@ impl Meter {
         }
         let tokens = read.ok();
         if let (Some(spend), Some(tokens)) = (self.spend.take(), tokens) {
-            spend.settle(tokens.total());
+            spend.settle(&tokens);
         }
         Spent { model, tokens }
     }

@@ -236,6 +236,21 @@ fn tokens(remaining: u64, reset_ms: u64) -> Report {
     }
 }
 
+fn spend(input: u64, output: u64) -> Tokens {
+    Tokens {
+        input,
+        output,
+        cache_read: 0,
+        cache_write: 0,
+        reasoning: 0,
+    }
+}
+
+/// A request goes and is charged, as `Ticket::going` charges it; `None` when it waits.
+fn charged(key: &Key, now: Instant, config: &PaceConfig) -> Option<u32> {
+    goes(key, now, config).then(|| key.charge(now))
+}
+
 #[test]
 fn requests_are_charged_the_estimate_of_their_tokens_and_settled_with_what_they_spent() {
     let key = key();
@@ -245,35 +260,106 @@ fn requests_are_charged_the_estimate_of_their_tokens_and_settled_with_what_they_
     key.apply(&tokens(1_000, 60_000), t0, &config, false);
     assert!(key.counts_tokens());
     let left = |key: &Key| key.lock().tokens.unwrap().left;
-    // Nothing read yet: the estimate is 0, requests go while a token is left.
-    assert!(goes(&key, t0, &config));
-    assert_eq!(left(&key), 1_000);
-    // The first answer spent 300: the estimate is 300, and the window takes it.
-    key.spent(300, t0);
-    assert_eq!(left(&key), 700);
-    // Two more go, each charged 300; the third would need 300 of the 100 left.
-    assert!(goes(&key, t0, &config) && goes(&key, t0, &config));
-    assert_eq!(left(&key), 100);
-    assert!(
-        !goes(&key, t0, &config),
-        "100 left is less than a request's estimate"
+    // Nothing read yet: the estimate is 0, two requests go at once, charged nothing.
+    let (a, b) = (
+        charged(&key, t0, &config).unwrap(),
+        charged(&key, t0, &config).unwrap(),
     );
-    // They spent 100 and 140: 200 + 160 given back, the estimate moves towards them.
-    key.spent(100, t0);
-    assert_eq!(left(&key), 300);
+    assert_eq!((a, b, left(&key)), (0, 0, 1_000));
+    // Their answers spent 300 and 100: each settles what it spent against what it was charged.
+    key.spent(&spend(200, 100), a, t0);
+    assert_eq!(left(&key), 700);
+    assert_eq!(key.lock().per_request, 300);
+    key.spent(&spend(60, 40), b, t0);
+    assert_eq!(left(&key), 600);
     assert_eq!(key.lock().per_request, (300 * 3 + 100) / 4);
-    key.spent(140, t0);
+    // Now each is charged the estimate, 250; the third would need 250 of the 100 left.
+    let (c, d) = (
+        charged(&key, t0, &config).unwrap(),
+        charged(&key, t0, &config).unwrap(),
+    );
+    assert_eq!((c, d, left(&key)), (250, 250, 100));
+    assert!(
+        charged(&key, t0, &config).is_none(),
+        "100 left is less than the estimate"
+    );
+    // One spent less than its charge: the difference comes back, and a request fits again.
+    key.spent(&spend(40, 10), c, t0);
+    assert_eq!(left(&key), 300);
+    // One whose usage was not read gives its whole charge back; the estimate stays.
     let estimate = key.lock().per_request;
-    assert_eq!(estimate, (250 * 3 + 140) / 4);
-    assert_eq!(left(&key), 300 + 250 - 140);
-    assert!(goes(&key, t0, &config), "room again for the estimate");
-    assert_eq!(left(&key), 410 - i64::try_from(estimate).unwrap());
+    key.refund(d, t0);
+    assert_eq!((left(&key), key.lock().per_request), (550, estimate));
     // A figure from the upstream within the window only lowers what is left.
     key.apply(&tokens(5_000, 60_000), t0, &config, false);
-    assert_eq!(left(&key), 410 - i64::try_from(estimate).unwrap());
+    assert_eq!(left(&key), 550);
     key.apply(&tokens(50, 60_000), t0, &config, false);
     assert_eq!(left(&key), 50);
     assert!(!goes(&key, t0, &config));
+}
+
+#[test]
+fn an_estimate_past_the_whole_limit_still_lets_a_request_go_each_window() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    let small = |remaining| Report {
+        tokens: Some(Quota {
+            limit: Some(8_000),
+            remaining,
+            reset: Some(Duration::from_millis(700)),
+            window: None,
+        }),
+        ..Report::default()
+    };
+    key.apply(&small(8_000), t0, &config, false);
+    let first = charged(&key, t0, &config).unwrap();
+    key.spent(&spend(9_000, 1_000), first, t0);
+    assert_eq!(
+        key.lock().per_request,
+        10_000,
+        "more than the window's whole limit"
+    );
+    assert!(!goes(&key, t0, &config), "nothing left in this window");
+    // The next window holds 8,000 whole: the estimate is capped at it, so one request goes.
+    let next = t0 + Duration::from_millis(700) + RESET_GUARD;
+    key.apply(&small(8_000), next, &config, false);
+    assert!(goes(&key, next, &config));
+}
+
+#[test]
+fn anthropics_input_quota_counts_uncached_input_and_its_output_quota_output() {
+    let key = key();
+    let config = config(false, 0);
+    let t0 = Instant::now();
+    let quota = |counted| Report {
+        tokens: Some(Quota {
+            limit: Some(100_000),
+            remaining: 100_000,
+            reset: Some(Duration::from_secs(60)),
+            window: None,
+        }),
+        tokens_counted: counted,
+        ..Report::default()
+    };
+    let answer = Tokens {
+        input: 10_000,
+        output: 500,
+        cache_read: 9_000,
+        cache_write: 0,
+        reasoning: 0,
+    };
+    key.apply(&quota(Counted::Input), t0, &config, false);
+    key.spent(&answer, 0, t0);
+    assert_eq!(
+        key.lock().per_request,
+        1_000,
+        "cache reads do not count against input"
+    );
+    let key = super::Key::new(8, crate::metrics::Metrics::new().pace("llm"));
+    key.apply(&quota(Counted::Output), t0, &config, false);
+    key.spent(&answer, 0, t0);
+    assert_eq!(key.lock().per_request, 500);
 }
 
 #[test]
@@ -282,8 +368,8 @@ fn tokens_spent_beyond_the_window_close_it_until_the_reset() {
     let config = config(false, 0);
     let t0 = Instant::now();
     key.apply(&tokens(1_000, 700), t0, &config, false);
-    assert!(goes(&key, t0, &config));
-    key.spent(5_000, t0);
+    let charge = charged(&key, t0, &config).unwrap();
+    key.spent(&spend(4_000, 1_000), charge, t0);
     assert!(key.lock().tokens.unwrap().left < 0);
     assert!(!goes(&key, t0, &config));
     let opens = key.lock().opens_at(t0, &config).expect("closed");
