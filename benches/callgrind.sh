@@ -22,10 +22,12 @@
 #        h2c: nghttpd with 100 streams a connection and the sidecar's `protocol: http2`, the
 #        path of compare.sh's workload 4, with CLIENTS=32 as in benches/RESULTS.md),
 #        DUMP_INSTR=1 (callgrind counts each instruction, for benches/cg_per_request.py),
-#        UPSTREAM_BODY (h1 only: `json`, an OpenAI chat completion with usage; `sse`, an OpenAI
-#        stream of SSE_CHUNKS (400) chunks with usage at the end, about 100 KB: instructions per
-#        request over its size give instructions per streamed MB; compare `llm: { usage: off }`
-#        in UPSTREAM_EXTRA with the default)
+#        UPSTREAM_BODY (h1 only: `json`, an OpenAI chat completion with usage, answering POSTs
+#        (h2load sends each a small JSON body); `sse`, an OpenAI stream of SSE_CHUNKS (400)
+#        chunks with usage at the end, about 110 KB, a static file nginx serves to GETs:
+#        instructions per request over its size give instructions per streamed MiB. Compare
+#        `llm: { usage: off }` in UPSTREAM_EXTRA with the default `auto`; for `sse`, with
+#        `llm: { usage: openai }`, as `auto` reads only POSTs on a host it does not know)
 # Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
 
 set -euo pipefail
@@ -47,7 +49,11 @@ UPSTREAM=${UPSTREAM:-h1}
 read -r UP_PORT STATUS_PORT < <(free_ports 2)
 case $UPSTREAM in
     h1)
-        [[ ${UPSTREAM_BODY:-} != sse ]] || chat_completion_sse "${SSE_CHUNKS:-400}" >"$TMP/stream.sse"
+        if [[ ${UPSTREAM_BODY:-} == sse ]]; then
+            chat_completion_sse "${SSE_CHUNKS:-400}" >"$TMP/stream.sse"
+            # nginx's workers run unprivileged: they must reach the file.
+            chmod 755 "$TMP" && chmod 644 "$TMP/stream.sse"
+        fi
         nginx_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
         start_nginx upstream "${LOAD_CPU:-0}"
         ;;
@@ -76,7 +82,12 @@ instructions_for() { # requests
     vg=$!
     PIDS+=("$vg")
     wait_port "$port" 600
-    h2load --h1 -n "$1" -c "${CLIENTS:-8}" "http://127.0.0.1:$port/" >"$TMP/h2load.$1.txt" 2>&1
+    local post=()
+    if [[ ${UPSTREAM_BODY:-} == json ]]; then
+        printf '{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}' >"$TMP/request.json"
+        post=(-d "$TMP/request.json" -H 'content-type: application/json')
+    fi
+    h2load --h1 -n "$1" -c "${CLIENTS:-8}" "${post[@]}" "http://127.0.0.1:$port/" >"$TMP/h2load.$1.txt" 2>&1
     grep -q "$1 succeeded, 0 failed" "$TMP/h2load.$1.txt" || die "h2load: $(grep '^requests:' "$TMP/h2load.$1.txt")"
     stop_pid "$vg"
     [[ -z ${KEEP:-} ]] || cp "$TMP/callgrind.$1.out" "$KEEP/"

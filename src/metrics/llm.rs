@@ -1,7 +1,7 @@
 //! The token-accounting metrics (`llm`): tokens and answers by upstream, app and model, answers
 //! whose usage could not be read, and the time a stream takes to its first event.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rustc_hash::FxHashMap;
 
@@ -119,8 +119,9 @@ type Rows = FxHashMap<(usize, usize), Arc<Row>>;
 struct Row {
     app: Arc<str>,
     model: Arc<str>,
-    /// `input`, `output`, `cache_read`, `cache_write`, `reasoning`.
-    tokens: [Counter; 5],
+    /// `input`, `output`, `cache_read`, `cache_write`, `reasoning`: made with the first answer
+    /// whose usage was read, so the series appear with a count.
+    tokens: OnceLock<[Counter; 5]>,
     /// `egress_llm_requests_total` by status, as met.
     answers: Mutex<Vec<(u16, Counter)>>,
     ledger: Arc<Entry>,
@@ -183,23 +184,12 @@ impl LlmMetrics {
         let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
         rows.entry(key)
             .or_insert_with(|| {
-                let f = &self.families;
-                let tokens = TOKEN_TYPES.map(|kind| {
-                    f.tokens
-                        .get_or_create(&TokenLabels {
-                            upstream: self.upstream.clone(),
-                            app: app.clone(),
-                            model: model.clone(),
-                            r#type: kind,
-                        })
-                        .clone()
-                });
                 Arc::new(Row {
                     app: app.clone(),
                     model: model.clone(),
-                    tokens,
+                    tokens: OnceLock::new(),
                     answers: Mutex::default(),
-                    ledger: f.ledger.row(&self.upstream, app, model),
+                    ledger: self.families.ledger.row(&self.upstream, app, model),
                 })
             })
             .clone()
@@ -225,7 +215,18 @@ impl LlmMetrics {
                     tokens.cache_write,
                     tokens.reasoning,
                 ];
-                for (counter, count) in row.tokens.iter().zip(counts) {
+                let counters = row.tokens.get_or_init(|| {
+                    TOKEN_TYPES.map(|kind| {
+                        let labels = TokenLabels {
+                            upstream: self.upstream.clone(),
+                            app: row.app.clone(),
+                            model: row.model.clone(),
+                            r#type: kind,
+                        };
+                        self.families.tokens.get_or_create(&labels).clone()
+                    })
+                });
+                for (counter, count) in counters.iter().zip(counts) {
                     counter.inc_by(count);
                 }
                 row.ledger.record(Some(tokens));
@@ -314,6 +315,10 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");
         }
+        assert!(
+            !text.contains(r#"egress_llm_tokens_total{upstream="openai",app="billing",model="unknown""#),
+            "no token series for answers without usage:\n{text}"
+        );
         let usage = metrics.usage();
         let row = usage.since_start.iter().find(|r| &*r.model == "gpt-4o").unwrap();
         assert_eq!((row.counts.requests, row.counts.input_tokens), (3, 20));
