@@ -59,20 +59,18 @@ pub enum Framing {
 }
 
 impl Framing {
-    /// The framing of a body with this `Content-Type`; `None` for one that is not read.
+    /// The framing of a body with this `Content-Type`; `None` for one that is not read. Every
+    /// upstream answer's type passes here: one byte tells most apart.
     pub fn of(content_type: &[u8]) -> Option<Framing> {
-        let essence = content_type
-            .split(|b| *b == b';')
-            .next()
-            .unwrap_or_default()
-            .trim_ascii();
-        if essence.eq_ignore_ascii_case(b"application/json") {
-            Some(Framing::Json)
-        } else if essence.eq_ignore_ascii_case(b"text/event-stream") {
-            Some(Framing::Sse)
-        } else {
-            None
-        }
+        let value = content_type.trim_ascii_start();
+        let (essence, framing) = match value.first()? | 0x20 {
+            b'a' => (&b"application/json"[..], Framing::Json),
+            b't' => (&b"text/event-stream"[..], Framing::Sse),
+            _ => return None,
+        };
+        let (head, rest) = value.split_at_checked(essence.len())?;
+        let ends = rest.first().is_none_or(|b| *b == b';' || b.is_ascii_whitespace());
+        (ends && head.eq_ignore_ascii_case(essence)).then_some(framing)
     }
 }
 
@@ -244,6 +242,13 @@ mod tests {
         assert_eq!(Framing::of(b"text/plain"), None);
         assert_eq!(Framing::of(b"application/jsonl"), None);
         assert_eq!(Framing::of(b""), None);
+        assert_eq!(
+            Framing::of(b" application/json ; charset=utf-8"),
+            Some(Framing::Json)
+        );
+        assert_eq!(Framing::of(b"text/event-streams"), None);
+        assert_eq!(Framing::of(b"application/problem+json"), None);
+        assert_eq!(Framing::of(b"text/html"), None);
     }
 
     #[test]

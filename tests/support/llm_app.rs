@@ -8,21 +8,11 @@ use super::*;
 /// Whether python3 with the pinned SDKs runs here; when not, the test is skipped (a failure
 /// under CI, whose .ci/run installs tests/llm/requirements.txt).
 pub async fn sdks_or_skip() -> bool {
-    let probe = client_command("python3")
-        .args(["-c", "import openai, anthropic, httpx2"])
-        .output()
-        .await;
-    let ok = probe.as_ref().is_ok_and(|o| o.status.success());
-    if !ok {
-        let why = match probe {
-            Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_owned(),
-            Err(e) => e.to_string(),
-        };
-        skip(&format!(
-            "python3 cannot import the LLM SDKs ({why}); pip install -r tests/llm/requirements.txt"
-        ));
-    }
-    ok
+    super::pace_app::python_imports_or_skip(
+        "openai, anthropic, httpx2",
+        "pip install -r tests/llm/requirements.txt",
+    )
+    .await
 }
 
 /// The file name of the executable behind `python3` (pyenv and distro shims exec it): what

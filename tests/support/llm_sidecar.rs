@@ -228,6 +228,16 @@ pub async fn post(
     app: Option<&str>,
     body: &str,
 ) -> (u16, Vec<u8>) {
+    send_post(client, path, id, app, body).await;
+    let resp = tokio::time::timeout(Duration::from_secs(30), client.read_response(false))
+        .await
+        .unwrap_or_else(|_| panic!("{id}: no answer in 30 s"))
+        .unwrap_or_else(|| panic!("{id}: closed before an answer"));
+    (resp.status, resp.body)
+}
+
+/// Sends a POST of `body` to `path` with `x-test-id: id` and, when given, `x-egress-app`.
+pub async fn send_post(client: &mut RawClient, path: &str, id: &str, app: Option<&str>, body: &str) {
     let app = app.map(|a| format!("x-egress-app: {a}\r\n")).unwrap_or_default();
     client
         .send_raw(
@@ -239,11 +249,6 @@ pub async fn post(
             .as_bytes(),
         )
         .await;
-    let resp = tokio::time::timeout(Duration::from_secs(30), client.read_response(false))
-        .await
-        .unwrap_or_else(|_| panic!("{id}: no answer in 30 s"))
-        .unwrap_or_else(|| panic!("{id}: closed before an answer"));
-    (resp.status, resp.body)
 }
 
 /// The request body an SDK sends for `shape`.
@@ -296,16 +301,7 @@ pub async fn timed_stream(route: SocketAddr, id: &str) -> (Duration, Duration, S
         "gpt-4o",
     );
     let start = Instant::now();
-    client
-        .send_raw(
-            format!(
-                "POST {CHAT} HTTP/1.1\r\nHost: api.test\r\nContent-Type: application/json\r\n\
-                 Content-Length: {}\r\nx-test-id: {id}\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await;
+    send_post(&mut client, CHAT, id, None, &body).await;
     let (status, _) = client.read_head().await;
     let head = start.elapsed();
     assert_eq!(status, 200);
@@ -359,16 +355,7 @@ pub async fn hold_streams(
                 },
                 "gpt-4o-mini",
             );
-            client
-                .send_raw(
-                    format!(
-                        "POST {CHAT} HTTP/1.1\r\nHost: api.test\r\nContent-Type: application/json\r\n\
-                         Content-Length: {}\r\nx-test-id: {id}\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                )
-                .await;
+            send_post(&mut client, CHAT, &id, None, &body).await;
             let (status, _) = client.read_head().await;
             assert_eq!(status, 200);
             let mut got = client.read_chunk().await.expect("the first event");

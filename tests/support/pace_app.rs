@@ -10,8 +10,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Whether python3 with `requests` runs here; when not, the test is skipped (a failure under
 /// CI, which installs it).
 pub async fn python_requests_or_skip() -> bool {
+    python_imports_or_skip("requests", "pip install requests").await
+}
+
+/// Whether python3 can import `modules` (`a, b`); when not, the test is skipped naming them
+/// and `hint` (a failure under CI, whose .ci/run installs them).
+pub async fn python_imports_or_skip(modules: &str, hint: &str) -> bool {
     let probe = client_command("python3")
-        .args(["-c", "import requests"])
+        .args(["-c", &format!("import {modules}")])
         .output()
         .await;
     let ok = probe.as_ref().is_ok_and(|o| o.status.success());
@@ -20,7 +26,7 @@ pub async fn python_requests_or_skip() -> bool {
             Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_owned(),
             Err(e) => e.to_string(),
         };
-        skip(&format!("python3 cannot import requests: {why}"));
+        skip(&format!("python3 cannot import {modules} ({why}); {hint}"));
     }
     ok
 }
