@@ -2,7 +2,8 @@
 //! each document is well-formed JSON, byte by byte in bounded state, and hands the fields on the
 //! known paths to the tally as it meets them.
 //!
-//! The scanner keeps no text: a key is matched against the known keys as its bytes pass, a
+//! The scanner keeps no text: a key is matched against the known keys of its length once its
+//! end quote is found (part by part when a chunk ends inside it), a
 //! string is skipped with `memchr` up to its next quote or backslash, a number is validated
 //! digit by digit (and summed when it is a count), and nesting is one bit per level. What is not
 //! checked: control characters and UTF-8 inside strings (they are skipped, not validated, so
@@ -313,22 +314,29 @@ impl Scanner {
                         self.escape();
                     }
                 }
-                State::MatchKey => match b {
-                    b'"' => {
-                        self.string_end(tally);
-                    }
-                    // An escaped key matches nothing.
-                    b'\\' => {
-                        self.state = State::SkipKey;
-                        self.escape();
-                    }
-                    _ => {
-                        self.key.push(b);
+                State::MatchKey => {
+                    let rest = &bytes[i..];
+                    let Some(n) = quote_or_backslash(rest) else {
+                        self.key.extend(rest);
                         if !self.key.alive() {
                             self.state = State::SkipKey;
                         }
+                        i = bytes.len();
+                        continue;
+                    };
+                    i += n;
+                    if rest[n] == b'"' {
+                        self.target = self.key.last(&rest[..n]);
+                        if matches!(self.target, Some(Target::Count(_))) {
+                            tally.shaped = true;
+                        }
+                        self.state = State::Colon;
+                    } else {
+                        // An escaped key matches nothing.
+                        self.state = State::SkipKey;
+                        self.escape();
                     }
-                },
+                }
                 State::Model => match b {
                     b'"' => {
                         if self.string_end(tally) {
@@ -348,6 +356,17 @@ impl Scanner {
                 },
                 State::Escape => self.escaped_byte(b)?,
                 State::Number => {
+                    if self.num == Num::Int {
+                        // A run of digits at once: most of a number's bytes.
+                        let digits = bytes[i..].iter().take_while(|d| d.is_ascii_digit()).count();
+                        if digits > 0 {
+                            if self.slot.is_some() {
+                                self.digits(&bytes[i..i + digits])?;
+                            }
+                            i += digits;
+                            continue;
+                        }
+                    }
                     if let Some(next) = self.number(b)? {
                         self.num = next;
                     } else {
@@ -551,13 +570,6 @@ impl Scanner {
     /// A string's closing quote; true when it ended a document of a root array.
     fn string_end(&mut self, tally: &mut Tally) -> bool {
         match self.state {
-            State::MatchKey => {
-                self.target = self.key.target();
-                if matches!(self.target, Some(Target::Count(_))) {
-                    tally.shaped = true;
-                }
-                self.state = State::Colon;
-            }
             State::Model => {
                 tally.end_model(self.preferred);
                 return self.value_done(tally);
@@ -592,6 +604,17 @@ impl Scanner {
             _ => return Err(Reason::Malformed),
         };
         Ok(Some(next))
+    }
+
+    /// More digits of a count's integer part.
+    fn digits(&mut self, digits: &[u8]) -> Result<(), Reason> {
+        for d in digits {
+            self.sum = self.sum * 10 + u64::from(d - b'0');
+            if self.sum > COUNT_MAX {
+                return Err(Reason::InvalidValue);
+            }
+        }
+        Ok(())
     }
 
     fn end_number(&mut self, tally: &mut Tally) {
