@@ -411,16 +411,20 @@ impl Tally {
         true
     }
 
-    /// The next byte of the model string; false when it is not a model name (then nothing is
+    /// The next bytes of the model string; false when it is not a model name (then nothing is
     /// held and the rest of the string is skipped).
-    pub(super) fn model_byte(&mut self, byte: u8) -> bool {
+    pub(super) fn model_bytes(&mut self, bytes: &[u8]) -> bool {
         let len = usize::from(self.name_len);
-        if !byte.is_ascii_graphic() || len == MODEL_MAX {
+        let Some(to) = self.name.get_mut(len..len + bytes.len()) else {
+            self.name_len = 0;
+            return false;
+        };
+        if !bytes.iter().all(u8::is_ascii_graphic) {
             self.name_len = 0;
             return false;
         }
-        self.name[len] = byte;
-        self.name_len += 1;
+        to.copy_from_slice(bytes);
+        self.name_len += bytes.len() as u8;
         true
     }
 

@@ -337,23 +337,29 @@ impl Scanner {
                         self.escape();
                     }
                 }
-                State::Model => match b {
-                    b'"' => {
+                State::Model => {
+                    let rest = &bytes[i..];
+                    let end = quote_or_backslash(rest);
+                    if !tally.model_bytes(&rest[..end.unwrap_or(rest.len())]) {
+                        // Not a model name: the same bytes again, as a string skipped.
+                        self.state = State::SkipValue;
+                        continue;
+                    }
+                    let Some(n) = end else {
+                        i = bytes.len();
+                        continue;
+                    };
+                    i += n;
+                    if rest[n] == b'"' {
                         if self.string_end(tally) {
                             self.document_done(&mut from, i + 1)?;
                         }
-                    }
-                    // An escaped model name is not taken.
-                    b'\\' => {
+                    } else {
+                        // An escaped model name is not taken.
                         self.state = State::SkipValue;
                         self.escape();
                     }
-                    _ => {
-                        if !tally.model_byte(b) {
-                            self.state = State::SkipValue;
-                        }
-                    }
-                },
+                }
                 State::Escape => self.escaped_byte(b)?,
                 State::Number => {
                     if self.num == Num::Int {
@@ -380,6 +386,16 @@ impl Scanner {
                 }
                 State::Literal => {
                     let text = self.word.text();
+                    let left = &text[usize::from(self.at)..];
+                    if bytes[i..].starts_with(left) {
+                        // The whole rest of the word at once: a byte per dispatch otherwise.
+                        i += left.len();
+                        self.at = text.len() as u8;
+                        if self.value_done(tally) {
+                            self.document_done(&mut from, i)?;
+                        }
+                        continue;
+                    }
                     if text.get(usize::from(self.at)) != Some(&b) {
                         return Err(Reason::Malformed);
                     }
@@ -388,6 +404,12 @@ impl Scanner {
                         self.document_done(&mut from, i + 1)?;
                     }
                 }
+                // The structural states most bytes outside strings meet, each in one dispatch.
+                State::Colon if b == b':' => self.state = State::Value,
+                State::Next if b == b',' => {
+                    self.state = if self.in_array() { State::Value } else { State::Key };
+                }
+                State::Key if b == b'"' => self.key_start(),
                 _ if is_space(b) => {}
                 structural => {
                     if self.structural(structural, b, tally)? {
@@ -645,16 +667,38 @@ impl Scanner {
 }
 
 /// Where the next `"` or `\\` is. Most strings in an answer are short keys and values (`"id"`,
-/// `"index"`, `"stop"`), which a plain loop finds before `memchr` would have set up its vectors;
-/// past them, `memchr` skips the text of a completion.
+/// `"index"`, `"stop"`, an id), which eight bytes at a time in a word find before `memchr`
+/// would have set up its vectors; past them, `memchr` skips the text of a completion.
 fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
-    const HEAD: usize = 16;
-    let head = &bytes[..bytes.len().min(HEAD)];
-    if let Some(n) = head.iter().position(|b| *b == b'"' || *b == b'\\') {
-        return Some(n);
+    const HEAD: usize = 32;
+    const WORD: usize = 8;
+    const ONES: u64 = u64::from_le_bytes([1; WORD]);
+    const HIGHS: u64 = ONES << 7;
+    // Eight bytes a step (the high bit of each byte of `found` that is `"` or `\`; above the
+    // first such byte, borrows may set others, so only the lowest set bit is used).
+    let mut at = 0;
+    while at < HEAD {
+        let Some(word) = bytes.get(at..at + WORD) else {
+            break;
+        };
+        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        let quotes = word ^ (ONES * u64::from(b'"'));
+        let backslashes = word ^ (ONES * u64::from(b'\\'));
+        let found =
+            ((quotes.wrapping_sub(ONES) & !quotes) | (backslashes.wrapping_sub(ONES) & !backslashes)) & HIGHS;
+        if found != 0 {
+            return Some(at + found.trailing_zeros() as usize / 8);
+        }
+        at += WORD;
     }
-    let tail = bytes.get(HEAD..)?;
-    memchr2(b'"', b'\\', tail).map(|n| n + HEAD)
+    let rest = &bytes[at..];
+    if at < HEAD {
+        return rest
+            .iter()
+            .position(|b| *b == b'"' || *b == b'\\')
+            .map(|n| n + at);
+    }
+    memchr2(b'"', b'\\', rest).map(|n| n + at)
 }
 
 fn first_digit(b: u8) -> Num {
@@ -667,4 +711,31 @@ fn first_digit(b: u8) -> Num {
 
 fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quote_or_backslash;
+
+    #[test]
+    fn quote_or_backslash_finds_the_first_at_any_place() {
+        // Every other byte value around the marks, so that a word's borrows are exercised.
+        let filler: Vec<u8> = (0..=u8::MAX).filter(|b| *b != b'"' && *b != b'\\').collect();
+        for len in 0..80 {
+            for shift in [0, 1, 7, 33, 200] {
+                let text: Vec<u8> = (0..len).map(|i| filler[(i + shift) % filler.len()]).collect();
+                assert_eq!(quote_or_backslash(&text), None);
+                for at in 0..len {
+                    for (first, second) in [(b'"', b'\\'), (b'\\', b'"'), (b'"', b'"')] {
+                        let mut text = text.clone();
+                        text[at] = first;
+                        if at + 1 < len {
+                            text[len - 1] = second;
+                        }
+                        assert_eq!(quote_or_backslash(&text), Some(at), "{text:?}");
+                    }
+                }
+            }
+        }
+    }
 }
