@@ -262,7 +262,8 @@ impl KeyMatch {
         while left != 0 {
             let i = left.trailing_zeros() as usize;
             left &= left - 1;
-            if KEYS[i].name.get(at..) == Some(part) {
+            // As long as `part` (the length says): compared inline, not by a `memcmp` call.
+            if KEYS[i].name[at..].iter().zip(part).all(|(a, b)| a == b) {
                 return Some(KEYS[i].target);
             }
         }

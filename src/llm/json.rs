@@ -310,6 +310,7 @@ impl Scanner {
                         if self.string_end(tally) {
                             self.document_done(&mut from, i + 1)?;
                         }
+                        i = self.punctuation(bytes, i);
                     } else {
                         self.escape();
                     }
@@ -331,6 +332,7 @@ impl Scanner {
                             tally.shaped = true;
                         }
                         self.state = State::Colon;
+                        i = self.punctuation(bytes, i);
                     } else {
                         // An escaped key matches nothing.
                         self.state = State::SkipKey;
@@ -429,6 +431,37 @@ impl Scanner {
         self.bytes = 0;
         *from = at;
         Ok(())
+    }
+
+    /// After a string's closing quote at `i`: the bytes that most often follow it, taken without
+    /// a dispatch each (`:` and a string value's opening quote after a key; `,` and the next
+    /// key's opening quote after a value). Returns where the last byte taken is.
+    fn punctuation(&mut self, bytes: &[u8], mut i: usize) -> usize {
+        match self.state {
+            State::Colon if bytes.get(i + 1) == Some(&b':') => {
+                i += 1;
+                self.state = State::Value;
+                // Inside an object, a string not read is all `value` would make of it.
+                if self.target.is_none() && bytes.get(i + 1) == Some(&b'"') {
+                    i += 1;
+                    self.state = State::SkipValue;
+                }
+            }
+            State::Next if bytes.get(i + 1) == Some(&b',') => {
+                i += 1;
+                if self.in_array() {
+                    self.state = State::Value;
+                } else {
+                    self.state = State::Key;
+                    if bytes.get(i + 1) == Some(&b'"') {
+                        i += 1;
+                        self.key_start();
+                    }
+                }
+            }
+            _ => {}
+        }
+        i
     }
 
     /// A structural byte (not whitespace) in `state`; true when it ended a document of a root
