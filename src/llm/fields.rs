@@ -391,8 +391,14 @@ impl Tally {
     /// The document closed well-formed: its fields replace those committed before.
     pub(super) fn commit(&mut self) {
         self.committed.merge(&self.pending);
-        if self.held != Held::None {
-            self.model = Model::new(&self.name[..usize::from(self.name_len)]);
+        let name = &self.name[..usize::from(self.name_len)];
+        // Most streams name the same model in every event: it is kept, not made again.
+        if self.held != Held::None
+            && self.model.is_none_or(|m| {
+                usize::from(m.len) != name.len() || m.bytes.iter().zip(name).any(|(a, b)| a != b)
+            })
+        {
+            self.model = Model::new(name);
         }
         self.begin();
     }

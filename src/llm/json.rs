@@ -307,7 +307,10 @@ impl Scanner {
                     };
                     i += n;
                     if bytes[i] == b'"' {
-                        if self.string_end(tally) {
+                        // `string_end` for these two states, without its dispatch.
+                        if self.state == State::SkipKey {
+                            self.state = State::Colon;
+                        } else if self.value_done(tally) {
                             self.document_done(&mut from, i + 1)?;
                         }
                         i = self.punctuation(bytes, i);
@@ -389,7 +392,8 @@ impl Scanner {
                 State::Literal => {
                     let text = self.word.text();
                     let left = &text[usize::from(self.at)..];
-                    if bytes[i..].starts_with(left) {
+                    let here = &bytes[i..];
+                    if here.len() >= left.len() && left.iter().zip(here).all(|(a, b)| a == b) {
                         // The whole rest of the word at once: a byte per dispatch otherwise.
                         i += left.len();
                         self.at = text.len() as u8;
@@ -711,10 +715,10 @@ fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
     // first such byte, borrows may set others, so only the lowest set bit is used).
     let mut at = 0;
     while at < HEAD {
-        let Some(word) = bytes.get(at..at + WORD) else {
+        let Some(word) = bytes[at..].first_chunk::<WORD>() else {
             break;
         };
-        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        let word = u64::from_le_bytes(*word);
         let quotes = word ^ (ONES * u64::from(b'"'));
         let backslashes = word ^ (ONES * u64::from(b'\\'));
         let found =

@@ -92,7 +92,7 @@ impl Lines {
                     }
                     b':' => self.line = Line::Skip,
                     // Nearly every line: its field name at once, not a byte per dispatch.
-                    _ if chunk[i..].starts_with(b"data:") => {
+                    _ if chunk[i..].first_chunk() == Some(b"data:") => {
                         self.fields = true;
                         self.data_line(scanner, tally)?;
                         self.line = Line::ValueStart;
