@@ -375,6 +375,13 @@ impl Scanner {
                                 self.digits(&bytes[i..i + digits])?;
                             }
                             i += digits;
+                            // Any byte but these (or a digit) ends the number, as `number` says.
+                            if !matches!(bytes.get(i), None | Some(b'.' | b'e' | b'E')) {
+                                self.end_number(tally);
+                                if self.value_done(tally) {
+                                    self.document_done(&mut from, i)?;
+                                }
+                            }
                             continue;
                         }
                     }
