@@ -191,8 +191,34 @@ static CANDIDATES: [[u32; 4]; NODES] = {
     table
 };
 
-/// A key being read byte by byte against the keys `parent` has for the accepted shapes, without
-/// storing it: the keys still possible and how far they matched.
+/// The longest key read.
+const KEY_MAX: usize = {
+    let mut max = 0;
+    let mut i = 0;
+    while i < KEYS.len() {
+        if KEYS[i].name.len() > max {
+            max = KEYS[i].name.len();
+        }
+        i += 1;
+    }
+    max
+};
+
+/// The keys of each length, as bits of [`KEYS`]: a key whose end is found is compared only
+/// with the known keys of its length (usually none or one), not filtered byte by byte.
+static LENGTHS: [u32; KEY_MAX + 1] = {
+    let mut table = [0; KEY_MAX + 1];
+    let mut i = 0;
+    while i < KEYS.len() {
+        table[KEYS[i].name.len()] |= 1 << i;
+        i += 1;
+    }
+    table
+};
+
+/// A key being read against the keys `parent` has for the accepted shapes, without storing it:
+/// the keys still possible and how far they matched. A key within one chunk is matched whole
+/// when its end is found ([`KeyMatch::last`]); one cut by a chunk's end is matched part by part.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct KeyMatch {
     candidates: u32,
@@ -213,27 +239,31 @@ impl KeyMatch {
         self.candidates != 0
     }
 
-    /// The key's next byte (not a quote or a backslash: an escaped key matches nothing).
-    pub(super) fn push(&mut self, byte: u8) {
+    /// The key's next bytes, not its last (none a quote or a backslash: an escaped key matches
+    /// nothing).
+    pub(super) fn extend(&mut self, part: &[u8]) {
         let at = usize::from(self.at);
         let mut left = self.candidates;
         while left != 0 {
             let i = left.trailing_zeros() as usize;
             left &= left - 1;
-            if KEYS[i].name.get(at) != Some(&byte) {
+            if KEYS[i].name.get(at..at + part.len()) != Some(part) {
                 self.candidates &= !(1 << i);
             }
         }
-        self.at = self.at.saturating_add(1);
+        self.at = u8::try_from(at + part.len()).unwrap_or(u8::MAX);
     }
 
-    /// What the whole key's value is for, once the key ended.
-    pub(super) fn target(&self) -> Option<Target> {
-        let mut left = self.candidates;
+    /// The key's last bytes (before its closing quote; none a quote or a backslash): what the
+    /// whole key's value is for.
+    pub(super) fn last(&self, part: &[u8]) -> Option<Target> {
+        let at = usize::from(self.at);
+        let mut left = self.candidates & LENGTHS.get(at + part.len()).copied().unwrap_or(0);
         while left != 0 {
             let i = left.trailing_zeros() as usize;
             left &= left - 1;
-            if KEYS[i].name.len() == usize::from(self.at) {
+            // As long as `part` (the length says): compared inline, not by a `memcmp` call.
+            if KEYS[i].name[at..].iter().zip(part).all(|(a, b)| a == b) {
                 return Some(KEYS[i].target);
             }
         }
@@ -361,8 +391,14 @@ impl Tally {
     /// The document closed well-formed: its fields replace those committed before.
     pub(super) fn commit(&mut self) {
         self.committed.merge(&self.pending);
-        if self.held != Held::None {
-            self.model = Model::new(&self.name[..usize::from(self.name_len)]);
+        let name = &self.name[..usize::from(self.name_len)];
+        // Most streams name the same model in every event: it is kept, not made again.
+        if self.held != Held::None
+            && self.model.is_none_or(|m| {
+                usize::from(m.len) != name.len() || m.bytes.iter().zip(name).any(|(a, b)| a != b)
+            })
+        {
+            self.model = Model::new(name);
         }
         self.begin();
     }
@@ -382,16 +418,20 @@ impl Tally {
         true
     }
 
-    /// The next byte of the model string; false when it is not a model name (then nothing is
+    /// The next bytes of the model string; false when it is not a model name (then nothing is
     /// held and the rest of the string is skipped).
-    pub(super) fn model_byte(&mut self, byte: u8) -> bool {
+    pub(super) fn model_bytes(&mut self, bytes: &[u8]) -> bool {
         let len = usize::from(self.name_len);
-        if !byte.is_ascii_graphic() || len == MODEL_MAX {
+        let Some(to) = self.name.get_mut(len..len + bytes.len()) else {
+            self.name_len = 0;
+            return false;
+        };
+        if !bytes.iter().all(u8::is_ascii_graphic) {
             self.name_len = 0;
             return false;
         }
-        self.name[len] = byte;
-        self.name_len += 1;
+        to.copy_from_slice(bytes);
+        self.name_len += bytes.len() as u8;
         true
     }
 
@@ -440,9 +480,19 @@ mod tests {
     #[test]
     fn keys_match_exactly() {
         let find = |parent, shapes, key: &[u8]| {
-            let mut m = KeyMatch::new(parent, shapes);
-            key.iter().for_each(|b| m.push(*b));
-            m.target()
+            let whole = KeyMatch::new(parent, shapes).last(key);
+            // Cut by chunks at every place: the same key.
+            for cut in 0..key.len() {
+                let mut m = KeyMatch::new(parent, shapes);
+                key[..cut].iter().for_each(|b| m.extend(&[*b]));
+                assert_eq!(
+                    m.last(&key[cut..]),
+                    whole,
+                    "{:?} cut at {cut}",
+                    std::str::from_utf8(key)
+                );
+            }
+            whole
         };
         assert_eq!(
             find(Node::Root, Shapes::All, b"usage"),
@@ -469,8 +519,9 @@ mod tests {
             Some(Target::Object(Node::PromptDetails))
         );
         let mut long = KeyMatch::new(Node::Usage, Shapes::All);
-        (0..300).for_each(|_| long.push(b'a'));
+        (0..300).for_each(|_| long.extend(b"a"));
         assert!(!long.alive());
+        assert_eq!(long.last(b"a"), None);
     }
 
     #[test]

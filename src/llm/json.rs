@@ -2,7 +2,8 @@
 //! each document is well-formed JSON, byte by byte in bounded state, and hands the fields on the
 //! known paths to the tally as it meets them.
 //!
-//! The scanner keeps no text: a key is matched against the known keys as its bytes pass, a
+//! The scanner keeps no text: a key is matched against the known keys of its length once its
+//! end quote is found (part by part when a chunk ends inside it), a
 //! string is skipped with `memchr` up to its next quote or backslash, a number is validated
 //! digit by digit (and summed when it is a count), and nesting is one bit per level. What is not
 //! checked: control characters and UTF-8 inside strings (they are skipped, not validated, so
@@ -306,48 +307,84 @@ impl Scanner {
                     };
                     i += n;
                     if bytes[i] == b'"' {
-                        if self.string_end(tally) {
+                        // `string_end` for these two states, without its dispatch.
+                        if self.state == State::SkipKey {
+                            self.state = State::Colon;
+                        } else if self.value_done(tally) {
                             self.document_done(&mut from, i + 1)?;
                         }
+                        i = self.punctuation(bytes, i);
                     } else {
                         self.escape();
                     }
                 }
-                State::MatchKey => match b {
-                    b'"' => {
-                        self.string_end(tally);
-                    }
-                    // An escaped key matches nothing.
-                    b'\\' => {
-                        self.state = State::SkipKey;
-                        self.escape();
-                    }
-                    _ => {
-                        self.key.push(b);
+                State::MatchKey => {
+                    let rest = &bytes[i..];
+                    let Some(n) = quote_or_backslash(rest) else {
+                        self.key.extend(rest);
                         if !self.key.alive() {
                             self.state = State::SkipKey;
                         }
+                        i = bytes.len();
+                        continue;
+                    };
+                    i += n;
+                    if rest[n] == b'"' {
+                        self.target = self.key.last(&rest[..n]);
+                        if matches!(self.target, Some(Target::Count(_))) {
+                            tally.shaped = true;
+                        }
+                        self.state = State::Colon;
+                        i = self.punctuation(bytes, i);
+                    } else {
+                        // An escaped key matches nothing.
+                        self.state = State::SkipKey;
+                        self.escape();
                     }
-                },
-                State::Model => match b {
-                    b'"' => {
+                }
+                State::Model => {
+                    let rest = &bytes[i..];
+                    let end = quote_or_backslash(rest);
+                    if !tally.model_bytes(&rest[..end.unwrap_or(rest.len())]) {
+                        // Not a model name: the same bytes again, as a string skipped.
+                        self.state = State::SkipValue;
+                        continue;
+                    }
+                    let Some(n) = end else {
+                        i = bytes.len();
+                        continue;
+                    };
+                    i += n;
+                    if rest[n] == b'"' {
                         if self.string_end(tally) {
                             self.document_done(&mut from, i + 1)?;
                         }
-                    }
-                    // An escaped model name is not taken.
-                    b'\\' => {
+                    } else {
+                        // An escaped model name is not taken.
                         self.state = State::SkipValue;
                         self.escape();
                     }
-                    _ => {
-                        if !tally.model_byte(b) {
-                            self.state = State::SkipValue;
-                        }
-                    }
-                },
+                }
                 State::Escape => self.escaped_byte(b)?,
                 State::Number => {
+                    if self.num == Num::Int {
+                        // A run of digits at once: most of a number's bytes.
+                        let digits = bytes[i..].iter().take_while(|d| d.is_ascii_digit()).count();
+                        if digits > 0 {
+                            if self.slot.is_some() {
+                                self.digits(&bytes[i..i + digits])?;
+                            }
+                            i += digits;
+                            // Any byte but these (or a digit) ends the number, as `number` says.
+                            if !matches!(bytes.get(i), None | Some(b'.' | b'e' | b'E')) {
+                                self.end_number(tally);
+                                if self.value_done(tally) {
+                                    self.document_done(&mut from, i)?;
+                                }
+                            }
+                            continue;
+                        }
+                    }
                     if let Some(next) = self.number(b)? {
                         self.num = next;
                     } else {
@@ -361,6 +398,17 @@ impl Scanner {
                 }
                 State::Literal => {
                     let text = self.word.text();
+                    let left = &text[usize::from(self.at)..];
+                    let here = &bytes[i..];
+                    if here.len() >= left.len() && left.iter().zip(here).all(|(a, b)| a == b) {
+                        // The whole rest of the word at once: a byte per dispatch otherwise.
+                        i += left.len();
+                        self.at = text.len() as u8;
+                        if self.value_done(tally) {
+                            self.document_done(&mut from, i)?;
+                        }
+                        continue;
+                    }
                     if text.get(usize::from(self.at)) != Some(&b) {
                         return Err(Reason::Malformed);
                     }
@@ -369,6 +417,12 @@ impl Scanner {
                         self.document_done(&mut from, i + 1)?;
                     }
                 }
+                // The structural states most bytes outside strings meet, each in one dispatch.
+                State::Colon if b == b':' => self.state = State::Value,
+                State::Next if b == b',' => {
+                    self.state = if self.in_array() { State::Value } else { State::Key };
+                }
+                State::Key if b == b'"' => self.key_start(),
                 _ if is_space(b) => {}
                 structural => {
                     if self.structural(structural, b, tally)? {
@@ -388,6 +442,37 @@ impl Scanner {
         self.bytes = 0;
         *from = at;
         Ok(())
+    }
+
+    /// After a string's closing quote at `i`: the bytes that most often follow it, taken without
+    /// a dispatch each (`:` and a string value's opening quote after a key; `,` and the next
+    /// key's opening quote after a value). Returns where the last byte taken is.
+    fn punctuation(&mut self, bytes: &[u8], mut i: usize) -> usize {
+        match self.state {
+            State::Colon if bytes.get(i + 1) == Some(&b':') => {
+                i += 1;
+                self.state = State::Value;
+                // Inside an object, a string not read is all `value` would make of it.
+                if self.target.is_none() && bytes.get(i + 1) == Some(&b'"') {
+                    i += 1;
+                    self.state = State::SkipValue;
+                }
+            }
+            State::Next if bytes.get(i + 1) == Some(&b',') => {
+                i += 1;
+                if self.in_array() {
+                    self.state = State::Value;
+                } else {
+                    self.state = State::Key;
+                    if bytes.get(i + 1) == Some(&b'"') {
+                        i += 1;
+                        self.key_start();
+                    }
+                }
+            }
+            _ => {}
+        }
+        i
     }
 
     /// A structural byte (not whitespace) in `state`; true when it ended a document of a root
@@ -551,13 +636,6 @@ impl Scanner {
     /// A string's closing quote; true when it ended a document of a root array.
     fn string_end(&mut self, tally: &mut Tally) -> bool {
         match self.state {
-            State::MatchKey => {
-                self.target = self.key.target();
-                if matches!(self.target, Some(Target::Count(_))) {
-                    tally.shaped = true;
-                }
-                self.state = State::Colon;
-            }
             State::Model => {
                 tally.end_model(self.preferred);
                 return self.value_done(tally);
@@ -594,6 +672,17 @@ impl Scanner {
         Ok(Some(next))
     }
 
+    /// More digits of a count's integer part.
+    fn digits(&mut self, digits: &[u8]) -> Result<(), Reason> {
+        for d in digits {
+            self.sum = self.sum * 10 + u64::from(d - b'0');
+            if self.sum > COUNT_MAX {
+                return Err(Reason::InvalidValue);
+            }
+        }
+        Ok(())
+    }
+
     fn end_number(&mut self, tally: &mut Tally) {
         if let Some(slot) = self.slot {
             tally.count(slot, self.sum);
@@ -622,16 +711,38 @@ impl Scanner {
 }
 
 /// Where the next `"` or `\\` is. Most strings in an answer are short keys and values (`"id"`,
-/// `"index"`, `"stop"`), which a plain loop finds before `memchr` would have set up its vectors;
-/// past them, `memchr` skips the text of a completion.
+/// `"index"`, `"stop"`, an id), which eight bytes at a time in a word find before `memchr`
+/// would have set up its vectors; past them, `memchr` skips the text of a completion.
 fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
-    const HEAD: usize = 16;
-    let head = &bytes[..bytes.len().min(HEAD)];
-    if let Some(n) = head.iter().position(|b| *b == b'"' || *b == b'\\') {
-        return Some(n);
+    const HEAD: usize = 32;
+    const WORD: usize = 8;
+    const ONES: u64 = u64::from_le_bytes([1; WORD]);
+    const HIGHS: u64 = ONES << 7;
+    // Eight bytes a step (the high bit of each byte of `found` that is `"` or `\`; above the
+    // first such byte, borrows may set others, so only the lowest set bit is used).
+    let mut at = 0;
+    while at < HEAD {
+        let Some(word) = bytes[at..].first_chunk::<WORD>() else {
+            break;
+        };
+        let word = u64::from_le_bytes(*word);
+        let quotes = word ^ (ONES * u64::from(b'"'));
+        let backslashes = word ^ (ONES * u64::from(b'\\'));
+        let found =
+            ((quotes.wrapping_sub(ONES) & !quotes) | (backslashes.wrapping_sub(ONES) & !backslashes)) & HIGHS;
+        if found != 0 {
+            return Some(at + found.trailing_zeros() as usize / 8);
+        }
+        at += WORD;
     }
-    let tail = bytes.get(HEAD..)?;
-    memchr2(b'"', b'\\', tail).map(|n| n + HEAD)
+    let rest = &bytes[at..];
+    if at < HEAD {
+        return rest
+            .iter()
+            .position(|b| *b == b'"' || *b == b'\\')
+            .map(|n| n + at);
+    }
+    memchr2(b'"', b'\\', rest).map(|n| n + at)
 }
 
 fn first_digit(b: u8) -> Num {
@@ -644,4 +755,31 @@ fn first_digit(b: u8) -> Num {
 
 fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quote_or_backslash;
+
+    #[test]
+    fn quote_or_backslash_finds_the_first_at_any_place() {
+        // Every other byte value around the marks, so that a word's borrows are exercised.
+        let filler: Vec<u8> = (0..=u8::MAX).filter(|b| *b != b'"' && *b != b'\\').collect();
+        for len in 0..80 {
+            for shift in [0, 1, 7, 33, 200] {
+                let text: Vec<u8> = (0..len).map(|i| filler[(i + shift) % filler.len()]).collect();
+                assert_eq!(quote_or_backslash(&text), None);
+                for at in 0..len {
+                    for (first, second) in [(b'"', b'\\'), (b'\\', b'"'), (b'"', b'"')] {
+                        let mut text = text.clone();
+                        text[at] = first;
+                        if at + 1 < len {
+                            text[len - 1] = second;
+                        }
+                        assert_eq!(quote_or_backslash(&text), Some(at), "{text:?}");
+                    }
+                }
+            }
+        }
+    }
 }
