@@ -63,6 +63,11 @@ impl Reader {
         }
     }
 
+    /// How the body carries its JSON.
+    pub fn framing(&self) -> Framing {
+        self.framing
+    }
+
     /// Documents ended so far: SSE events (whatever their data; an event is a block of lines
     /// with at least one field, so comment-only keep-alives are not counted), or JSON documents
     /// (1 once the root value closed, or one per element of a root array).

@@ -124,6 +124,8 @@ struct Row {
     tokens: OnceLock<[Counter; 5]>,
     /// `egress_llm_requests_total` by status, as met.
     answers: Mutex<Vec<(u16, Counter)>>,
+    /// `egress_llm_time_to_first_token_seconds` of the model, made with its first stream.
+    first_token: OnceLock<Histogram>,
     ledger: Arc<Entry>,
 }
 
@@ -189,6 +191,7 @@ impl LlmMetrics {
                     model: model.clone(),
                     tokens: OnceLock::new(),
                     answers: Mutex::default(),
+                    first_token: OnceLock::new(),
                     ledger: self.families.ledger.row(&self.upstream, app, model),
                 })
             })
@@ -196,16 +199,28 @@ impl LlmMetrics {
     }
 
     /// Counts one answer with `status` for `app` and `model`: its tokens when read, its
-    /// reason when its usage was unreadable (`None`: not counted as unreadable).
+    /// reason when its usage was unreadable (`None`: not counted as unreadable), and for a
+    /// stream the seconds from its head to its first event.
     pub fn answer(
         &self,
         app: &Arc<str>,
         model: &Arc<str>,
         status: u16,
         read: Result<&Tokens, Option<Reason>>,
+        first_event: Option<f64>,
     ) {
         let row = self.row(app, model);
         row.answered(status, &self.families, &self.upstream);
+        if let Some(seconds) = first_event {
+            let first_token = row.first_token.get_or_init(|| {
+                let labels = ModelLabels {
+                    upstream: self.upstream.clone(),
+                    model: row.model.clone(),
+                };
+                self.families.first_token.get_or_create(&labels).clone()
+            });
+            first_token.observe(seconds);
+        }
         match read {
             Ok(tokens) => {
                 let counts = [
@@ -242,15 +257,6 @@ impl LlmMetrics {
                 row.ledger.record(None);
             }
         }
-    }
-
-    /// A stream's first event came `seconds` after its head.
-    pub fn first_token(&self, model: &Arc<str>, seconds: f64) {
-        let labels = ModelLabels {
-            upstream: self.upstream.clone(),
-            model: model.clone(),
-        };
-        self.families.first_token.get_or_create(&labels).observe(seconds);
     }
 }
 
@@ -301,10 +307,10 @@ mod tests {
             cache_write: 0,
             reasoning: 1,
         };
-        llm.answer(&app, &model, 200, Ok(&tokens));
-        llm.answer(&app, &model, 200, Ok(&tokens));
-        llm.answer(&app, &ledger.model(None), 429, Err(None));
-        llm.answer(&app, &model, 200, Err(Some(Reason::NoUsage)));
+        llm.answer(&app, &model, 200, Ok(&tokens), Some(0.012));
+        llm.answer(&app, &model, 200, Ok(&tokens), None);
+        llm.answer(&app, &ledger.model(None), 429, Err(None), None);
+        llm.answer(&app, &model, 200, Err(Some(Reason::NoUsage)), Some(0.03));
         let text = metrics.render();
         for line in [
             r#"egress_llm_tokens_total{upstream="openai",app="billing",model="gpt-4o",type="input"} 20"#,
@@ -312,6 +318,7 @@ mod tests {
             r#"egress_llm_requests_total{upstream="openai",app="billing",model="gpt-4o",status="200"} 3"#,
             r#"egress_llm_requests_total{upstream="openai",app="billing",model="unknown",status="429"} 1"#,
             r#"egress_llm_usage_unreadable_total{upstream="openai",reason="no_usage"} 1"#,
+            r#"egress_llm_time_to_first_token_seconds_count{upstream="openai",model="gpt-4o"} 2"#,
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");
         }

@@ -121,7 +121,6 @@ pub(super) fn meter(
     let meter = Meter {
         compressed,
         reader: Reader::new(framing, reading.shapes),
-        framing,
         reading: reading.clone(),
         app: app_label(reading, who),
         model: who.named.model,
@@ -176,7 +175,6 @@ struct Meter {
     /// The body is compressed: not read, counted as such.
     compressed: bool,
     reader: Reader,
-    framing: Framing,
     reading: Arc<Reading>,
     app: Arc<str>,
     /// The model the request's path named.
@@ -197,18 +195,18 @@ impl Meter {
             return;
         }
         self.reader.feed(data);
-        if self.framing == Framing::Sse && self.first_event.is_none() && self.reader.events() > 0 {
+        if self.reader.framing() == Framing::Sse && self.first_event.is_none() && self.reader.events() > 0 {
             self.first_event = Some(self.head_at.elapsed().as_secs_f64());
         }
     }
 
     /// Counts the answer, once: its body ended (`complete`), was cut or dropped.
     fn settle(&mut self, complete: bool) -> &Spent {
-        if self.settled.is_none() {
-            let spent = self.count(complete);
-            self.settled = Some(spent);
-        }
-        self.settled.get_or_insert_with(Spent::default)
+        let spent = match self.settled.take() {
+            Some(spent) => spent,
+            None => self.count(complete),
+        };
+        self.settled.insert(spent)
     }
 
     fn count(&mut self, complete: bool) -> Spent {
@@ -241,10 +239,7 @@ impl Meter {
         let counted = read
             .as_ref()
             .map_err(|reason: &Reason| success.then_some(*reason));
-        metrics.answer(&self.app, &label, self.status, counted);
-        if let Some(seconds) = self.first_event {
-            metrics.first_token(&label, seconds);
-        }
+        metrics.answer(&self.app, &label, self.status, counted, self.first_event);
         let tokens = read.ok();
         if let (Some(spend), Some(tokens)) = (self.spend.take(), tokens) {
             spend.settle(&tokens);
