@@ -2,7 +2,8 @@
 //! fake upstreams, the raw client, a DNS responder, the child-process sidecar, child-process
 //! clients that print JSON lines, a scripted origin, the token-accounting tests' LLM provider,
 //! Python apps and view of the sidecar (`llm_provider`, `llm_app`, `llm_sidecar`), the pacing
-//! tests' Python app and rate-limited provider (`pace_app`, `provider`; all used by path), a
+//! tests' Python app and rate-limited provider (`pace_app`, `provider`), the fleet-wide quota
+//! tests' Redis and rate-limit service (`ratelimit`; all used by path), a
 //! Squid parent proxy, nginx as an origin and machine checks in submodules.
 //! Everything binds 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, missing_docs)]
@@ -18,6 +19,7 @@ mod machine;
 mod nginx;
 pub mod pace_app;
 pub mod provider;
+pub mod ratelimit;
 mod scripted;
 mod squid;
 mod upstream;
