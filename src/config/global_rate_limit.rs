@@ -92,12 +92,18 @@ impl DescriptorSpec {
 }
 
 /// Where the rate-limit service listens.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServiceUrl {
     /// `http` (h2c) or `https`.
     pub scheme: Scheme,
     /// Its host and port.
     pub authority: Authority,
+}
+
+impl Serialize for ServiceUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 impl std::fmt::Display for ServiceUrl {
@@ -110,10 +116,12 @@ impl std::fmt::Display for ServiceUrl {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
 pub struct GlobalRateLimitConfig {
     /// The service; `None` until a level names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceUrl>,
     /// TLS towards an `https` service.
     pub tls: TlsConfig,
     /// The service's domain (its config's `domain`).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub domain: String,
     /// What each request is counted as; empty: off.
     pub descriptors: Vec<DescriptorSpec>,
@@ -136,6 +144,11 @@ impl GlobalRateLimitConfig {
             timeout: DEFAULT_TIMEOUT,
             ..Default::default()
         }
+    }
+
+    /// Nothing was said of it: the effective config leaves it out.
+    pub fn is_unset(&self) -> bool {
+        *self == Self::unset()
     }
 
     /// Requests are counted: a service and descriptors.
@@ -346,5 +359,187 @@ fn entry(raw: &FileEntry, at: &str, problems: &mut Problems) -> Option<Entry> {
             );
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse, to_yaml, Config, ConfigError, Overrides};
+    use super::*;
+
+    const ISSUE_EXAMPLE: &str = r#"
+upstreams:
+  - name: partner
+    url: http://partner.example
+    global_rate_limit:
+      service: http://ratelimit.infra:8081
+      domain: egress
+      descriptors:
+        - [{ key: upstream }]
+        - [{ key: upstream }, { key: app }]
+        - [{ key: upstream }, { key: header, name: X-Tenant }]
+        - [{ key: generic_key, value: openai-org }]
+        - [{ key: upstream }, { key: unit, value: tokens }]
+      tokens: true
+      timeout: 50ms
+      failure_mode: allow
+      max_wait: 0s
+"#;
+
+    fn config(yaml: &str) -> Config {
+        parse(yaml, &Overrides::default()).unwrap()
+    }
+
+    fn problems(yaml: &str) -> Vec<(String, String)> {
+        match parse(yaml, &Overrides::default()) {
+            Err(ConfigError::Invalid(p)) => p.into_iter().map(|p| (p.key, p.reason)).collect(),
+            other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_issues_example_reads_as_written_and_renders_back() {
+        let c = config(ISSUE_EXAMPLE);
+        let section = &c.upstreams[0].settings.global_rate_limit;
+        assert!(section.is_on());
+        assert_eq!(
+            section.service.as_ref().unwrap().to_string(),
+            "http://ratelimit.infra:8081"
+        );
+        assert_eq!(section.domain, "egress");
+        let entries: Vec<_> = section.descriptors.iter().map(|d| d.entries.clone()).collect();
+        let literal = |k: &str, v: &str| Entry::Literal {
+            key: k.into(),
+            value: v.into(),
+        };
+        assert_eq!(
+            entries,
+            vec![
+                vec![Entry::Upstream],
+                vec![Entry::Upstream, Entry::App],
+                vec![
+                    Entry::Upstream,
+                    Entry::Header {
+                        name: "x-tenant".into()
+                    }
+                ],
+                vec![literal("generic_key", "openai-org")],
+                vec![Entry::Upstream, literal("unit", "tokens")],
+            ]
+        );
+        let tokens: Vec<bool> = section
+            .descriptors
+            .iter()
+            .map(DescriptorSpec::counts_tokens)
+            .collect();
+        assert_eq!(tokens, [false, false, false, false, true]);
+        assert_eq!(section.timeout, Duration::from_millis(50));
+        assert_eq!(section.failure_mode, FailureMode::Allow);
+        assert_eq!(section.max_wait, Duration::ZERO);
+        let again = config(&to_yaml(&c));
+        assert_eq!(again.upstreams[0].settings.global_rate_limit, *section);
+        assert!(
+            !to_yaml(&config("")).contains("global_rate_limit"),
+            "unset: left out"
+        );
+    }
+
+    #[test]
+    fn an_upstream_merges_over_defaults_key_by_key_and_empty_descriptors_turn_it_off() {
+        let c = config(
+            r#"
+defaults:
+  global_rate_limit:
+    service: https://rls.internal
+    domain: egress
+    timeout: 20ms
+    failure_mode: deny
+    descriptors: [[{ key: upstream }]]
+upstreams:
+  - name: a
+    url: http://a.example
+  - name: b
+    url: http://b.example
+    global_rate_limit:
+      descriptors: [[{ key: upstream }, { key: app }]]
+      max_wait: 2s
+  - name: c
+    url: http://c.example
+    global_rate_limit: { descriptors: [] }
+"#,
+        );
+        let section = |i: usize| &c.upstreams[i].settings.global_rate_limit;
+        assert_eq!(section(0).descriptors, c.defaults.global_rate_limit.descriptors);
+        let url = section(1).service.as_ref().unwrap();
+        assert_eq!((url.scheme, url.authority.port), (Scheme::Https, 443));
+        assert_eq!(section(1).timeout, Duration::from_millis(20));
+        assert_eq!(section(1).failure_mode, FailureMode::Deny);
+        assert_eq!(section(1).max_wait, Duration::from_secs(2));
+        assert_eq!(section(1).descriptors[0].entries, [Entry::Upstream, Entry::App]);
+        assert!(section(0).is_on() && section(1).is_on());
+        assert!(!section(2).is_on(), "descriptors: [] turns it off");
+    }
+
+    #[test]
+    fn bad_values_are_problems_naming_their_keys() {
+        let found = problems(
+            r#"
+upstreams:
+  - name: a
+    url: http://a.example
+    global_rate_limit:
+      service: grpc://rls:8081
+      domain: ""
+      descriptors:
+        - [{ key: header }]
+        - [{ key: tenant }]
+        - [{ key: app, name: x-app }]
+        - []
+        - [{ key: header, name: "bad header" }]
+      tokens: true
+      timeout: 0s
+      failure_mode: maybe
+      max_wait: 2h
+"#,
+        );
+        let keys: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
+        let p = "upstreams[0].global_rate_limit";
+        for want in [
+            format!("{p}.service"),
+            format!("{p}.domain"),
+            format!("{p}.descriptors[0][0].name"),
+            format!("{p}.descriptors[1][0].value"),
+            format!("{p}.descriptors[2][0].name"),
+            format!("{p}.descriptors[3]"),
+            format!("{p}.descriptors[4][0].name"),
+            format!("{p}.timeout"),
+            format!("{p}.failure_mode"),
+            format!("{p}.max_wait"),
+        ] {
+            assert!(keys.contains(&want.as_str()), "{want} missing from {found:?}");
+        }
+    }
+
+    #[test]
+    fn the_whole_section_must_hold_together() {
+        let p = "upstreams[0].global_rate_limit";
+        let found = problems(
+            "upstreams:\n  - name: a\n    url: http://a.example\n    global_rate_limit:\n      descriptors: [[{ key: upstream }]]\n      tokens: true\n",
+        );
+        let keys: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
+        for want in ["service", "domain", "tokens"] {
+            assert!(
+                keys.contains(&format!("{p}.{want}").as_str()),
+                "{want}: {found:?}"
+            );
+        }
+        let found = problems(
+            "upstreams:\n  - name: a\n    url: http://a.example\n    global_rate_limit:\n      service: http://rls:8081\n      domain: d\n      descriptors: [[{ key: unit, value: tokens }]]\n",
+        );
+        assert_eq!(found[0].0, format!("{p}.descriptors"), "{found:?}");
+        let found = problems(
+            "upstreams:\n  - name: a\n    url: http://a.example\n    global_rate_limit:\n      service: http://rls:8081\n      domain: d\n      descriptors: [[{ key: upstream, bogus: 1 }]]\n",
+        );
+        assert!(found[0].0.starts_with(p), "unknown keys are refused: {found:?}");
     }
 }
