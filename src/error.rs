@@ -53,6 +53,9 @@ pub enum ErrorKind {
     /// `pace.max_wait` or its deadline; nothing was sent. `Retry-After` says when the key's
     /// quota resets.
     RateLimited,
+    /// 503: the rate-limit service of `global_rate_limit` did not answer (down, failing, or
+    /// slower than its `timeout`) and its `failure_mode` is `deny`; nothing was sent.
+    RateLimitUnavailable,
     /// 502: the sidecar failed (a panic caught in the request's task: a bug).
     Internal,
 }
@@ -70,7 +73,9 @@ impl ErrorKind {
                 StatusCode::BAD_GATEWAY
             }
             ConnectTimeout | ResponseTimeout | RequestTimeout => StatusCode::GATEWAY_TIMEOUT,
-            PoolOverflow | PendingTimeout | Draining => StatusCode::SERVICE_UNAVAILABLE,
+            PoolOverflow | PendingTimeout | Draining | RateLimitUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -96,6 +101,7 @@ impl ErrorKind {
             PendingTimeout => "pending_timeout",
             Draining => "draining",
             RateLimited => "rate_limited",
+            RateLimitUnavailable => "rate_limit_unavailable",
             Internal => "internal",
         }
     }
@@ -107,7 +113,9 @@ impl ErrorKind {
             BadRequest | UnknownUpstream | Denied | Loop | HeaderTooLarge => ErrorSource::Downstream,
             ConnectFailed | UpstreamReset | TlsFailed | ProtocolError | ParentRefused | ConnectTimeout
             | ResponseTimeout | RequestTimeout | RateLimited => ErrorSource::Upstream,
-            PoolOverflow | PendingTimeout | Draining | Internal => ErrorSource::Internal,
+            PoolOverflow | PendingTimeout | Draining | RateLimitUnavailable | Internal => {
+                ErrorSource::Internal
+            }
         }
     }
 }
@@ -131,6 +139,8 @@ pub struct ProxyError {
     cause: String,
     /// Seconds the application is asked to wait (`Retry-After`).
     retry_after: Option<u64>,
+    /// Fields a rate-limit service asked to add to its refusal (boxed: almost always none).
+    headers: Option<Box<[(http::HeaderName, HeaderValue)]>>,
 }
 
 impl ProxyError {
@@ -141,12 +151,21 @@ impl ProxyError {
             upstream: None,
             cause: cause.into(),
             retry_after: None,
+            headers: None,
         }
     }
 
     /// Asks the application to wait `secs` seconds before it tries again (`Retry-After`).
     pub fn with_retry_after(mut self, secs: u64) -> Self {
         self.retry_after = Some(secs);
+        self
+    }
+
+    /// Adds `headers` to the response; they must not name a field the sidecar sets itself.
+    pub fn with_headers(mut self, headers: Vec<(http::HeaderName, HeaderValue)>) -> Self {
+        if !headers.is_empty() {
+            self.headers = Some(headers.into_boxed_slice());
+        }
         self
     }
 
@@ -186,6 +205,9 @@ impl ProxyError {
         headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         if let Some(secs) = self.retry_after {
             headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        for (name, value) in self.headers.iter().flat_map(|h| h.iter()) {
+            headers.append(name.clone(), value.clone());
         }
         resp
     }

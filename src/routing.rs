@@ -543,6 +543,7 @@ mod tests {
                     pools: Default::default(),
                     resolver,
                     paces: Default::default(),
+                    quotas: Default::default(),
                 },
             )
         };

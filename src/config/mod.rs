@@ -16,6 +16,7 @@
 
 mod access_log;
 mod endpoints;
+mod global_rate_limit;
 mod header_rules;
 mod host;
 mod llm;
@@ -42,6 +43,7 @@ pub use endpoints::{
     Balance, DnsConfig, OutlierConfig, DEFAULT_BASE_EJECTION, DEFAULT_DNS_MAX_TTL, DEFAULT_DNS_MIN_TTL,
     DEFAULT_MAX_EJECTION, DEFAULT_OUTLIER_FAILURES,
 };
+pub use global_rate_limit::{DescriptorSpec, Entry, FailureMode, GlobalRateLimitConfig, ServiceUrl};
 pub use header_rules::{header_file_value, HeaderRules, HeaderSource};
 pub use host::{canonical_host, HostPattern};
 pub(crate) use host::{canonical_ip, in_network};
@@ -187,6 +189,9 @@ pub struct UpstreamSettings {
     pub pace: PaceConfig,
     /// Reading the token usage LLM APIs report.
     pub llm: LlmConfig,
+    /// A quota shared by the fleet, kept by a rate-limit service.
+    #[serde(skip_serializing_if = "GlobalRateLimitConfig::is_unset")]
+    pub global_rate_limit: GlobalRateLimitConfig,
     /// Pool knobs.
     pub pool: PoolConfig,
     /// HTTP/2 knobs.

@@ -64,6 +64,7 @@ pub(super) struct FileSettings {
     pub(super) retry: FileRetry,
     pub(super) pace: FilePace,
     pub(super) llm: FileLlm,
+    pub(super) global_rate_limit: Option<FileGlobalRateLimit>,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,
@@ -91,6 +92,29 @@ pub(super) struct FilePace {
     pub(super) max_wait: Option<Scalar>,
     pub(super) reserve: Option<u64>,
     pub(super) smooth: Option<bool>,
+}
+
+/// `global_rate_limit` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileGlobalRateLimit {
+    pub(super) service: Option<String>,
+    pub(super) tls: FileTls,
+    pub(super) domain: Option<String>,
+    pub(super) descriptors: Option<Vec<Vec<FileEntry>>>,
+    pub(super) tokens: Option<bool>,
+    pub(super) timeout: Option<Scalar>,
+    pub(super) failure_mode: Option<String>,
+    pub(super) max_wait: Option<Scalar>,
+}
+
+/// One entry of a `global_rate_limit` descriptor as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileEntry {
+    pub(super) key: String,
+    pub(super) value: Option<String>,
+    pub(super) name: Option<String>,
 }
 
 /// `llm` as written.
@@ -179,6 +203,7 @@ pub(super) struct FileUpstream {
     pub(super) retry: FileRetry,
     pub(super) pace: FilePace,
     pub(super) llm: FileLlm,
+    pub(super) global_rate_limit: Option<FileGlobalRateLimit>,
     pub(super) pool: FilePool,
     pub(super) http2: FileHttp2,
     pub(super) balance: Option<String>,

@@ -13,7 +13,7 @@ use super::schema::{
     FilePolicy, FilePool, FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
 };
 use super::via::ViaConfig;
-use super::{access_log, endpoints, header_rules, llm, pace, retry, via};
+use super::{access_log, endpoints, global_rate_limit, header_rules, llm, pace, retry, via};
 use super::{
     load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HeaderRules,
     HostPattern, Http2Config, LlmConfig, OutlierConfig, Overrides, PaceConfig, PolicyConfig, PoolConfig,
@@ -217,6 +217,7 @@ fn builtin_settings() -> UpstreamSettings {
         retry: RetryConfig::default(),
         pace: PaceConfig::default(),
         llm: LlmConfig::default(),
+        global_rate_limit: super::GlobalRateLimitConfig::unset(),
         pool: PoolConfig {
             max_connections: DEFAULT_POOL_MAX_CONNECTIONS,
             max_idle: DEFAULT_POOL_MAX_IDLE,
@@ -250,6 +251,7 @@ struct SettingsRef<'a> {
     retry: &'a FileRetry,
     pace: &'a FilePace,
     llm: &'a FileLlm,
+    global_rate_limit: Option<&'a super::schema::FileGlobalRateLimit>,
     pool: &'a FilePool,
     http2: &'a FileHttp2,
     balance: &'a Option<String>,
@@ -270,6 +272,7 @@ impl<'a> SettingsRef<'a> {
             retry: &raw.retry,
             pace: &raw.pace,
             llm: &raw.llm,
+            global_rate_limit: raw.global_rate_limit.as_ref(),
             pool: &raw.pool,
             http2: &raw.http2,
             balance: &raw.balance,
@@ -290,6 +293,7 @@ impl<'a> SettingsRef<'a> {
             retry: &raw.retry,
             pace: &raw.pace,
             llm: &raw.llm,
+            global_rate_limit: raw.global_rate_limit.as_ref(),
             pool: &raw.pool,
             http2: &raw.http2,
             balance: &raw.balance,
@@ -352,6 +356,13 @@ fn merge_settings(
     let retry = retry::merge_retry(&base.retry, raw.retry, &key("retry"), problems);
     let pace = pace::merge_pace(&base.pace, raw.pace, &key("pace"), problems);
     let llm = llm::merge_llm(&base.llm, raw.llm, &key("llm"), problems);
+    let global_rate_limit = global_rate_limit::merge_global_rate_limit(
+        &base.global_rate_limit,
+        raw.global_rate_limit,
+        &key("global_rate_limit"),
+        problems,
+        merge_tls,
+    );
     let pool = merge_pool(&base.pool, raw.pool, &key("pool"), problems);
     let http2 = merge_http2(&base.http2, raw.http2, &key("http2"), problems);
     let balance = endpoints::merge_balance(base.balance, raw.balance, &key("balance"), problems);
@@ -373,6 +384,7 @@ fn merge_settings(
         retry,
         pace,
         llm,
+        global_rate_limit,
         pool,
         http2,
         balance,

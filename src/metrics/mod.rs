@@ -16,9 +16,11 @@
 
 mod llm;
 mod pace;
+mod quota;
 
 pub use llm::LlmMetrics;
 pub use pace::{PaceMetrics, UnitLabels};
+pub use quota::QuotaMetrics;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -482,6 +484,7 @@ pub struct Metrics {
     families: Arc<Families>,
     pace: Arc<pace::PaceFamilies>,
     llm: Arc<llm::LlmFamilies>,
+    quota: quota::QuotaFamilies,
     sources: Arc<GaugeSources>,
     labels: Mutex<HashSet<String>>,
 }
@@ -511,12 +514,15 @@ impl Metrics {
         pace.register(&mut registry);
         let llm = Arc::new(llm::LlmFamilies::default());
         llm.register(&mut registry);
+        let quota = quota::QuotaFamilies::default();
+        quota.register(&mut registry);
         registry.register_collector(Box::new(GaugeCollector(sources.clone())));
         Metrics {
             registry,
             families,
             pace,
             llm,
+            quota,
             sources,
             labels: Mutex::new(HashSet::new()),
         }
@@ -558,6 +564,11 @@ impl Metrics {
     /// The token-accounting handles of the upstream named `name`.
     pub fn llm(&self, name: &str) -> LlmMetrics {
         LlmMetrics::new(self.label(name), self.llm.clone())
+    }
+
+    /// The fleet-wide quota's handles of the upstream named `name`.
+    pub fn quota(&self, name: &str) -> QuotaMetrics {
+        self.quota.handles(self.label(name))
     }
 
     /// What LLM answers spent, by upstream, app and model (`/debug/usage`).

@@ -4,8 +4,11 @@
 //! before the upstream send (the pool, or an upgrade's own connection), with what a decision
 //! can rest on: the routed upstream, the request's head as it will be sent, where it came from,
 //! what it asked of pacing, and its deadline. Pacing to the upstream's advertised rate limits
-//! (`pace`) decides here, and hands back the request's [`Ticket`], which credits the response
-//! to its pace key.
+//! (`pace`) decides first, and hands back the request's [`Ticket`], which credits the response
+//! to its pace key; then the fleet-wide quota (`quota`), when the upstream has one: its check
+//! waits for the rate-limit service (or its cache refuses at once), after pacing's wait. What
+//! the quota grants goes with the request: fields to add to it, and where its answer's tokens
+//! are charged.
 //!
 //! The answer is an [`Admission`], not a future: the request path does not carry a wait's state
 //! for requests that never wait, and an admitted request costs a comparison.
@@ -18,6 +21,7 @@ use http::Request;
 use crate::clients::Source;
 use crate::error::{ErrorKind, ProxyError};
 use crate::pace::{self, Pass, Ticket};
+use crate::quota::{self, Decision, Granted, Refusal};
 use crate::upstream::{Deadline, Upstream};
 use crate::wire::RequestBody;
 
@@ -34,10 +38,12 @@ pub struct Admitting<'a> {
     pub deadline: Option<Deadline>,
     /// `x-egress-pace-key` and `x-egress-priority`.
     pub pace: pace::Asked,
+    /// What the upstream's quota counts the request as, when it has one.
+    pub quota: Option<Box<quota::Asking>>,
 }
 
-/// A wait before a request may go: `Ok` to send it, an error to answer with instead.
-pub type Wait = Pin<Box<dyn Future<Output = Result<(), ProxyError>> + Send>>;
+/// A wait before a request may go: what it is granted, or an error to answer with instead.
+pub type Wait = Pin<Box<dyn Future<Output = Result<Granted, ProxyError>> + Send>>;
 
 /// What the admission step decided.
 #[must_use]
@@ -62,16 +68,16 @@ impl std::fmt::Debug for Admission {
 
 impl Admission {
     /// Waits out the decision: `Ok` when the request may go.
-    pub async fn granted(self) -> Result<(), ProxyError> {
+    pub async fn granted(self) -> Result<Granted, ProxyError> {
         match self {
-            Admission::Now => Ok(()),
+            Admission::Now => Ok(Granted::default()),
             Admission::After(wait) => wait.await,
             Admission::Refused(err) => Err(err),
         }
     }
 }
 
-/// The admission policy a proxy applies: pacing.
+/// The admission policy a proxy applies: pacing, then the fleet-wide quota.
 #[derive(Default)]
 pub struct Admit {
     /// What unit tests decide instead.
@@ -109,20 +115,64 @@ impl Admit {
             request,
             deadline,
             pace,
+            quota,
             ..
         } = request;
         let (ticket, pass) = upstream.pace(request, pace, deadline);
-        let admission = match pass {
-            Pass::Go => Admission::Now,
-            Pass::Wait(waiting) => {
-                let label = upstream.label().to_owned();
+        let label = || upstream.label().to_owned();
+        let checked = match (upstream.quota(), quota) {
+            (Some(limiter), Some(asking)) if !matches!(pass, Pass::Refuse(_)) => {
+                Some(limiter.check(asking, deadline.map(|d| d.at)))
+            }
+            _ => None,
+        };
+        let admission = match (pass, checked) {
+            (Pass::Refuse(refusal), _) => Admission::Refused(rate_limited(label(), refusal)),
+            (_, Some(Decision::Refused(refusal))) => Admission::Refused(over_quota(label(), refusal)),
+            (Pass::Go, None) => Admission::Now,
+            (Pass::Wait(waiting), None) => {
+                let label = label();
                 Admission::After(Box::pin(async move {
-                    waiting.await.map_err(|refusal| rate_limited(label, refusal))
+                    waiting.await.map_err(|refusal| rate_limited(label, refusal))?;
+                    Ok(Granted::default())
                 }))
             }
-            Pass::Refuse(refusal) => Admission::Refused(rate_limited(upstream.label().to_owned(), refusal)),
+            (pass, Some(Decision::Ask(check))) => {
+                let label = label();
+                Admission::After(Box::pin(async move {
+                    if let Pass::Wait(waiting) = pass {
+                        waiting
+                            .await
+                            .map_err(|refusal| rate_limited(label.clone(), refusal))?;
+                    }
+                    check.await.map_err(|refusal| over_quota(label, refusal))
+                }))
+            }
         };
         (admission, ticket)
+    }
+}
+
+/// The answer to a request the fleet-wide quota refuses.
+fn over_quota(upstream: String, refusal: Refusal) -> ProxyError {
+    match refusal {
+        Refusal::OverLimit {
+            retry_after_secs,
+            headers,
+        } => ProxyError::new(
+            ErrorKind::RateLimited,
+            format!(
+                "the fleet's quota (global_rate_limit) is spent; the rate-limit service says it resets in {retry_after_secs}s"
+            ),
+        )
+        .with_upstream(upstream)
+        .with_retry_after(retry_after_secs)
+        .with_headers(headers),
+        Refusal::Unavailable(why) => ProxyError::new(
+            ErrorKind::RateLimitUnavailable,
+            format!("{why}, and global_rate_limit.failure_mode is deny"),
+        )
+        .with_upstream(upstream),
     }
 }
 

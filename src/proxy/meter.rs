@@ -12,6 +12,7 @@
 //! within the ledger's caps. What the request carries from its head to its answer is the
 //! two-byte ids of those it named ([`Named`]): a request's future holds it across the send.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -25,6 +26,7 @@ use crate::clients::Source;
 use crate::llm::ledger::LabelId;
 use crate::llm::{self, Framing, Outcome, Reader, Reason, Tokens};
 use crate::pace::Spend;
+use crate::quota::Charge;
 use crate::routing::Arrival;
 use crate::upstream::{Reading, TimedBody, Upstream};
 use crate::wire::{BodyType, BoxError, RequestBody, WireFields};
@@ -101,6 +103,7 @@ pub(super) fn meter(
     resp: Response<TimedBody>,
     upstream: &Upstream,
     who: Who<'_>,
+    charge: Option<Charge>,
 ) -> Response<super::ResponseBody> {
     let Some(reading) = upstream.usage().filter(|_| who.named.read) else {
         return resp.map(super::ResponseBody::Upstream);
@@ -128,6 +131,7 @@ pub(super) fn meter(
         head_at: Instant::now(),
         first_event: None,
         spend: None,
+        charge,
         settled: None,
     };
     resp.map(|mut inner| {
@@ -140,18 +144,32 @@ pub(super) fn meter(
 /// The `app` label of a request from `who`.
 fn app_label(reading: &Reading, who: Who<'_>) -> Arc<str> {
     let ledger = reading.metrics.ledger();
-    if let Some(id) = who.named.app {
-        return ledger.app_label(id);
+    match who.named.app {
+        Some(id) => ledger.app_label(id),
+        None => ledger.app(&app_name(None, who.source, who.arrival)),
     }
-    if let Source::Unix(process) = who.source {
+}
+
+/// Who sent a request: its `x-egress-app` (`header`), else the executable of a Unix-socket
+/// client, else the upstream a route listener is bound to, else `unknown`. The ledger caps
+/// these as labels; the fleet-wide quota's `app` entry sends them as they are.
+pub(super) fn app_name<'a>(
+    header: Option<&'a HeaderValue>,
+    source: &'a Source,
+    arrival: &'a Arrival,
+) -> Cow<'a, str> {
+    if let Some(value) = header.filter(|v| !v.is_empty()) {
+        return String::from_utf8_lossy(value.as_bytes());
+    }
+    if let Source::Unix(process) = source {
         if let Some(exe) = &process.exe {
-            return ledger.app(exe.rsplit('/').next().unwrap_or(exe));
+            return Cow::Borrowed(exe.rsplit('/').next().unwrap_or(exe));
         }
     }
-    if let Arrival::Route(upstream) = who.arrival {
-        return ledger.app(upstream);
+    if let Arrival::Route(upstream) = arrival {
+        return Cow::Borrowed(upstream);
     }
-    ledger.unknown()
+    Cow::Borrowed("unknown")
 }
 
 /// What an answer's line shows of its usage (`access_log`).
@@ -185,6 +203,8 @@ struct Meter {
     first_event: Option<f64>,
     /// What settles the request's tokens in pacing.
     spend: Option<Spend>,
+    /// Where the fleet-wide quota counts them.
+    charge: Option<Charge>,
     /// Counted, once.
     settled: Option<Spent>,
 }
@@ -243,6 +263,9 @@ impl Meter {
         let tokens = read.ok();
         if let (Some(spend), Some(tokens)) = (self.spend.take(), tokens) {
             spend.settle(&tokens);
+        }
+        if let (Some(charge), Some(tokens)) = (self.charge.take(), tokens) {
+            charge.tokens(tokens.total());
         }
         Spent { model, tokens }
     }

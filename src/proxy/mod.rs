@@ -198,11 +198,17 @@ impl Proxy {
         // Read (and removed) before anything goes upstream; an upgrade ignores them. Of
         // `x-egress-app`, only its label's id lives on (in a block: a field held across the
         // send would be 40 bytes of every request's future).
-        let (timeout, no_retry, pace, named) = {
+        let (timeout, no_retry, pace, named, quota) = {
             let asked = headers::take_asked(req, scanned)
                 .map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
+            let quota = target.upstream.quota().and_then(|limiter| {
+                let app = limiter
+                    .needs_app()
+                    .then(|| meter::app_name(asked.app.as_ref(), source, arrival));
+                limiter.describe(req.headers(), app.as_deref())
+            });
             let named = meter::Named::of(req, &target.upstream, asked.app);
-            (asked.timeout, asked.no_retry, asked.pace, named)
+            (asked.timeout, asked.no_retry, asked.pace, named, quota)
         };
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
@@ -217,6 +223,7 @@ impl Proxy {
             source,
             deadline,
             pace,
+            quota,
         };
         let upstream = &target.upstream;
         let ticket = match self.admit.admit(admitting) {
@@ -249,7 +256,7 @@ impl Proxy {
             arrival,
             named,
         };
-        Ok(to_downstream(resp, upstream, who))
+        Ok(to_downstream(resp, upstream, who, None))
     }
 
     /// The rest of [`Self::forward`] for a request the admission step did not admit at once.
@@ -260,7 +267,11 @@ impl Proxy {
         sending: Sending<'_>,
         ticket: crate::pace::Ticket,
     ) -> Result<Response<ResponseBody>, ProxyError> {
-        later.granted().await?;
+        let granted = later.granted().await?;
+        let headers = req.headers_mut();
+        for (name, value) in granted.headers {
+            headers.insert(name, value);
+        }
         if sending.upgrade {
             return self.upgrade(req, sending.upstream).await;
         }
@@ -268,7 +279,7 @@ impl Proxy {
             .upstream
             .send(req, sending.no_retry, sending.deadline, ticket.going())
             .await?;
-        Ok(to_downstream(resp, sending.upstream, sending.who))
+        Ok(to_downstream(resp, sending.upstream, sending.who, granted.charge))
     }
 
     /// Sends an upgrade request on a connection of its own (`upgrade`).
@@ -299,13 +310,14 @@ struct Sending<'a> {
 }
 
 /// A pooled response from `upstream` on its way to the application, read for usage
-/// (`meter`) when the upstream reads it.
+/// (`meter`) when the upstream reads it; its tokens go to `charge`, when the quota wants them.
 fn to_downstream(
     resp: Response<TimedBody>,
     upstream: &Upstream,
     who: meter::Who<'_>,
+    charge: Option<crate::quota::Charge>,
 ) -> Response<ResponseBody> {
-    let mut resp = meter::meter(resp, upstream, who);
+    let mut resp = meter::meter(resp, upstream, who, charge);
     headers::to_downstream(&mut resp);
     resp
 }

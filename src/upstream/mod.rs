@@ -43,6 +43,7 @@ use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
 use crate::pace::{self, Pacer, Ticket};
 use crate::policy::Guard;
 use crate::pool::{self, Lease, Pool, PooledBody, SendError, ServedBy, UpstreamBody};
+use crate::quota;
 use crate::wire::{KeptCopy, RequestBody};
 
 /// What every upstream is built with: the policy its connector checks, the metrics it counts
@@ -59,6 +60,8 @@ pub struct Shared {
     pub resolver: Arc<Resolver>,
     /// The pacers alive now.
     pub paces: Arc<pace::Registry>,
+    /// The rate-limit services upstreams name (`global_rate_limit`).
+    pub quotas: Arc<quota::Services>,
 }
 
 /// How often a request handed back unsent may be tried on yet another connection.
@@ -108,6 +111,8 @@ pub struct Upstream {
     credentials: pace::Credentials,
     /// How answers are read for the token usage they report (`llm.usage`).
     usage: Option<Arc<Reading>>,
+    /// The fleet-wide quota requests are checked against (`global_rate_limit`).
+    quota: Option<Arc<quota::Limiter>>,
     key: PoolKey,
 }
 
@@ -263,6 +268,9 @@ impl Upstream {
         });
         let host_header = host_header(scheme, &authority);
         let usage = Reading::new(settings.llm.usage, &label, &authority, &shared.metrics);
+        let quota = shared
+            .quotas
+            .limiter(&label, &settings.global_rate_limit, &shared.metrics);
         Upstream {
             uri_authority: http::uri::Authority::try_from(host_header.as_bytes()).ok(),
             host_header,
@@ -285,6 +293,7 @@ impl Upstream {
             pacer,
             credentials,
             usage,
+            quota,
             metrics: upstream_metrics,
             key,
         }

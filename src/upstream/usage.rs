@@ -1,5 +1,6 @@
 //! What an upstream's answers are read for: the token usage an LLM API reports (`llm.usage`),
-//! decided once per upstream from its settings and host.
+//! decided once per upstream from its settings and host; and the fleet-wide quota its tokens
+//! are charged to.
 
 use std::sync::Arc;
 
@@ -54,5 +55,11 @@ impl Upstream {
     /// How this upstream's answers are read for usage; `None` when they are not.
     pub fn usage(&self) -> Option<&Arc<Reading>> {
         self.usage.as_ref()
+    }
+
+    /// The fleet-wide quota this upstream's requests are checked against; `None` when
+    /// `global_rate_limit` counts nothing.
+    pub fn quota(&self) -> Option<&Arc<crate::quota::Limiter>> {
+        self.quota.as_ref()
     }
 }

@@ -93,7 +93,7 @@ async fn a_refused_request_goes_nowhere_and_a_held_one_goes_when_its_wait_ends()
         let mut released = released.clone();
         Admission::After(Box::pin(async move {
             let _ = released.wait_for(|r| *r).await;
-            Ok(())
+            Ok(crate::quota::Granted::default())
         }))
     }));
     let (me, _ctx) = serve_admitting("", admit).await;

@@ -1,0 +1,90 @@
+//! The fleet-wide quota's metrics (`quota`): calls to the rate-limit service by result, and how
+//! long they took.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::UpstreamLabel;
+
+/// `upstream`, `result`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ResultLabels {
+    upstream: String,
+    result: &'static str,
+}
+
+type SecondsFamily = Family<UpstreamLabel, Histogram, fn() -> Histogram>;
+
+fn call_histogram() -> Histogram {
+    // 0.1 ms .. ~3.3 s: a service on loopback answers in a fraction of a millisecond, a
+    // `timeout` is tens of milliseconds, a dial to a service elsewhere up to seconds.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+/// The quota families.
+#[derive(Debug)]
+pub(super) struct QuotaFamilies {
+    calls: Family<ResultLabels, Counter>,
+    seconds: SecondsFamily,
+}
+
+impl Default for QuotaFamilies {
+    fn default() -> Self {
+        QuotaFamilies {
+            calls: Family::default(),
+            seconds: SecondsFamily::new_with_constructor(call_histogram),
+        }
+    }
+}
+
+impl QuotaFamilies {
+    pub(super) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "global_rate_limit_calls",
+            "Quota checks and token reports, by result: ok, over_limit (the service said so), error (no connection or a failed call), timeout (no answer within global_rate_limit.timeout), cached (answered over limit without a call)",
+            self.calls.clone(),
+        );
+        registry.register(
+            "global_rate_limit_seconds",
+            "Time a call to the rate-limit service took, answered or not",
+            self.seconds.clone(),
+        );
+    }
+
+    /// One upstream's handles; `upstream` is its label within the cardinality budget.
+    pub(super) fn handles(&self, upstream: String) -> QuotaMetrics {
+        let result = |result| {
+            self.calls.get_or_create_owned(&ResultLabels {
+                upstream: upstream.clone(),
+                result,
+            })
+        };
+        QuotaMetrics {
+            ok: result("ok"),
+            over_limit: result("over_limit"),
+            error: result("error"),
+            timeout: result("timeout"),
+            cached: result("cached"),
+            seconds: self.seconds.get_or_create_owned(&UpstreamLabel { upstream }),
+        }
+    }
+}
+
+/// One upstream's quota metric handles.
+#[derive(Debug, Clone)]
+pub struct QuotaMetrics {
+    /// `egress_global_rate_limit_calls_total{result="ok"}`.
+    pub ok: Counter,
+    /// `{result="over_limit"}`.
+    pub over_limit: Counter,
+    /// `{result="error"}`.
+    pub error: Counter,
+    /// `{result="timeout"}`.
+    pub timeout: Counter,
+    /// `{result="cached"}`.
+    pub cached: Counter,
+    /// `egress_global_rate_limit_seconds`.
+    pub seconds: Histogram,
+}

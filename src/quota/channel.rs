@@ -1,0 +1,229 @@
+//! The connection to one rate-limit service: one multiplexed HTTP/2 connection (h2c, or TLS with
+//! ALPN `h2`) every call of every upstream shares, made again after it is lost, with a backoff
+//! between failed attempts, and the gRPC calls on it.
+//!
+//! Ours rather than tonic's `Channel`: that one reconnects on the next call with no backoff and
+//! brings its own connector, where a quota check must fail at once while the service is known to
+//! be down (a request then waits for nothing), reconnect in the background so that no request
+//! pays a dial, and reach the service with the sidecar's TLS settings (`tls.ca_file`, mTLS).
+//! tonic still frames the calls: its generated client runs over [`Stream`], a tower service
+//! around hyper's HTTP/2 sender.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::config::{Scheme, ServiceUrl, TlsConfig};
+use crate::connector::tls::TlsConnector;
+
+/// The first wait after a failed connection attempt; it doubles up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The longest wait between attempts: a service back up is used again within about a second.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How long one attempt (TCP, TLS, HTTP/2 handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pings on an idle connection, so that a service gone without a word is noticed.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a call got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No connection: the last attempt failed and the next one is not due.
+    #[error("no connection to the rate-limit service ({0})")]
+    Down(String),
+    /// The call failed (a gRPC status, or the connection lost during it).
+    #[error("the rate-limit service failed the call: {0}")]
+    Failed(String),
+    /// No answer within `timeout`.
+    #[error("the rate-limit service did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+enum State {
+    /// No connection yet, or the last one is closed.
+    Idle,
+    /// An attempt is under way; its outcome wakes [`Channel::changed`].
+    Connecting,
+    Ready(SendRequest<tonic::body::Body>),
+    /// The last attempt failed: calls fail at once until `retry_at`.
+    Down {
+        retry_at: Instant,
+        backoff: Duration,
+        why: String,
+    },
+}
+
+/// One service's connection.
+pub(super) struct Channel {
+    url: ServiceUrl,
+    origin: http::Uri,
+    tls: Option<TlsConnector>,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Channel {
+    /// A channel to `url`; nothing is dialed before the first call.
+    pub(super) fn new(url: &ServiceUrl, tls: &TlsConfig) -> Result<Arc<Self>, String> {
+        let tls = match url.scheme {
+            Scheme::Https => Some(TlsConnector::new(tls, &url.authority.host, &[b"h2"])?),
+            Scheme::Http => None,
+        };
+        let origin = url
+            .to_string()
+            .parse()
+            .map_err(|e| format!("{url}: not a URI: {e}"))?;
+        Ok(Arc::new(Channel {
+            url: url.clone(),
+            origin,
+            tls,
+            state: Mutex::new(State::Idle),
+            changed: Notify::new(),
+        }))
+    }
+
+    /// `ShouldRateLimit`, answered within `timeout` or not at all.
+    pub(super) async fn should_rate_limit(
+        self: &Arc<Self>,
+        request: RateLimitRequest,
+        timeout: Duration,
+    ) -> Result<RateLimitResponse, CallError> {
+        let call = async {
+            let sender = self.sender().await?;
+            let mut client = RateLimitServiceClient::with_origin(Stream(sender), self.origin.clone());
+            match client.should_rate_limit(request).await {
+                Ok(answer) => Ok(answer.into_inner()),
+                Err(status) => Err(CallError::Failed(format!(
+                    "{:?}: {}",
+                    status.code(),
+                    status.message()
+                ))),
+            }
+        };
+        tokio::time::timeout(timeout, call)
+            .await
+            .unwrap_or(Err(CallError::Timeout(timeout)))
+    }
+
+    /// The connection's sender: the live one, or the outcome of an attempt this call starts
+    /// or joins.
+    async fn sender(self: &Arc<Self>) -> Result<SendRequest<tonic::body::Body>, CallError> {
+        loop {
+            let changed = {
+                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                let backoff = match &*state {
+                    State::Ready(sender) if !sender.is_closed() => return Ok(sender.clone()),
+                    State::Ready(_) | State::Idle => BACKOFF_MIN,
+                    State::Down { retry_at, why, .. } if Instant::now() < *retry_at => {
+                        return Err(CallError::Down(why.clone()));
+                    }
+                    State::Down { backoff, .. } => *backoff,
+                    State::Connecting => Duration::ZERO,
+                };
+                if !backoff.is_zero() {
+                    *state = State::Connecting;
+                    tokio::spawn(self.clone().connect(backoff));
+                }
+                // Created under the lock: the attempt's outcome, set under it, cannot be missed.
+                self.changed.notified()
+            };
+            changed.await;
+        }
+    }
+
+    /// One attempt; `backoff` is the wait before the next if it fails.
+    async fn connect(self: Arc<Self>, backoff: Duration) {
+        let outcome = tokio::time::timeout(CONNECT_TIMEOUT, self.handshake())
+            .await
+            .unwrap_or_else(|_| Err(format!("no connection within {CONNECT_TIMEOUT:?}")));
+        let next = match outcome {
+            Ok(sender) => State::Ready(sender),
+            Err(why) => {
+                tracing::warn!(service = %self.url, error = %why, retry_in = ?backoff, "rate-limit service unreachable");
+                State::Down {
+                    retry_at: Instant::now() + backoff,
+                    backoff: (backoff * 2).min(BACKOFF_MAX),
+                    why,
+                }
+            }
+        };
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = next;
+        self.changed.notify_waiters();
+    }
+
+    async fn handshake(&self) -> Result<SendRequest<tonic::body::Body>, String> {
+        let authority = &self.url.authority;
+        let tcp = TcpStream::connect((authority.host.as_str(), authority.port))
+            .await
+            .map_err(|e| format!("connect to {authority}: {e}"))?;
+        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn Io> = match &self.tls {
+            Some(tls) => Box::new(
+                tls.handshake(tcp)
+                    .await
+                    .map_err(|e| format!("TLS with {authority}: {e}"))?,
+            ),
+            None => Box::new(tcp),
+        };
+        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(PING_INTERVAL)
+            .keep_alive_timeout(PING_TIMEOUT)
+            .keep_alive_while_idle(true)
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| format!("HTTP/2 with {authority}: {e}"))?;
+        let url = self.url.clone();
+        // Ends when the service closes it or every sender is dropped (the channel with them).
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(service = %url, error = %e, "rate-limit service connection ended");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+/// What the connection runs over: TCP, or TLS over TCP.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// The tower service tonic's client calls through: one HTTP/2 stream per call.
+struct Stream(SendRequest<tonic::body::Body>);
+
+type Answer =
+    Pin<Box<dyn Future<Output = Result<http::Response<hyper::body::Incoming>, hyper::Error>> + Send>>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for Stream {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = Answer;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.0.send_request(request))
+    }
+}

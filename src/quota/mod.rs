@@ -1,0 +1,473 @@
+//! The fleet-wide quota (`global_rate_limit`): a rate-limit service speaking Envoy's
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` (envoyproxy/ratelimit on
+//! Redis, Kuadrant's Limitador) keeps the counts every sidecar of the fleet shares; this module
+//! asks it before a request goes, and tells it what answers spent in tokens. No store is ours.
+//!
+//! - A [`Limiter`] per upstream with descriptors: what a request is counted as
+//!   ([`Limiter::describe`]), the check before it goes ([`Limiter::check`]), the token reports
+//!   after its answer ([`Charge`]).
+//! - A [`Service`] per service URL, shared by every upstream that names it and kept across
+//!   reloads while one does: its connection (`channel`) and the descriptors it said are over
+//!   their limit (`cache`).
+//!
+//! The messages and the client are the ones `envoy-types` generates from Envoy's own
+//! `rls.proto` (with `prost` and `tonic`): hand-written messages would drift from the protocol
+//! the services implement, and generating them here would need `protoc` and Envoy's proto tree
+//! at build time. Envoy-types asks tonic for its transport, so tonic's server is compiled, but
+//! nothing of it is used: calls go over this module's own HTTP/2 connection.
+//!
+//! Token descriptors (those with a `{ key: unit, value: tokens }` entry) are checked before a
+//! request with a per-descriptor `hits_addend` of 0, which counts nothing (the request-level
+//! `hits_addend` of 0 is proto3's unset value and counts one), and charged after the answer with
+//! its tokens, batched per [`REPORT_EVERY`] per descriptor.
+
+pub mod cache;
+mod channel;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as PbEntry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tokio::time::Instant;
+
+pub use channel::CallError;
+use channel::Channel;
+
+use crate::config::{Entry, FailureMode, GlobalRateLimitConfig, ServiceUrl, TlsConfig};
+use crate::metrics::{Metrics, QuotaMetrics};
+
+/// How long token reports gather before one call carries them.
+pub const REPORT_EVERY: Duration = Duration::from_millis(100);
+
+/// The services upstreams name, each once.
+#[derive(Debug, Default)]
+pub struct Services {
+    by_url: Mutex<HashMap<(ServiceUrl, TlsConfig), Weak<Service>>>,
+}
+
+impl Services {
+    /// The limiter of the upstream named `upstream` with `config`; `None` when it counts nothing.
+    pub fn limiter(
+        &self,
+        upstream: &str,
+        config: &GlobalRateLimitConfig,
+        metrics: &Metrics,
+    ) -> Option<Arc<Limiter>> {
+        let url = config.service.as_ref().filter(|_| config.is_on())?;
+        let service = self.service(url, &config.tls);
+        Some(Arc::new(Limiter {
+            upstream: upstream.to_owned(),
+            domain: config.domain.clone(),
+            specs: config.descriptors.iter().map(|d| d.entries.clone()).collect(),
+            counts_tokens: config.descriptors.iter().map(|d| d.counts_tokens()).collect(),
+            needs_app: config
+                .descriptors
+                .iter()
+                .flat_map(|d| &d.entries)
+                .any(|e| *e == Entry::App),
+            timeout: config.timeout,
+            failure_mode: config.failure_mode,
+            max_wait: config.max_wait,
+            service,
+            metrics: metrics.quota(upstream),
+            batch: Mutex::default(),
+        }))
+    }
+
+    fn service(&self, url: &ServiceUrl, tls: &TlsConfig) -> Arc<Service> {
+        let mut by_url = self.by_url.lock().unwrap_or_else(|p| p.into_inner());
+        by_url.retain(|_, service| service.strong_count() > 0);
+        let key = (url.clone(), tls.clone());
+        if let Some(service) = by_url.get(&key).and_then(Weak::upgrade) {
+            return service;
+        }
+        let channel = Channel::new(url, tls).inspect_err(|why| {
+            tracing::error!(service = %url, error = %why, "rate-limit service unusable: every check fails");
+        });
+        let service = Arc::new(Service {
+            channel,
+            over: cache::OverLimit::default(),
+        });
+        by_url.insert(key, Arc::downgrade(&service));
+        service
+    }
+}
+
+/// One rate-limit service: its connection and what it said is spent.
+#[derive(Debug)]
+pub struct Service {
+    channel: Result<Arc<Channel>, String>,
+    over: cache::OverLimit,
+}
+
+/// One upstream's quota: its descriptors, the service that keeps them, and what happens when
+/// it says no or nothing.
+#[derive(Debug)]
+pub struct Limiter {
+    upstream: String,
+    domain: String,
+    specs: Vec<Vec<Entry>>,
+    /// Per spec: it is a token descriptor.
+    counts_tokens: Vec<bool>,
+    needs_app: bool,
+    timeout: Duration,
+    failure_mode: FailureMode,
+    max_wait: Duration,
+    service: Arc<Service>,
+    metrics: QuotaMetrics,
+    /// Token reports not yet sent.
+    batch: Mutex<Batch>,
+}
+
+/// What a request is counted as: its descriptors, filled in.
+#[derive(Debug)]
+pub struct Asking {
+    descriptors: Vec<RateLimitDescriptor>,
+    keys: Vec<cache::Key>,
+    /// Which descriptors count tokens.
+    tokens: Vec<bool>,
+}
+
+/// What the quota decided without a call, or the call that decides.
+#[must_use]
+pub enum Decision {
+    /// Over a limit the cache knows, with no wait allowed: nothing is asked.
+    Refused(Refusal),
+    /// The check to wait for.
+    Ask(Pin<Box<dyn Future<Output = Result<Granted, Refusal>> + Send>>),
+}
+
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decision::Refused(refusal) => f.debug_tuple("Refused").field(refusal).finish(),
+            Decision::Ask(_) => f.write_str("Ask(..)"),
+        }
+    }
+}
+
+/// A request may go.
+#[derive(Debug, Default)]
+pub struct Granted {
+    /// The service's `request_headers_to_add`.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Where the answer's tokens go, when the upstream reports them.
+    pub charge: Option<Charge>,
+}
+
+/// A request may not go.
+#[derive(Debug)]
+pub enum Refusal {
+    /// A descriptor is over its limit.
+    OverLimit {
+        /// Seconds until the last of its over-limit descriptors resets.
+        retry_after_secs: u64,
+        /// The service's `response_headers_to_add`.
+        headers: Vec<(HeaderName, HeaderValue)>,
+    },
+    /// The service did not answer, and `failure_mode` is `deny`.
+    Unavailable(CallError),
+}
+
+impl Limiter {
+    /// Its descriptors include the app: [`Limiter::describe`] wants it.
+    pub fn needs_app(&self) -> bool {
+        self.needs_app
+    }
+
+    /// The descriptors of a request with `headers`, sent by `app`; `None` when none applies
+    /// (each needs a header the request lacks).
+    pub fn describe(&self, headers: &HeaderMap, app: Option<&str>) -> Option<Box<Asking>> {
+        let mut asking = Asking {
+            descriptors: Vec::with_capacity(self.specs.len()),
+            keys: Vec::with_capacity(self.specs.len()),
+            tokens: Vec::with_capacity(self.specs.len()),
+        };
+        for (spec, &tokens) in self.specs.iter().zip(&self.counts_tokens) {
+            let Some(entries) = spec
+                .iter()
+                .map(|entry| self.fill(entry, headers, app))
+                .collect::<Option<Vec<PbEntry>>>()
+            else {
+                continue;
+            };
+            let descriptor = RateLimitDescriptor {
+                entries,
+                // Checked, not counted: tokens are counted when the answer says how many.
+                hits_addend: tokens.then_some(UInt64Value { value: 0 }),
+                ..Default::default()
+            };
+            asking.keys.push(self.service.over.key(&self.domain, &descriptor));
+            asking.descriptors.push(descriptor);
+            asking.tokens.push(tokens);
+        }
+        (!asking.descriptors.is_empty()).then(|| Box::new(asking))
+    }
+
+    fn fill(&self, entry: &Entry, headers: &HeaderMap, app: Option<&str>) -> Option<PbEntry> {
+        let (key, value) = match entry {
+            Entry::Upstream => ("upstream", self.upstream.as_str()),
+            Entry::App => ("app", app.unwrap_or("unknown")),
+            Entry::Header { name } => (name.as_str(), headers.get(name.as_str())?.to_str().ok()?),
+            Entry::Literal { key, value } => (key.as_str(), value.as_str()),
+        };
+        Some(PbEntry {
+            key: key.to_owned(),
+            value: value.to_owned(),
+        })
+    }
+
+    /// The check of `asking`: refused at once when the cache knows a descriptor is spent and
+    /// no wait is allowed, else a call. `deadline`: when the request must have its answer.
+    pub fn check(self: &Arc<Self>, asking: Box<Asking>, deadline: Option<Instant>) -> Decision {
+        let now = Instant::now();
+        if let Some(until) = self.service.over.spent_until(&asking.keys, now) {
+            if !self.may_wait(now, until, now, deadline) {
+                self.metrics.cached.inc();
+                return Decision::Refused(over_limit(until - now, Vec::new()));
+            }
+        }
+        Decision::Ask(Box::pin(self.clone().ask(asking, deadline, now)))
+    }
+
+    /// A wait from `now` to `until`, for a request that came at `came`, is within `max_wait` and
+    /// its deadline.
+    fn may_wait(&self, now: Instant, until: Instant, came: Instant, deadline: Option<Instant>) -> bool {
+        !self.max_wait.is_zero()
+            && until.saturating_duration_since(came) <= self.max_wait
+            && deadline.is_none_or(|d| until <= d)
+            && until > now
+    }
+
+    async fn ask(
+        self: Arc<Self>,
+        asking: Box<Asking>,
+        deadline: Option<Instant>,
+        came: Instant,
+    ) -> Result<Granted, Refusal> {
+        loop {
+            let now = Instant::now();
+            if let Some(until) = self.service.over.spent_until(&asking.keys, now) {
+                self.metrics.cached.inc();
+                if !self.may_wait(now, until, came, deadline) {
+                    return Err(over_limit(until - now, Vec::new()));
+                }
+                tokio::time::sleep_until(until).await;
+                continue;
+            }
+            let request = RateLimitRequest {
+                domain: self.domain.clone(),
+                descriptors: asking.descriptors.clone(),
+                ..Default::default()
+            };
+            let answer = match self.call(request).await {
+                Ok(answer) => answer,
+                Err(failed) => {
+                    return match self.failure_mode {
+                        FailureMode::Allow => Ok(self.granted(&asking, Vec::new())),
+                        FailureMode::Deny => Err(Refusal::Unavailable(failed)),
+                    };
+                }
+            };
+            if answer.overall_code == Code::Ok as i32 {
+                return Ok(self.granted(&asking, header_pairs(&answer.request_headers_to_add)));
+            }
+            let now = Instant::now();
+            let reset = self.note_spent(&asking.keys, &answer, now);
+            let until = now + reset;
+            if !self.may_wait(now, until, came, deadline) {
+                return Err(over_limit(reset, header_pairs(&answer.response_headers_to_add)));
+            }
+            tokio::time::sleep_until(until).await;
+        }
+    }
+
+    fn granted(self: &Arc<Self>, asking: &Asking, headers: Vec<(HeaderName, HeaderValue)>) -> Granted {
+        let descriptors: Vec<_> = asking
+            .descriptors
+            .iter()
+            .zip(&asking.keys)
+            .zip(&asking.tokens)
+            .filter(|(_, &tokens)| tokens)
+            .map(|((descriptor, &key), _)| (key, descriptor.clone()))
+            .collect();
+        let charge = (!descriptors.is_empty()).then(|| Charge {
+            limiter: self.clone(),
+            descriptors,
+        });
+        Granted { headers, charge }
+    }
+
+    /// Caches the descriptors `answer` says are over their limit; the longest wait among them.
+    fn note_spent(&self, keys: &[cache::Key], answer: &RateLimitResponse, now: Instant) -> Duration {
+        let mut longest = Duration::ZERO;
+        for (status, &key) in answer.statuses.iter().zip(keys) {
+            if status.code != Code::OverLimit as i32 {
+                continue;
+            }
+            let reset = status
+                .duration_until_reset
+                .as_ref()
+                .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+                .unwrap_or_default();
+            if !reset.is_zero() {
+                self.service.over.spent(key, now + reset);
+            }
+            longest = longest.max(reset);
+        }
+        longest
+    }
+
+    /// One call, counted by result and timed.
+    async fn call(&self, request: RateLimitRequest) -> Result<RateLimitResponse, CallError> {
+        let started = Instant::now();
+        let result = match &self.service.channel {
+            Ok(channel) => channel.should_rate_limit(request, self.timeout).await,
+            Err(why) => Err(CallError::Down(why.clone())),
+        };
+        self.metrics.seconds.observe(started.elapsed().as_secs_f64());
+        let counter = match &result {
+            Ok(answer) if answer.overall_code == Code::Ok as i32 => &self.metrics.ok,
+            Ok(answer) if answer.overall_code == Code::OverLimit as i32 => &self.metrics.over_limit,
+            Ok(_) => &self.metrics.error,
+            Err(CallError::Timeout(_)) => &self.metrics.timeout,
+            Err(_) => &self.metrics.error,
+        };
+        counter.inc();
+        match result {
+            Ok(answer) if answer.overall_code == Code::Unknown as i32 => {
+                Err(CallError::Failed("the service answered UNKNOWN".into()))
+            }
+            other => other,
+        }
+    }
+
+    /// Adds `tokens` to each of `descriptors`, sent within [`REPORT_EVERY`].
+    fn report(self: Arc<Self>, descriptors: Vec<(cache::Key, RateLimitDescriptor)>, tokens: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut batch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, descriptor) in descriptors {
+            let pending = batch.pending.entry(key).or_insert((descriptor, 0));
+            pending.1 = pending.1.saturating_add(tokens);
+        }
+        if !batch.flushing {
+            batch.flushing = true;
+            drop(batch);
+            runtime.spawn(self.flush());
+        }
+    }
+
+    async fn flush(self: Arc<Self>) {
+        tokio::time::sleep(REPORT_EVERY).await;
+        let pending = {
+            let mut batch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+            batch.flushing = false;
+            std::mem::take(&mut batch.pending)
+        };
+        let (keys, descriptors): (Vec<_>, Vec<_>) = pending
+            .into_iter()
+            .map(|(key, (mut descriptor, tokens))| {
+                descriptor.hits_addend = Some(UInt64Value { value: tokens });
+                (key, descriptor)
+            })
+            .unzip();
+        let request = RateLimitRequest {
+            domain: self.domain.clone(),
+            descriptors,
+            ..Default::default()
+        };
+        match self.call(request).await {
+            Ok(answer) => {
+                self.note_spent(&keys, &answer, Instant::now());
+            }
+            Err(failed) => {
+                tracing::debug!(upstream = %self.upstream, error = %failed, "token report not delivered");
+            }
+        }
+    }
+}
+
+/// Token reports gathering for one call.
+#[derive(Debug, Default)]
+struct Batch {
+    pending: HashMap<cache::Key, (RateLimitDescriptor, u64)>,
+    /// A flush is on its way.
+    flushing: bool,
+}
+
+/// Where an admitted request's answer charges its tokens: the token descriptors it was checked
+/// against.
+#[derive(Debug)]
+pub struct Charge {
+    limiter: Arc<Limiter>,
+    descriptors: Vec<(cache::Key, RateLimitDescriptor)>,
+}
+
+impl Charge {
+    /// The answer spent `tokens`.
+    pub fn tokens(self, tokens: u64) {
+        if tokens > 0 {
+            self.limiter.report(self.descriptors, tokens);
+        }
+    }
+}
+
+fn over_limit(reset: Duration, headers: Vec<(HeaderName, HeaderValue)>) -> Refusal {
+    // Rounded up: asked back a second early, the application would find the window closed.
+    let secs = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
+    Refusal::OverLimit {
+        retry_after_secs: secs.max(1),
+        headers,
+    }
+}
+
+/// The service's headers that can be sent: valid names and values, none that frames a message
+/// or that the sidecar sets itself.
+fn header_pairs(
+    headers: &[envoy_types::pb::envoy::config::core::v3::HeaderValue],
+) -> Vec<(HeaderName, HeaderValue)> {
+    headers
+        .iter()
+        .filter_map(|h| {
+            let name = HeaderName::from_bytes(h.key.as_bytes()).ok()?;
+            let value = if h.raw_value.is_empty() {
+                HeaderValue::from_str(&h.value).ok()?
+            } else {
+                HeaderValue::from_bytes(&h.raw_value).ok()?
+            };
+            (!reserved(&name)).then_some((name, value))
+        })
+        .collect()
+}
+
+fn reserved(name: &HeaderName) -> bool {
+    use http::header::*;
+    [
+        CONNECTION,
+        CONTENT_LENGTH,
+        TRANSFER_ENCODING,
+        HOST,
+        TE,
+        TRAILER,
+        UPGRADE,
+        CONTENT_TYPE,
+        RETRY_AFTER,
+    ]
+    .contains(name)
+        || name.as_str() == crate::error::ERROR_HEADER
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+#[cfg(test)]
+mod tests;
