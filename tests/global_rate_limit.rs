@@ -12,7 +12,8 @@
 //! 5. a service slower than `timeout` (a proxy adding 100 ms) is not waited for.
 //!
 //! Plus a check of the harness itself: the service, configured so, counts every call in Redis
-//! and checks without counting when a descriptor's `hits_addend` is 0 (what test 2 relies on).
+//! and checks without counting when a descriptor's `hits_addend` is 0 (what test 2 relies on);
+//! restarted, it goes on from Redis' counts; the slow proxy delays both ways.
 //!
 //! The service counts in fixed calendar minutes (a window resets on the minute): a test that
 //! counts needs its run inside one window, so it waits for the next minute when fewer than
@@ -26,7 +27,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::ratelimit::{fresh_window, ratelimit_or_skip, RateLimitService, Redis, SlowProxy};
+use support::ratelimit::{
+    fresh_window, http_exchange, ratelimit_or_skip, RateLimitService, Redis, SlowProxy,
+};
 use support::{ChildSidecar, RawClient, RawResponse, ScriptedOrigin};
 
 /// The service's limits, per minute.
@@ -352,6 +355,31 @@ async fn the_service_counts_every_call_in_redis_and_checks_without_counting() {
     let answer = quota.service.should_rate_limit_json(tokens(0)).await;
     assert_eq!(answer["overallCode"], "OVER_LIMIT", "a check at 1,200: {answer}");
     assert_eq!(quota.redis.counter(LLM_TOKENS).await, 1200);
+
+    // Killed and started again on the same port, it goes on from Redis' counts (test 3).
+    let mut quota = quota;
+    let grpc = quota.service.grpc;
+    quota.service.kill().await;
+    assert!(tokio::net::TcpStream::connect(grpc).await.is_err(), "killed");
+    quota.service.restart().await;
+    assert_eq!(quota.service.grpc, grpc);
+    let answer = quota.service.should_rate_limit_json(tokens(0)).await;
+    assert_eq!(answer["overallCode"], "OVER_LIMIT", "after the restart: {answer}");
+
+    // The slow proxy of test 5 holds each way's bytes 100 ms: an exchange takes 200 ms or more.
+    let slow = SlowProxy::start(quota.service.http, Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let answer = http_exchange(
+        slow.addr,
+        "GET /healthcheck HTTP/1.1\r\nHost: ratelimit\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(answer.map(|(status, _)| status), Some(200));
+    assert!(
+        took >= Duration::from_millis(200),
+        "through the slow proxy in {took:?}"
+    );
 }
 
 // === 1: three sidecars share one limit ===
@@ -515,9 +543,9 @@ async fn tokens_past_the_quota_hold_the_next_call_on_every_sidecar() {
 
 // === 3: the service killed, and back ===
 
-/// One sidecar with three upstreams, each to its own origin: `open` (`allow`), `strict`
-/// (`deny`, 5 a minute) and `plain` (no quota: the latency baseline), with the default 50 ms
-/// timeout.
+/// One sidecar with three upstreams, each to its own origin: `open` (`allow`, the issue's
+/// 50 ms timeout), `strict` (`deny`, 5 a minute, the timeout given) and `plain` (no quota: the
+/// latency baseline).
 struct Outage {
     sidecar: ChildSidecar,
     open: ScriptedOrigin,
@@ -526,25 +554,25 @@ struct Outage {
 }
 
 impl Outage {
-    async fn start(service: &str) -> Self {
+    async fn start(service: &str, strict_timeout: &str) -> Self {
         let (open, strict, plain) = (
             ScriptedOrigin::start().await,
             ScriptedOrigin::start().await,
             ScriptedOrigin::start().await,
         );
-        let section = |mode: &str| {
+        let section = |timeout: &str, mode: &str| {
             format!(
                 "    global_rate_limit: {}\n",
                 quota_section(
                     service,
                     "[[{ key: upstream }]]",
-                    &format!(", timeout: 50ms, failure_mode: {mode}")
+                    &format!(", timeout: {timeout}, failure_mode: {mode}")
                 )
             )
         };
         let yaml = sidecar_yaml(&[
-            upstream("open", &open, &section("allow")),
-            upstream("strict", &strict, &section("deny")),
+            upstream("open", &open, &section("50ms", "allow")),
+            upstream("strict", &strict, &section(strict_timeout, "deny")),
             upstream("plain", &plain, ""),
         ]);
         let sidecar = ChildSidecar::spawn(&yaml).await;
@@ -563,7 +591,9 @@ async fn a_killed_service_is_not_waited_for_and_is_used_again_once_back() {
     let Some(mut quota) = Quota::start().await else {
         return;
     };
-    let fleet = Outage::start(&quota.service.url()).await;
+    // strict's timeout 1 s: its 503s come from the service being away, never from a busy
+    // machine slowing a call past 50 ms while the service is up.
+    let fleet = Outage::start(&quota.service.url(), "1s").await;
     let pid = fleet.sidecar.child.id();
     let addr = fleet.sidecar.addr;
     let (open_url, strict_url, plain_url) = (
@@ -780,7 +810,7 @@ async fn a_slow_service_is_not_waited_for() {
         return;
     };
     let slow = SlowProxy::start(quota.service.grpc, Duration::from_millis(100)).await;
-    let fleet = Outage::start(&slow.url()).await;
+    let fleet = Outage::start(&slow.url(), "50ms").await;
     let addr = fleet.sidecar.addr;
 
     let (base, with) = alternate(addr, &fleet.plain.url(PATH), &fleet.open.url(PATH), 20).await;

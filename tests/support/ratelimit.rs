@@ -497,7 +497,7 @@ impl RateLimitService {
 
 /// One HTTP/1.1 exchange that ends with the connection: the status and the body (`None` when
 /// nothing answers).
-async fn http_exchange(addr: SocketAddr, request: &str) -> Option<(u16, String)> {
+pub async fn http_exchange(addr: SocketAddr, request: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(addr).await.ok()?;
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut raw = Vec::new();
