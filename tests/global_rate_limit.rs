@@ -9,7 +9,9 @@
 //! 3. the service killed mid-run: `allow` sends every request without waiting on it, `deny`
 //!    answers 503, and the restarted service enforces the limit again within 2 s;
 //! 4. a storm of 5,000 requests over the limit costs the service at most one call;
-//! 5. a service slower than `timeout` (a proxy adding 100 ms) is not waited for.
+//! 5. a service slower than `timeout` (a proxy adding 100 ms) is not waited for;
+//! 6. (beyond the issue's list) descriptors made of the app, a header and a literal reach the
+//!    service as the keys it counts per value.
 //!
 //! Plus a check of the harness itself: the service, configured so, counts every call in Redis
 //! and checks without counting when a descriptor's `hits_addend` is 0 (what test 2 relies on);
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::ratelimit::{
-    fresh_window, http_exchange, ratelimit_or_skip, RateLimitService, Redis, SlowProxy,
+    fresh_window, http_exchange, ratelimit_or_skip, RateLimitService, Redis, Resp, SlowProxy,
 };
 use support::{ChildSidecar, RawClient, RawResponse, ScriptedOrigin};
 
@@ -41,7 +43,8 @@ const STRICT_LIMIT: usize = 5;
 const TOKENS_PER_CALL: u64 = 300;
 
 /// The service's config: one domain, a limit per upstream (test 3's `open` never reaches its
-/// own), and the token limit on `llm`'s `unit: tokens` descriptor.
+/// own), the token limit on `llm`'s `unit: tokens` descriptor, and for upstream `shapes` one
+/// per app (2), per `x-tenant` value and per literal `generic_key` (test 6).
 const SERVICE_CONFIG: &str = "\
 domain: egress
 descriptors:
@@ -60,6 +63,16 @@ descriptors:
   - key: upstream
     value: strict
     rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: upstream
+    value: shapes
+    descriptors:
+      - key: app
+        rate_limit: { unit: minute, requests_per_unit: 2 }
+      - key: x-tenant
+        rate_limit: { unit: minute, requests_per_unit: 100 }
+  - key: generic_key
+    value: openai-org
+    rate_limit: { unit: minute, requests_per_unit: 100 }
 ";
 
 const PATH: &str = "/quota";
@@ -67,6 +80,7 @@ const CHAT: &str = "/v1/chat/completions";
 const PARTNER: &[(&str, &str)] = &[("upstream", "partner")];
 const LLM_TOKENS: &[(&str, &str)] = &[("upstream", "llm"), ("unit", "tokens")];
 const STRICT: &[(&str, &str)] = &[("upstream", "strict")];
+const ORG: &[(&str, &str)] = &[("generic_key", "openai-org")];
 
 // === the fleet ===
 
@@ -751,6 +765,13 @@ async fn a_storm_over_the_limit_is_answered_from_the_cache() {
     }
     let (resp, _) = conn.get(&url, "").await;
     assert_rate_limited(&resp, "the first request over the limit");
+    // The service answered this one: its headers (LIMIT_RESPONSE_HEADERS_ENABLED) come along.
+    assert_eq!(
+        (resp.header("ratelimit-limit"), resp.header("ratelimit-remaining")),
+        (Some("30"), Some("0")),
+        "the service's response_headers_to_add: {:?}",
+        resp.headers
+    );
     let before = quota.redis.counter(PARTNER).await;
     assert_eq!(before, PARTNER_LIMIT as u64 + 1);
 
@@ -840,4 +861,64 @@ async fn a_slow_service_is_not_waited_for() {
         assert_eq!(calls.timeout + calls.error, requests, "{upstream}: {calls:?}");
         assert!(calls.timeout >= 1, "{upstream}: the timeout counted: {calls:?}");
     }
+}
+
+// === 6: descriptors of the app, a header, a literal ===
+
+/// Needs ~10 s inside one window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn app_header_and_literal_descriptors_are_counted_per_value() {
+    let Some(quota) = Quota::start().await else {
+        return;
+    };
+    let origin = ScriptedOrigin::start().await;
+    let section = counting_section(
+        &quota.service,
+        "[[{ key: upstream }, { key: app }], [{ key: upstream }, { key: header, name: x-tenant }], \
+         [{ key: generic_key, value: openai-org }]]",
+    );
+    let yaml = sidecar_yaml(&[upstream(
+        "shapes",
+        &origin,
+        &format!("    global_rate_limit: {section}\n"),
+    )]);
+    let sidecar = ChildSidecar::spawn(&yaml).await;
+    let window = fresh_window(Duration::from_secs(10)).await;
+
+    // app-a, tenant t1: two go, the third is over app-a's 2; app-b, no tenant: goes.
+    let url = origin.url(PATH);
+    let mut conn = Conn::new(sidecar.addr);
+    for i in 0..3 {
+        let (resp, _) = conn.get(&url, "x-egress-app: app-a\r\nx-tenant: t1\r\n").await;
+        if i < 2 {
+            assert_eq!(resp.status, 200, "app-a request {i}: {}", resp.text());
+        } else {
+            assert_rate_limited(&resp, "app-a's third request");
+        }
+    }
+    let (resp, _) = conn.get(&url, "x-egress-app: app-b\r\n").await;
+    assert_eq!(resp.status, 200, "app-b: {}", resp.text());
+    assert_eq!(origin.requests(PATH).len(), 3);
+
+    // Each call counted once per descriptor, under the value the request gave it; the header's
+    // descriptor left out when the header is (no key for app-b's call).
+    let shapes = |key: &'static str, value: &'static str| [("upstream", "shapes"), (key, value)];
+    let counted = (
+        quota.redis.counter(&shapes("app", "app-a")).await,
+        quota.redis.counter(&shapes("app", "app-b")).await,
+        quota.redis.counter(&shapes("x-tenant", "t1")).await,
+        quota.redis.counter(ORG).await,
+    );
+    println!("the service counted (app-a, app-b, tenant t1, openai-org): {counted:?}");
+    assert_eq!(counted, (3, 1, 3, 4));
+    let tenants = quota
+        .redis
+        .command(&["KEYS", "egress_upstream_shapes_x-tenant_*"])
+        .await;
+    let key = format!("egress_upstream_shapes_x-tenant_t1_{window}");
+    assert_eq!(
+        tenants,
+        Resp::Array(vec![Resp::Bulk(Some(key.into_bytes()))]),
+        "one tenant's key"
+    );
 }
