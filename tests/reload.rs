@@ -285,3 +285,67 @@ async fn sighup_reloads_the_file() {
         200
     );
 }
+
+/// `global_rate_limit` changes on reload, without a restart: added (a service that does not
+/// answer, under `failure_mode: deny`, refuses every request), relaxed to `allow` (they go),
+/// and removed (no call at all).
+#[tokio::test]
+async fn the_fleet_quota_section_changes_on_reload() {
+    let upstream = FakeUpstream::start().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let quota = |mode: &str| {
+        format!(
+            "upstreams:\n  - name: up\n    url: http://{}\n    global_rate_limit:\n      service: http://127.0.0.1:{closed}\n      domain: egress\n      failure_mode: {mode}\n      descriptors: [[{{ key: upstream }}]]\n",
+            upstream.addr
+        )
+    };
+    let calls = |scrape: &prometheus_parse::Scrape| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| {
+                s.metric == "egress_global_rate_limit_calls_total" && s.labels.get("upstream") == Some("up")
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    let sidecar = ChildSidecar::spawn(&pool_config(upstream.addr, 2)).await;
+    let url = format!("http://{}/", upstream.addr);
+    let mut client = RawClient::connect(sidecar.addr).await;
+    assert_eq!(client.get(&url).await.status, 200);
+
+    sidecar.rewrite_config(&quota("deny"));
+    wait_for_reloads(&sidecar, "success", 1.0).await;
+    let before = upstream.requests();
+    let refused = client.get(&url).await;
+    refused.assert_sidecar_error(503, "rate_limit_unavailable", "failure_mode is deny");
+    assert_eq!(upstream.requests(), before, "nothing went upstream");
+
+    sidecar.rewrite_config(&quota("allow"));
+    wait_for_reloads(&sidecar, "success", 2.0).await;
+    assert_eq!(client.get(&url).await.status, 200);
+    let asked = calls(&scrape(sidecar.admin).await);
+    assert_eq!(asked, 2.0, "one failed call each");
+
+    sidecar.rewrite_config(&pool_config(upstream.addr, 2));
+    wait_for_reloads(&sidecar, "success", 3.0).await;
+    assert_eq!(client.get(&url).await.status, 200);
+    assert_eq!(calls(&scrape(sidecar.admin).await), asked, "removed: no call");
+
+    // `check` names the key of a bad value, as a reload does.
+    sidecar.rewrite_config(&quota("sometimes"));
+    wait_for_reloads(&sidecar, "failure", 1.0).await;
+    let rejected = logged(&sidecar, "config reload rejected", 1).await;
+    assert!(
+        rejected[0].contains("upstreams[0].global_rate_limit.failure_mode"),
+        "{}",
+        rejected[0]
+    );
+}

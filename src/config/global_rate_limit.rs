@@ -538,6 +538,14 @@ upstreams:
         );
         assert_eq!(found[0].0, format!("{p}.descriptors"), "{found:?}");
         let found = problems(
+            "upstreams:\n  - name: a\n    url: http://a.example\n    llm: { usage: off }\n    global_rate_limit:\n      service: http://rls:8081\n      domain: d\n      tokens: true\n      descriptors: [[{ key: unit, value: tokens }]]\n",
+        );
+        assert_eq!(
+            found[0].0,
+            format!("{p}.tokens"),
+            "tokens are read by llm.usage: {found:?}"
+        );
+        let found = problems(
             "upstreams:\n  - name: a\n    url: http://a.example\n    global_rate_limit:\n      service: http://rls:8081\n      domain: d\n      descriptors: [[{ key: upstream, bogus: 1 }]]\n",
         );
         assert!(found[0].0.starts_with(p), "unknown keys are refused: {found:?}");

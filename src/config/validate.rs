@@ -363,6 +363,15 @@ fn merge_settings(
         problems,
         merge_tls,
     );
+    if global_rate_limit.tokens
+        && !global_rate_limit.descriptors.is_empty()
+        && llm.usage == super::UsageMode::Off
+    {
+        problems.add(
+            key("global_rate_limit.tokens"),
+            "is true but llm.usage is off: no answer's tokens would be read to report",
+        );
+    }
     let pool = merge_pool(&base.pool, raw.pool, &key("pool"), problems);
     let http2 = merge_http2(&base.http2, raw.http2, &key("http2"), problems);
     let balance = endpoints::merge_balance(base.balance, raw.balance, &key("balance"), problems);

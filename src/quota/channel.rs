@@ -6,7 +6,7 @@
 //! brings its own connector, where a quota check must fail at once while the service is known to
 //! be down (a request then waits for nothing), reconnect in the background so that no request
 //! pays a dial, and reach the service with the sidecar's TLS settings (`tls.ca_file`, mTLS).
-//! tonic still frames the calls: its generated client runs over [`Stream`], a tower service
+//! tonic still frames the calls: its generated client runs over [`Calls`], a tower service
 //! around hyper's HTTP/2 sender.
 
 use std::future::Future;
@@ -110,7 +110,7 @@ impl Channel {
     ) -> Result<RateLimitResponse, CallError> {
         let call = async {
             let sender = self.sender().await?;
-            let mut client = RateLimitServiceClient::with_origin(Stream(sender), self.origin.clone());
+            let mut client = RateLimitServiceClient::with_origin(Calls(sender), self.origin.clone());
             match client.should_rate_limit(request).await {
                 Ok(answer) => Ok(answer.into_inner()),
                 Err(status) => Err(CallError::Failed(format!(
@@ -209,12 +209,12 @@ trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// The tower service tonic's client calls through: one HTTP/2 stream per call.
-struct Stream(SendRequest<tonic::body::Body>);
+struct Calls(SendRequest<tonic::body::Body>);
 
 type Answer =
     Pin<Box<dyn Future<Output = Result<http::Response<hyper::body::Incoming>, hyper::Error>> + Send>>;
 
-impl tower::Service<http::Request<tonic::body::Body>> for Stream {
+impl tower::Service<http::Request<tonic::body::Body>> for Calls {
     type Response = http::Response<hyper::body::Incoming>;
     type Error = hyper::Error;
     type Future = Answer;

@@ -470,4 +470,4 @@ fn reserved(name: &HeaderName) -> bool {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

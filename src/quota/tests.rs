@@ -39,14 +39,14 @@ impl RateLimitService for Fake {
     }
 }
 
-struct Served {
+pub(crate) struct Served {
     fake: Arc<Fake>,
-    port: u16,
+    pub(crate) port: u16,
     server: tokio::task::JoinHandle<()>,
 }
 
 impl Served {
-    fn asked(&self) -> Vec<RateLimitRequest> {
+    pub(crate) fn asked(&self) -> Vec<RateLimitRequest> {
         self.fake.asked.lock().unwrap().clone()
     }
 }
@@ -57,7 +57,8 @@ impl Drop for Served {
     }
 }
 
-async fn serve(
+/// A rate-limit service on loopback answering as `answer` says, after `delay`.
+pub(crate) async fn serve(
     delay: Duration,
     answer: impl Fn(&RateLimitRequest) -> RateLimitResponse + Send + Sync + 'static,
 ) -> Served {
@@ -86,7 +87,7 @@ async fn serve(
     Served { fake, port, server }
 }
 
-fn status(code: Code, reset_secs: i64) -> DescriptorStatus {
+pub(crate) fn status(code: Code, reset_secs: i64) -> DescriptorStatus {
     DescriptorStatus {
         code: code as i32,
         duration_until_reset: Some(PbDuration {

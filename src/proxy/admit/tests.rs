@@ -127,3 +127,136 @@ async fn a_refused_request_goes_nowhere_and_a_held_one_goes_when_its_wait_ends()
     assert_eq!(status, 200);
     assert_eq!(requests.load(Ordering::SeqCst), 2);
 }
+
+/// An upstream answering `ok` that keeps each request head it read.
+async fn heads_upstream() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let kept = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                    got.extend_from_slice(&buf[..n]);
+                    while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head: Vec<u8> = got.drain(..end + 4).collect();
+                        kept.lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&head).to_lowercase());
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, heads)
+}
+
+#[tokio::test]
+async fn the_fleet_quota_refuses_over_its_limit_and_adds_what_the_service_asks_on_both_protocols() {
+    use crate::quota::tests::{serve, status};
+    use envoy_types::pb::envoy::config::core::v3::HeaderValue as PbHeader;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+    let header = |key: &str, value: &str| PbHeader {
+        key: key.into(),
+        value: value.into(),
+        ..Default::default()
+    };
+    let service = serve(Duration::ZERO, move |req: &RateLimitRequest| {
+        let spent = req
+            .descriptors
+            .iter()
+            .flat_map(|d| &d.entries)
+            .any(|e| e.value == "spent");
+        let code = if spent { Code::OverLimit } else { Code::Ok };
+        RateLimitResponse {
+            overall_code: code as i32,
+            statuses: req.descriptors.iter().map(|_| status(code, 9)).collect(),
+            response_headers_to_add: vec![header("ratelimit-reset", "9")],
+            request_headers_to_add: vec![header("x-quota", "granted")],
+            ..Default::default()
+        }
+    })
+    .await;
+    let (up, heads) = heads_upstream().await;
+    let yaml = format!(
+        "defaults:\n  global_rate_limit:\n    service: http://127.0.0.1:{}\n    domain: egress\n    descriptors: [[{{ key: upstream }}, {{ key: app }}]]\n",
+        service.port
+    );
+    let (me, _ctx) = crate::downstream::testing::serve_for_test(&yaml).await;
+    let mut client = tokio::net::TcpStream::connect(me).await.unwrap();
+    let get = |app: &str| format!("GET http://{up}/q HTTP/1.1\r\nhost: {up}\r\nx-egress-app: {app}\r\n\r\n");
+
+    client.write_all(get("billing").as_bytes()).await.unwrap();
+    let answer = read_response(&mut client).await;
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    client.write_all(get("spent").as_bytes()).await.unwrap();
+    let answer = read_response(&mut client).await.to_lowercase();
+    assert!(answer.starts_with("http/1.1 429 "), "{answer}");
+    for field in [
+        "x-egress-error: rate_limited",
+        "retry-after: 9",
+        "ratelimit-reset: 9",
+    ] {
+        assert!(answer.contains(field), "{field} in {answer}");
+    }
+    // Answered from the cache: no call, and still nothing upstream.
+    let (_, status, body) = h2c_get(me, &format!("http://{up}/q"), ("x-egress-app", "spent")).await;
+    assert_eq!(status, 429, "{body:?}");
+    assert!(
+        String::from_utf8_lossy(&body).contains("global_rate_limit"),
+        "{body:?}"
+    );
+
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "only the granted request went: {heads:?}");
+    assert!(heads[0].contains("\r\nx-quota: granted\r\n"), "{}", heads[0]);
+    let apps: Vec<String> = service
+        .asked()
+        .iter()
+        .map(|r| r.descriptors[0].entries[1].value.clone())
+        .collect();
+    assert_eq!(apps, ["billing", "spent"], "the third was not asked");
+}
+
+#[tokio::test]
+async fn a_quota_service_down_refuses_503_under_deny_and_lets_requests_go_under_allow() {
+    let (up, requests) = upstream().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (mode, want) in [("deny", "503"), ("allow", "200")] {
+        let yaml = format!(
+            "defaults:\n  global_rate_limit:\n    service: http://127.0.0.1:{closed}\n    domain: egress\n    failure_mode: {mode}\n    descriptors: [[{{ key: upstream }}]]\n"
+        );
+        let (me, _ctx) = crate::downstream::testing::serve_for_test(&yaml).await;
+        let mut client = tokio::net::TcpStream::connect(me).await.unwrap();
+        let req = format!("GET http://{up}/ HTTP/1.1\r\nhost: {up}\r\n\r\n");
+        client.write_all(req.as_bytes()).await.unwrap();
+        let answer = read_response(&mut client).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {want} ")),
+            "{mode}: {answer}"
+        );
+        if mode == "deny" {
+            assert!(
+                answer.contains("x-egress-error: rate_limit_unavailable"),
+                "{answer}"
+            );
+            assert_eq!(requests.load(Ordering::SeqCst), 0, "nothing went upstream");
+        }
+    }
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+}
