@@ -2,7 +2,7 @@
 //! processes) calling Envoy's rate-limit service, the real `envoyproxy/ratelimit` counting in
 //! a real Redis (tests/support/ratelimit.rs), in front of scripted origins. The service allows
 //! 30 requests a minute to upstream `partner` and 1,000 tokens a minute to upstream `llm`. The
-//! five things the issue says the tests must show, one test each:
+//! five things the issue says the tests must show, one test each, and a sixth:
 //! 1. three sidecars, three apps, 30 requests each: the origin sees exactly 30, the others are
 //!    refused with `429 rate_limited`, and the sidecars' call counts add up to Redis' counter;
 //! 2. tokens reported after each answer: past 1,000, the next call on any sidecar is refused;
@@ -45,35 +45,39 @@ const TOKENS_PER_CALL: u64 = 300;
 /// The service's config: one domain, a limit per upstream (test 3's `open` never reaches its
 /// own), the token limit on `llm`'s `unit: tokens` descriptor, and for upstream `shapes` one
 /// per app (2), per `x-tenant` value and per literal `generic_key` (test 6).
-const SERVICE_CONFIG: &str = "\
+fn service_config() -> String {
+    format!(
+        "\
 domain: egress
 descriptors:
   - key: upstream
     value: partner
-    rate_limit: { unit: minute, requests_per_unit: 30 }
+    rate_limit: {{ unit: minute, requests_per_unit: {PARTNER_LIMIT} }}
   - key: upstream
     value: llm
     descriptors:
       - key: unit
         value: tokens
-        rate_limit: { unit: minute, requests_per_unit: 1000 }
+        rate_limit: {{ unit: minute, requests_per_unit: {TOKEN_LIMIT} }}
   - key: upstream
     value: open
-    rate_limit: { unit: minute, requests_per_unit: 100000 }
+    rate_limit: {{ unit: minute, requests_per_unit: 100000 }}
   - key: upstream
     value: strict
-    rate_limit: { unit: minute, requests_per_unit: 5 }
+    rate_limit: {{ unit: minute, requests_per_unit: {STRICT_LIMIT} }}
   - key: upstream
     value: shapes
     descriptors:
       - key: app
-        rate_limit: { unit: minute, requests_per_unit: 2 }
+        rate_limit: {{ unit: minute, requests_per_unit: 2 }}
       - key: x-tenant
-        rate_limit: { unit: minute, requests_per_unit: 100 }
+        rate_limit: {{ unit: minute, requests_per_unit: 100 }}
   - key: generic_key
     value: openai-org
-    rate_limit: { unit: minute, requests_per_unit: 100 }
-";
+    rate_limit: {{ unit: minute, requests_per_unit: 100 }}
+"
+    )
+}
 
 const PATH: &str = "/quota";
 const CHAT: &str = "/v1/chat/completions";
@@ -84,7 +88,7 @@ const ORG: &[(&str, &str)] = &[("generic_key", "openai-org")];
 
 // === the fleet ===
 
-/// Redis and the service counting in it, started with [`SERVICE_CONFIG`].
+/// Redis and the service counting in it, started with [`service_config`].
 struct Quota {
     redis: Redis,
     service: RateLimitService,
@@ -95,7 +99,7 @@ impl Quota {
     async fn start() -> Option<Self> {
         let bin = ratelimit_or_skip().await?;
         let redis = Redis::start().await;
-        let service = RateLimitService::start(&bin, &redis, SERVICE_CONFIG).await;
+        let service = RateLimitService::start(&bin, &redis, &service_config()).await;
         Some(Quota { redis, service })
     }
 }
