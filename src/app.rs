@@ -179,7 +179,7 @@ impl Built {
             pools: Arc::new(Registry::default()),
             resolver: Arc::new(Resolver::new(&config.dns)),
             paces: Arc::default(),
-            quotas: Arc::default(),
+            rate_limit_services: Arc::default(),
         };
         let metrics = shared.metrics.clone();
         let pools = shared.pools.clone();

@@ -15,7 +15,7 @@
 //! | request path | `proxy/` | one request from routing to response: its observer (span, access-log line) and admission step, for HTTP/1.1 and h2c alike; header rewriting; checking, dialing and answering a CONNECT; sending an upgrade and answering its `101` |
 //! | routing | `routing` | which upstream a request means, and where a CONNECT goes with what its dial needs; on-the-fly upstreams; switching routes on reload |
 //! | upstream | `upstream/` | an upstream's identity, spec and pool key; one request on a pooled connection with its deadline and retry |
-//! | pacing | `pace/`, `quota/` | an upstream's advertised rate limits read from its responses, per pace key (the upstream, a keyed hash of the credential, `x-egress-pace-key`); holding requests in order and by priority until the quota allows them; the fleet-wide quota a rate-limit service keeps (Envoy's protocol): the check before a request, the over-limit cache, token reports |
+//! | pacing | `pace/`, `global_rate_limit/` | an upstream's advertised rate limits read from its responses, per pace key (the upstream, a keyed hash of the credential, `x-egress-pace-key`); holding requests in order and by priority until the quota allows them; the fleet's rate limit a rate-limit service keeps (Envoy's protocol): the check before a request, the over-limit cache, token reports |
 //! | tunnel | `tunnel/` | a tunnel (a CONNECT or upgrade pair) after its `200` or `101`: splicing, going quiet, the dormant record a lot parks, waking, its end and access-log line; what it needs of its keeper (`tunnel::Keeper`) |
 //! | pool | `pool/` | cap, waiters, dial scheduling, the HTTP/1.1 idle list, HTTP/2 streams, leases, learning, reports, the registry of live pools |
 //! | connector | `connector/` | one connection: an endpoint to dial, the happy-eyeballs race, TLS, the HTTP/1.1 client side, the byte stream to an upstream (`connector::Io`, which says whether it may park); no pool types (its place under the cap is an opaque guard) |
@@ -33,7 +33,7 @@
 //!                                 │
 //!                            proxy ─▶ routing (upstream, policy, loop) ─▶ proxy::headers (origin-form, hop-by-hop)
 //!                                 │
-//!                            proxy::admit (now, after a wait, or refused: pacing, then the fleet's quota (quota::Limiter))
+//!                            proxy::admit (now, after a wait, or refused: pacing, then the fleet's global rate limit)
 //!                                 │
 //!                                 ▼
 //!                            upstream (retry, response deadline) ─▶ pool (cap, FIFO queue, MRU idle)
@@ -76,6 +76,7 @@ pub mod error;
 #[cfg(any(fuzzing, test))]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod global_rate_limit;
 pub mod inject;
 pub mod live;
 pub mod llm;
@@ -84,7 +85,6 @@ pub mod pace;
 pub mod policy;
 pub mod pool;
 pub mod proxy;
-pub mod quota;
 pub mod redact;
 pub mod reload;
 pub mod resident;

@@ -543,7 +543,7 @@ mod tests {
                     pools: Default::default(),
                     resolver,
                     paces: Default::default(),
-                    quotas: Default::default(),
+                    rate_limit_services: Default::default(),
                 },
             )
         };

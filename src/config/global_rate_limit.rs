@@ -1,5 +1,5 @@
 //! The `global_rate_limit` keys, per upstream and in `defaults`: which rate-limit service (Envoy's
-//! `ShouldRateLimit` protocol) keeps a quota shared by the fleet, what a request is counted as
+//! `ShouldRateLimit` protocol) keeps a rate limit shared by the fleet, what a request is counted as
 //! (its descriptors), and what happens when the service says no or does not answer.
 //!
 //! Each key present replaces the one it merges over (`defaults`, then the upstream), as
@@ -158,7 +158,7 @@ impl GlobalRateLimitConfig {
 }
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
-/// Past this a call to a quota service is not a check but a stall.
+/// Past this a call to a rate-limit service is not a check but a stall.
 const MAX_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request held longer than an hour is held by mistake (as `pace.max_wait`).
 const MAX_WAIT_BOUND: Duration = Duration::from_secs(3600);

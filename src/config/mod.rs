@@ -189,7 +189,7 @@ pub struct UpstreamSettings {
     pub pace: PaceConfig,
     /// Reading the token usage LLM APIs report.
     pub llm: LlmConfig,
-    /// A quota shared by the fleet, kept by a rate-limit service.
+    /// A rate limit shared by the fleet, kept by a rate-limit service.
     #[serde(skip_serializing_if = "GlobalRateLimitConfig::is_unset")]
     pub global_rate_limit: GlobalRateLimitConfig,
     /// Pool knobs.

@@ -42,7 +42,7 @@ fn context_admitting(
         guard: Arc::new(Guard::new(local, config.policy.clone())),
         metrics: Default::default(),
         paces: Default::default(),
-        quotas: Default::default(),
+        rate_limit_services: Default::default(),
         pools: Default::default(),
         resolver: Arc::new(crate::endpoint::dns::Resolver::new(&config.dns)),
     };

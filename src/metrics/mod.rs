@@ -14,13 +14,13 @@
 //!
 //! Not handled here: serving `/metrics` (`admin`).
 
+mod global_rate_limit;
 mod llm;
 mod pace;
-mod quota;
 
+pub use global_rate_limit::GlobalRateLimitMetrics;
 pub use llm::LlmMetrics;
 pub use pace::{PaceMetrics, UnitLabels};
-pub use quota::QuotaMetrics;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -484,7 +484,7 @@ pub struct Metrics {
     families: Arc<Families>,
     pace: Arc<pace::PaceFamilies>,
     llm: Arc<llm::LlmFamilies>,
-    quota: quota::QuotaFamilies,
+    global_rate_limit: global_rate_limit::GlobalRateLimitFamilies,
     sources: Arc<GaugeSources>,
     labels: Mutex<HashSet<String>>,
 }
@@ -514,15 +514,15 @@ impl Metrics {
         pace.register(&mut registry);
         let llm = Arc::new(llm::LlmFamilies::default());
         llm.register(&mut registry);
-        let quota = quota::QuotaFamilies::default();
-        quota.register(&mut registry);
+        let global_rate_limit = global_rate_limit::GlobalRateLimitFamilies::default();
+        global_rate_limit.register(&mut registry);
         registry.register_collector(Box::new(GaugeCollector(sources.clone())));
         Metrics {
             registry,
             families,
             pace,
             llm,
-            quota,
+            global_rate_limit,
             sources,
             labels: Mutex::new(HashSet::new()),
         }
@@ -566,9 +566,9 @@ impl Metrics {
         LlmMetrics::new(self.label(name), self.llm.clone())
     }
 
-    /// The fleet-wide quota's handles of the upstream named `name`.
-    pub fn quota(&self, name: &str) -> QuotaMetrics {
-        self.quota.handles(self.label(name))
+    /// The global rate limit's handles of the upstream named `name`.
+    pub fn global_rate_limit(&self, name: &str) -> GlobalRateLimitMetrics {
+        self.global_rate_limit.handles(self.label(name))
     }
 
     /// What LLM answers spent, by upstream, app and model (`/debug/usage`).

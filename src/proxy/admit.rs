@@ -5,9 +5,9 @@
 //! can rest on: the routed upstream, the request's head as it will be sent, where it came from,
 //! what it asked of pacing, and its deadline. Pacing to the upstream's advertised rate limits
 //! (`pace`) decides first, and hands back the request's [`Ticket`], which credits the response
-//! to its pace key; then the fleet-wide quota (`quota`), when the upstream has one: its check
+//! to its pace key; then the fleet's rate limit (`global_rate_limit`), when the upstream has one: its check
 //! waits for the rate-limit service (or its cache refuses at once), after pacing's wait. What
-//! the quota grants goes with the request: fields to add to it, and where its answer's tokens
+//! it grants goes with the request: fields to add to it, and where its answer's tokens
 //! are charged.
 //!
 //! The answer is an [`Admission`], not a future: the request path does not carry a wait's state
@@ -20,8 +20,8 @@ use http::Request;
 
 use crate::clients::Source;
 use crate::error::{ErrorKind, ProxyError};
+use crate::global_rate_limit::{self, Decision, Granted, Refusal};
 use crate::pace::{self, Pass, Ticket};
-use crate::quota::{self, Decision, Granted, Refusal};
 use crate::upstream::{Deadline, Upstream};
 use crate::wire::RequestBody;
 
@@ -38,8 +38,8 @@ pub struct Admitting<'a> {
     pub deadline: Option<Deadline>,
     /// `x-egress-pace-key` and `x-egress-priority`.
     pub pace: pace::Asked,
-    /// What the upstream's quota counts the request as, when it has one.
-    pub quota: Option<Box<quota::Asking>>,
+    /// What the upstream's global rate limit counts the request as, when it has one.
+    pub global_rate_limit: Option<Box<global_rate_limit::Asking>>,
 }
 
 /// A wait before a request may go: what it is granted, or an error to answer with instead.
@@ -77,7 +77,7 @@ impl Admission {
     }
 }
 
-/// The admission policy a proxy applies: pacing, then the fleet-wide quota.
+/// The admission policy a proxy applies: pacing, then the fleet's global rate limit.
 #[derive(Default)]
 pub struct Admit {
     /// What unit tests decide instead.
@@ -115,12 +115,12 @@ impl Admit {
             request,
             deadline,
             pace,
-            quota,
+            global_rate_limit,
             ..
         } = request;
         let (ticket, pass) = upstream.pace(request, pace, deadline);
         let label = || upstream.label().to_owned();
-        let checked = match (upstream.quota(), quota) {
+        let checked = match (upstream.global_rate_limit(), global_rate_limit) {
             (Some(limiter), Some(asking)) if !matches!(pass, Pass::Refuse(_)) => {
                 Some(limiter.check(asking, deadline.map(|d| d.at)))
             }
@@ -128,7 +128,7 @@ impl Admit {
         };
         let admission = match (pass, checked) {
             (Pass::Refuse(refusal), _) => Admission::Refused(rate_limited(label(), refusal)),
-            (_, Some(Decision::Refused(refusal))) => Admission::Refused(over_quota(label(), refusal)),
+            (_, Some(Decision::Refused(refusal))) => Admission::Refused(over_global_limit(label(), refusal)),
             (Pass::Go, None) => Admission::Now,
             (Pass::Wait(waiting), None) => {
                 let label = label();
@@ -145,7 +145,7 @@ impl Admit {
                             .await
                             .map_err(|refusal| rate_limited(label.clone(), refusal))?;
                     }
-                    check.await.map_err(|refusal| over_quota(label, refusal))
+                    check.await.map_err(|refusal| over_global_limit(label, refusal))
                 }))
             }
         };
@@ -153,8 +153,8 @@ impl Admit {
     }
 }
 
-/// The answer to a request the fleet-wide quota refuses.
-fn over_quota(upstream: String, refusal: Refusal) -> ProxyError {
+/// The answer to a request the global rate limit refuses.
+fn over_global_limit(upstream: String, refusal: Refusal) -> ProxyError {
     match refusal {
         Refusal::OverLimit {
             retry_after_secs,
@@ -162,7 +162,7 @@ fn over_quota(upstream: String, refusal: Refusal) -> ProxyError {
         } => ProxyError::new(
             ErrorKind::RateLimited,
             format!(
-                "the fleet's quota (global_rate_limit) is spent; the rate-limit service says it resets in {retry_after_secs}s"
+                "the fleet's rate limit (global_rate_limit) is spent; the rate-limit service says it resets in {retry_after_secs}s"
             ),
         )
         .with_upstream(upstream)

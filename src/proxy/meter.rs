@@ -23,10 +23,10 @@ use http::{HeaderValue, Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 
 use crate::clients::Source;
+use crate::global_rate_limit::Charge;
 use crate::llm::ledger::LabelId;
 use crate::llm::{self, Framing, Outcome, Reader, Reason, Tokens};
 use crate::pace::Spend;
-use crate::quota::Charge;
 use crate::routing::Arrival;
 use crate::upstream::{Reading, TimedBody, Upstream};
 use crate::wire::{BodyType, BoxError, RequestBody, WireFields};
@@ -152,7 +152,7 @@ fn app_label(reading: &Reading, who: Who<'_>) -> Arc<str> {
 
 /// Who sent a request: its `x-egress-app` (`header`), else the executable of a Unix-socket
 /// client, else the upstream a route listener is bound to, else `unknown`. The ledger caps
-/// these as labels; the fleet-wide quota's `app` entry sends them as they are.
+/// these as labels; the global rate limit's `app` entry sends them as they are.
 pub(super) fn app_name<'a>(
     header: Option<&'a HeaderValue>,
     source: &'a Source,
@@ -203,7 +203,7 @@ struct Meter {
     first_event: Option<f64>,
     /// What settles the request's tokens in pacing.
     spend: Option<Spend>,
-    /// Where the fleet-wide quota counts them.
+    /// Where the global rate limit counts them.
     charge: Option<Charge>,
     /// Counted, once.
     settled: Option<Spent>,

@@ -198,17 +198,17 @@ impl Proxy {
         // Read (and removed) before anything goes upstream; an upgrade ignores them. Of
         // `x-egress-app`, only its label's id lives on (in a block: a field held across the
         // send would be 40 bytes of every request's future).
-        let (timeout, no_retry, pace, named, quota) = {
+        let (timeout, no_retry, pace, named, global_rate_limit) = {
             let asked = headers::take_asked(req, scanned)
                 .map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
-            let quota = target.upstream.quota().and_then(|limiter| {
+            let global_rate_limit = target.upstream.global_rate_limit().and_then(|limiter| {
                 let app = limiter
                     .needs_app()
                     .then(|| meter::app_name(asked.app.as_ref(), source, arrival));
                 limiter.describe(req.headers(), app.as_deref())
             });
             let named = meter::Named::of(req, &target.upstream, asked.app);
-            (asked.timeout, asked.no_retry, asked.pace, named, quota)
+            (asked.timeout, asked.no_retry, asked.pace, named, global_rate_limit)
         };
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
@@ -223,7 +223,7 @@ impl Proxy {
             source,
             deadline,
             pace,
-            quota,
+            global_rate_limit,
         };
         let upstream = &target.upstream;
         let ticket = match self.admit.admit(admitting) {
@@ -310,12 +310,12 @@ struct Sending<'a> {
 }
 
 /// A pooled response from `upstream` on its way to the application, read for usage
-/// (`meter`) when the upstream reads it; its tokens go to `charge`, when the quota wants them.
+/// (`meter`) when the upstream reads it; its tokens go to `charge`, when the global rate limit wants them.
 fn to_downstream(
     resp: Response<TimedBody>,
     upstream: &Upstream,
     who: meter::Who<'_>,
-    charge: Option<crate::quota::Charge>,
+    charge: Option<crate::global_rate_limit::Charge>,
 ) -> Response<ResponseBody> {
     let mut resp = meter::meter(resp, upstream, who, charge);
     headers::to_downstream(&mut resp);

@@ -39,11 +39,11 @@ use crate::connector::{dial, h1, http2, tls, Io};
 use crate::duration::DurationError;
 use crate::endpoint::{self, dns::Resolver};
 use crate::error::{ErrorKind, ProxyError};
+use crate::global_rate_limit;
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
 use crate::pace::{self, Pacer, Ticket};
 use crate::policy::Guard;
 use crate::pool::{self, Lease, Pool, PooledBody, SendError, ServedBy, UpstreamBody};
-use crate::quota;
 use crate::wire::{KeptCopy, RequestBody};
 
 /// What every upstream is built with: the policy its connector checks, the metrics it counts
@@ -61,7 +61,7 @@ pub struct Shared {
     /// The pacers alive now.
     pub paces: Arc<pace::Registry>,
     /// The rate-limit services upstreams name (`global_rate_limit`).
-    pub quotas: Arc<quota::Services>,
+    pub rate_limit_services: Arc<global_rate_limit::Services>,
 }
 
 /// How often a request handed back unsent may be tried on yet another connection.
@@ -111,8 +111,8 @@ pub struct Upstream {
     credentials: pace::Credentials,
     /// How answers are read for the token usage they report (`llm.usage`).
     usage: Option<Arc<Reading>>,
-    /// The fleet-wide quota requests are checked against (`global_rate_limit`).
-    quota: Option<Arc<quota::Limiter>>,
+    /// The global rate limit requests are checked against (a rate-limit service's).
+    global_rate_limit: Option<Arc<global_rate_limit::Limiter>>,
     key: PoolKey,
 }
 
@@ -268,9 +268,10 @@ impl Upstream {
         });
         let host_header = host_header(scheme, &authority);
         let usage = Reading::new(settings.llm.usage, &label, &authority, &shared.metrics);
-        let quota = shared
-            .quotas
-            .limiter(&label, &settings.global_rate_limit, &shared.metrics);
+        let global_rate_limit =
+            shared
+                .rate_limit_services
+                .limiter(&label, &settings.global_rate_limit, &shared.metrics);
         Upstream {
             uri_authority: http::uri::Authority::try_from(host_header.as_bytes()).ok(),
             host_header,
@@ -293,7 +294,7 @@ impl Upstream {
             pacer,
             credentials,
             usage,
-            quota,
+            global_rate_limit,
             metrics: upstream_metrics,
             key,
         }

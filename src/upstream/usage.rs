@@ -1,5 +1,5 @@
 //! What an upstream's answers are read for: the token usage an LLM API reports (`llm.usage`),
-//! decided once per upstream from its settings and host; and the fleet-wide quota its tokens
+//! decided once per upstream from its settings and host; and the global rate limit its tokens
 //! are charged to.
 
 use std::sync::Arc;
@@ -57,9 +57,9 @@ impl Upstream {
         self.usage.as_ref()
     }
 
-    /// The fleet-wide quota this upstream's requests are checked against; `None` when
+    /// The global rate limit this upstream's requests are checked against; `None` when
     /// `global_rate_limit` counts nothing.
-    pub fn quota(&self) -> Option<&Arc<crate::quota::Limiter>> {
-        self.quota.as_ref()
+    pub fn global_rate_limit(&self) -> Option<&Arc<crate::global_rate_limit::Limiter>> {
+        self.global_rate_limit.as_ref()
     }
 }

@@ -93,7 +93,7 @@ async fn a_refused_request_goes_nowhere_and_a_held_one_goes_when_its_wait_ends()
         let mut released = released.clone();
         Admission::After(Box::pin(async move {
             let _ = released.wait_for(|r| *r).await;
-            Ok(crate::quota::Granted::default())
+            Ok(crate::global_rate_limit::Granted::default())
         }))
     }));
     let (me, _ctx) = serve_admitting("", admit).await;
@@ -161,8 +161,8 @@ async fn heads_upstream() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
 }
 
 #[tokio::test]
-async fn the_fleet_quota_refuses_over_its_limit_and_adds_what_the_service_asks_on_both_protocols() {
-    use crate::quota::tests::{serve, status};
+async fn the_global_rate_limit_refuses_over_its_limit_and_adds_what_the_service_asks_on_both_protocols() {
+    use crate::global_rate_limit::tests::{serve, status};
     use envoy_types::pb::envoy::config::core::v3::HeaderValue as PbHeader;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
     use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -230,7 +230,7 @@ async fn the_fleet_quota_refuses_over_its_limit_and_adds_what_the_service_asks_o
 }
 
 #[tokio::test]
-async fn a_quota_service_down_refuses_503_under_deny_and_lets_requests_go_under_allow() {
+async fn a_rate_limit_service_down_refuses_503_under_deny_and_lets_requests_go_under_allow() {
     let (up, requests) = upstream().await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -1,4 +1,4 @@
-//! The fleet-wide quota's metrics (`quota`): calls to the rate-limit service by result, and how
+//! The global rate limit's metrics (`global_rate_limit`): calls to the rate-limit service by result, and how
 //! long they took.
 
 use prometheus_client::metrics::counter::Counter;
@@ -23,23 +23,23 @@ fn call_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 16))
 }
 
-/// The quota families.
+/// The global rate limit's families.
 #[derive(Debug)]
-pub(super) struct QuotaFamilies {
+pub(super) struct GlobalRateLimitFamilies {
     calls: Family<ResultLabels, Counter>,
     seconds: SecondsFamily,
 }
 
-impl Default for QuotaFamilies {
+impl Default for GlobalRateLimitFamilies {
     fn default() -> Self {
-        QuotaFamilies {
+        GlobalRateLimitFamilies {
             calls: Family::default(),
             seconds: SecondsFamily::new_with_constructor(call_histogram),
         }
     }
 }
 
-impl QuotaFamilies {
+impl GlobalRateLimitFamilies {
     pub(super) fn register(&self, registry: &mut Registry) {
         registry.register(
             "global_rate_limit_calls",
@@ -54,14 +54,14 @@ impl QuotaFamilies {
     }
 
     /// One upstream's handles; `upstream` is its label within the cardinality budget.
-    pub(super) fn handles(&self, upstream: String) -> QuotaMetrics {
+    pub(super) fn handles(&self, upstream: String) -> GlobalRateLimitMetrics {
         let result = |result| {
             self.calls.get_or_create_owned(&ResultLabels {
                 upstream: upstream.clone(),
                 result,
             })
         };
-        QuotaMetrics {
+        GlobalRateLimitMetrics {
             ok: result("ok"),
             over_limit: result("over_limit"),
             error: result("error"),
@@ -72,9 +72,9 @@ impl QuotaFamilies {
     }
 }
 
-/// One upstream's quota metric handles.
+/// One upstream's global rate limit metric handles.
 #[derive(Debug, Clone)]
-pub struct QuotaMetrics {
+pub struct GlobalRateLimitMetrics {
     /// `egress_global_rate_limit_calls_total{result="ok"}`.
     pub ok: Counter,
     /// `{result="over_limit"}`.

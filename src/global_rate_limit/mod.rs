@@ -1,4 +1,4 @@
-//! The fleet-wide quota (`global_rate_limit`): a rate-limit service speaking Envoy's
+//! The global rate limit (`global_rate_limit`), one for the whole fleet: a rate-limit service speaking Envoy's
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` (envoyproxy/ratelimit on
 //! Redis, Kuadrant's Limitador) keeps the counts every sidecar of the fleet shares; this module
 //! asks it before a request goes, and tells it what answers spent in tokens. No store is ours.
@@ -42,7 +42,7 @@ pub use channel::CallError;
 use channel::Channel;
 
 use crate::config::{Entry, FailureMode, GlobalRateLimitConfig, ServiceUrl, TlsConfig};
-use crate::metrics::{Metrics, QuotaMetrics};
+use crate::metrics::{GlobalRateLimitMetrics, Metrics};
 
 /// How long token reports gather before one call carries them.
 pub const REPORT_EVERY: Duration = Duration::from_millis(100);
@@ -77,7 +77,7 @@ impl Services {
             failure_mode: config.failure_mode,
             max_wait: config.max_wait,
             service,
-            metrics: metrics.quota(upstream),
+            metrics: metrics.global_rate_limit(upstream),
             batch: Mutex::default(),
         }))
     }
@@ -108,7 +108,7 @@ pub struct Service {
     over: cache::OverLimit,
 }
 
-/// One upstream's quota: its descriptors, the service that keeps them, and what happens when
+/// One upstream's global rate limit: its descriptors, the service that keeps them, and what happens when
 /// it says no or nothing.
 #[derive(Debug)]
 pub struct Limiter {
@@ -122,7 +122,7 @@ pub struct Limiter {
     failure_mode: FailureMode,
     max_wait: Duration,
     service: Arc<Service>,
-    metrics: QuotaMetrics,
+    metrics: GlobalRateLimitMetrics,
     /// Token reports not yet sent.
     batch: Mutex<Batch>,
 }
@@ -136,7 +136,7 @@ pub struct Asking {
     tokens: Vec<bool>,
 }
 
-/// What the quota decided without a call, or the call that decides.
+/// What the limiter decided without a call, or the call that decides.
 #[must_use]
 pub enum Decision {
     /// Over a limit the cache knows, with no wait allowed: nothing is asked.

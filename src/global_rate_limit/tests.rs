@@ -1,4 +1,4 @@
-//! The quota against a rate-limit service served in the test with tonic (what it answers is
+//! The global rate limit against a rate-limit service served in the test with tonic (what it answers is
 //! scripted per test; what it was asked is kept): descriptors and their addends, the over-limit
 //! cache, waits, token batches, and the service down or slow under each failure mode. The real
 //! service (envoyproxy/ratelimit on Redis) is driven by `tests/global_rate_limit.rs`.
@@ -201,7 +201,7 @@ async fn descriptors_are_filled_from_the_request_and_one_lacking_its_header_is_n
             .all(|d| d.hits_addend.is_none()),
         "each counts one"
     );
-    assert_eq!(metrics.quota("partner").ok.get(), 2);
+    assert_eq!(metrics.global_rate_limit("partner").ok.get(), 2);
 }
 
 #[tokio::test]
@@ -252,7 +252,7 @@ async fn an_over_limit_answer_refuses_with_its_reset_and_the_cache_answers_until
         1,
         "no call while the descriptor is known spent"
     );
-    let counts = metrics.quota("partner");
+    let counts = metrics.global_rate_limit("partner");
     assert_eq!((counts.over_limit.get(), counts.cached.get()), (1, 100));
 }
 
@@ -321,7 +321,7 @@ async fn an_over_limit_reset_within_max_wait_holds_the_request_then_asks_again()
     let granted = decide(&limiter, &HeaderMap::new()).await;
     assert!(granted.is_ok(), "{granted:?}");
     assert_eq!(served.asked().len(), 2, "asked again after the reset");
-    let counts = metrics.quota("partner");
+    let counts = metrics.global_rate_limit("partner");
     assert_eq!((counts.over_limit.get(), counts.ok.get()), (1, 1));
     // A deadline before the reset: no use waiting.
     *calls.lock().unwrap() = 0;
@@ -354,7 +354,7 @@ async fn a_service_down_or_slow_is_decided_by_failure_mode() {
             Err(Refusal::Unavailable(_)) => {}
             other => panic!("deny: {other:?}"),
         }
-        let counts = metrics.quota("partner");
+        let counts = metrics.global_rate_limit("partner");
         if port == closed {
             assert_eq!((counts.error.get(), counts.timeout.get()), (2, 0));
         } else {

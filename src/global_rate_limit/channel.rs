@@ -3,7 +3,7 @@
 //! between failed attempts, and the gRPC calls on it.
 //!
 //! Ours rather than tonic's `Channel`: that one reconnects on the next call with no backoff and
-//! brings its own connector, where a quota check must fail at once while the service is known to
+//! brings its own connector, where a check must fail at once while the service is known to
 //! be down (a request then waits for nothing), reconnect in the background so that no request
 //! pays a dial, and reach the service with the sidecar's TLS settings (`tls.ca_file`, mTLS).
 //! tonic still frames the calls: its generated client runs over [`Calls`], a tower service
