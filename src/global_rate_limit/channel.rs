@@ -11,7 +11,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -22,7 +23,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::config::{Scheme, ServiceUrl, TlsConfig};
 use crate::connector::tls::TlsConnector;
@@ -32,7 +32,7 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// The longest wait between attempts: a service back up is used again within about a second.
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// How long one attempt (TCP, TLS, HTTP/2 handshake) may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pings on an idle connection, so that a service gone without a word is noticed.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
@@ -40,7 +40,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Why a call got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    /// No connection: the last attempt failed and the next one is not due.
+    /// No connection: the last attempt failed, and the next one is made in the background.
     #[error("no connection to the rate-limit service ({0})")]
     Down(String),
     /// The call failed (a gRPC status, or the connection lost during it).
@@ -52,17 +52,20 @@ pub enum CallError {
 }
 
 enum State {
-    /// No connection yet, or the last one is closed.
+    /// Nothing dialed yet.
     Idle,
-    /// An attempt is under way; its outcome wakes [`Channel::changed`].
+    /// The first attempt, or one after a connection that served calls was lost: calls wait for
+    /// it (within their `timeout`); its outcome wakes [`Channel::changed`].
     Connecting,
-    Ready(SendRequest<tonic::body::Body>),
-    /// The last attempt failed: calls fail at once until `retry_at`.
-    Down {
-        retry_at: Instant,
+    /// A connection; `backoff` is the wait before the next attempt should it close before
+    /// answering a call (an endpoint that accepts and then closes is no service).
+    Ready {
+        sender: SendRequest<tonic::body::Body>,
         backoff: Duration,
-        why: String,
     },
+    /// The last attempt failed: calls fail at once, while attempts go on in the background
+    /// with a backoff, until one succeeds or the channel is dropped.
+    Down { why: String },
 }
 
 /// One service's connection.
@@ -72,6 +75,8 @@ pub(super) struct Channel {
     tls: Option<TlsConnector>,
     state: Mutex<State>,
     changed: Notify,
+    /// The connection in `Ready` has answered a call.
+    answered: AtomicBool,
 }
 
 impl std::fmt::Debug for Channel {
@@ -83,7 +88,7 @@ impl std::fmt::Debug for Channel {
 }
 
 impl Channel {
-    /// A channel to `url`; nothing is dialed before the first call.
+    /// A channel to `url`; nothing is dialed before [`Channel::warm`] or the first call.
     pub(super) fn new(url: &ServiceUrl, tls: &TlsConfig) -> Result<Arc<Self>, String> {
         let tls = match url.scheme {
             Scheme::Https => Some(TlsConnector::new(tls, &url.authority.host, &[b"h2"])?),
@@ -99,7 +104,20 @@ impl Channel {
             tls,
             state: Mutex::new(State::Idle),
             changed: Notify::new(),
+            answered: AtomicBool::new(false),
         }))
+    }
+
+    /// Dials now, when a runtime is there to dial on: the first requests need not wait for it.
+    pub(super) fn warm(self: &Arc<Self>) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let mut state = self.lock();
+        if matches!(*state, State::Idle) {
+            *state = State::Connecting;
+            tokio::spawn(attempts(Arc::downgrade(self), Duration::ZERO, BACKOFF_MIN));
+        }
     }
 
     /// `ShouldRateLimit`, answered within `timeout` or not at all.
@@ -112,7 +130,10 @@ impl Channel {
             let sender = self.sender().await?;
             let mut client = RateLimitServiceClient::with_origin(Calls(sender), self.origin.clone());
             match client.should_rate_limit(request).await {
-                Ok(answer) => Ok(answer.into_inner()),
+                Ok(answer) => {
+                    self.answered.store(true, Ordering::Relaxed);
+                    Ok(answer.into_inner())
+                }
                 Err(status) => Err(CallError::Failed(format!(
                     "{:?}: {}",
                     status.code(),
@@ -125,50 +146,40 @@ impl Channel {
             .unwrap_or(Err(CallError::Timeout(timeout)))
     }
 
-    /// The connection's sender: the live one, or the outcome of an attempt this call starts
-    /// or joins.
-    async fn sender(self: &Arc<Self>) -> Result<SendRequest<tonic::body::Body>, CallError> {
-        loop {
-            let changed = {
-                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                let backoff = match &*state {
-                    State::Ready(sender) if !sender.is_closed() => return Ok(sender.clone()),
-                    State::Ready(_) | State::Idle => BACKOFF_MIN,
-                    State::Down { retry_at, why, .. } if Instant::now() < *retry_at => {
-                        return Err(CallError::Down(why.clone()));
-                    }
-                    State::Down { backoff, .. } => *backoff,
-                    State::Connecting => Duration::ZERO,
-                };
-                if !backoff.is_zero() {
-                    *state = State::Connecting;
-                    tokio::spawn(self.clone().connect(backoff));
-                }
-                // Created under the lock: the attempt's outcome, set under it, cannot be missed.
-                self.changed.notified()
-            };
-            changed.await;
-        }
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One attempt; `backoff` is the wait before the next if it fails.
-    async fn connect(self: Arc<Self>, backoff: Duration) {
-        let outcome = tokio::time::timeout(CONNECT_TIMEOUT, self.handshake())
-            .await
-            .unwrap_or_else(|_| Err(format!("no connection within {CONNECT_TIMEOUT:?}")));
-        let next = match outcome {
-            Ok(sender) => State::Ready(sender),
-            Err(why) => {
-                tracing::warn!(service = %self.url, error = %why, retry_in = ?backoff, "rate-limit service unreachable");
-                State::Down {
-                    retry_at: Instant::now() + backoff,
-                    backoff: (backoff * 2).min(BACKOFF_MAX),
-                    why,
+    /// The connection's sender: the live one, or the outcome of the attempt this call starts or
+    /// joins. A call waits for one attempt at most, and never for one after a failure.
+    async fn sender(self: &Arc<Self>) -> Result<SendRequest<tonic::body::Body>, CallError> {
+        let changed = {
+            let mut state = self.lock();
+            match &*state {
+                State::Ready { sender, .. } if !sender.is_closed() => return Ok(sender.clone()),
+                State::Ready { backoff, .. } if !self.answered.swap(false, Ordering::Relaxed) => {
+                    let why = "the service closed the connection before answering".to_owned();
+                    let backoff = *backoff;
+                    *state = State::Down { why: why.clone() };
+                    tokio::spawn(attempts(Arc::downgrade(self), backoff, next(backoff)));
+                    return Err(CallError::Down(why));
                 }
+                State::Ready { .. } | State::Idle => {
+                    *state = State::Connecting;
+                    tokio::spawn(attempts(Arc::downgrade(self), Duration::ZERO, BACKOFF_MIN));
+                }
+                State::Connecting => {}
+                State::Down { why } => return Err(CallError::Down(why.clone())),
             }
+            // Created under the lock: the attempt's outcome, set under it, cannot be missed.
+            self.changed.notified()
         };
-        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = next;
-        self.changed.notify_waiters();
+        changed.await;
+        match &*self.lock() {
+            State::Ready { sender, .. } if !sender.is_closed() => Ok(sender.clone()),
+            State::Down { why } => Err(CallError::Down(why.clone())),
+            _ => Err(CallError::Down("the connection closed as it was made".into())),
+        }
     }
 
     async fn handshake(&self) -> Result<SendRequest<tonic::body::Body>, String> {
@@ -202,6 +213,42 @@ impl Channel {
         });
         Ok(sender)
     }
+}
+
+/// Attempts to connect, after `delay`, until one succeeds or the channel is gone; `backoff` is
+/// the wait after the next failure, doubling up to [`BACKOFF_MAX`].
+async fn attempts(channel: Weak<Channel>, mut delay: Duration, mut backoff: Duration) {
+    loop {
+        tokio::time::sleep(delay).await;
+        let Some(channel) = channel.upgrade() else {
+            return;
+        };
+        let outcome = tokio::time::timeout(CONNECT_TIMEOUT, channel.handshake())
+            .await
+            .unwrap_or_else(|_| Err(format!("no connection within {CONNECT_TIMEOUT:?}")));
+        let connected = match outcome {
+            Ok(sender) => {
+                channel.answered.store(false, Ordering::Relaxed);
+                *channel.lock() = State::Ready { sender, backoff };
+                true
+            }
+            Err(why) => {
+                tracing::warn!(service = %channel.url, error = %why, retry_in = ?backoff, "rate-limit service unreachable");
+                *channel.lock() = State::Down { why };
+                false
+            }
+        };
+        channel.changed.notify_waiters();
+        if connected {
+            return;
+        }
+        delay = backoff;
+        backoff = next(backoff);
+    }
+}
+
+fn next(backoff: Duration) -> Duration {
+    (backoff * 2).min(BACKOFF_MAX)
 }
 
 /// What the connection runs over: TCP, or TLS over TCP.

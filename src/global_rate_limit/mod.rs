@@ -92,6 +92,9 @@ impl Services {
         let channel = Channel::new(url, tls).inspect_err(|why| {
             tracing::error!(service = %url, error = %why, "rate-limit service unusable: every check fails");
         });
+        if let Ok(channel) = &channel {
+            channel.warm();
+        }
         let service = Arc::new(Service {
             channel,
             over: cache::OverLimit::default(),

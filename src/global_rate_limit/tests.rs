@@ -366,3 +366,32 @@ async fn a_service_down_or_slow_is_decided_by_failure_mode() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_endpoint_that_accepts_and_closes_is_retried_with_a_backoff_not_per_call() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = accepted.clone();
+    let acceptor = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(tcp);
+        }
+    });
+    let metrics = Metrics::new();
+    let limiter = limiter(&section(port, vec![vec![Entry::Upstream]]), &metrics);
+    for _ in 0..20 {
+        assert!(
+            decide(&limiter, &HeaderMap::new()).await.is_ok(),
+            "allow: the request goes"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    acceptor.abort();
+    let accepted = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    // 20 calls over about 200 ms: attempts at 0, then after 100 and 200 ms of backoff.
+    assert!((1..=4).contains(&accepted), "{accepted} connections for 20 calls");
+    let counts = metrics.global_rate_limit("partner");
+    assert_eq!(counts.error.get() + counts.timeout.get(), 20);
+}

@@ -208,7 +208,13 @@ impl Proxy {
                 limiter.describe(req.headers(), app.as_deref())
             });
             let named = meter::Named::of(req, &target.upstream, asked.app);
-            (asked.timeout, asked.no_retry, asked.pace, named, global_rate_limit)
+            (
+                asked.timeout,
+                asked.no_retry,
+                asked.pace,
+                named,
+                global_rate_limit,
+            )
         };
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
