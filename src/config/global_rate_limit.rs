@@ -200,11 +200,12 @@ pub(super) fn merge_global_rate_limit(
         Some(list) => descriptors(list, &key("descriptors"), problems),
     };
     let timeout = duration_or(&raw.timeout, base.timeout, &key("timeout"), problems);
-    if timeout.is_zero() || timeout > MAX_TIMEOUT {
+    // Bounds are checked where a key is written, not again under every upstream inheriting it.
+    if raw.timeout.is_some() && (timeout.is_zero() || timeout > MAX_TIMEOUT) {
         problems.add(key("timeout"), "must be more than 0 and at most 10s");
     }
     let max_wait = duration_or(&raw.max_wait, base.max_wait, &key("max_wait"), problems);
-    if max_wait > MAX_WAIT_BOUND {
+    if raw.max_wait.is_some() && max_wait > MAX_WAIT_BOUND {
         problems.add(key("max_wait"), "is more than 1h");
     }
     let failure_mode = match raw.failure_mode.as_deref() {
@@ -226,7 +227,10 @@ pub(super) fn merge_global_rate_limit(
         failure_mode,
         max_wait,
     };
-    check_whole(&section, prefix, problems);
+    // `defaults` may leave the service or the domain to the upstreams.
+    if !prefix.starts_with("defaults") {
+        check_whole(&section, prefix, problems);
+    }
     section
 }
 
@@ -518,6 +522,19 @@ upstreams:
         ] {
             assert!(keys.contains(&want.as_str()), "{want} missing from {found:?}");
         }
+    }
+
+    #[test]
+    fn defaults_may_leave_the_service_to_upstreams_and_a_bad_default_is_named_once() {
+        let c = config(
+            "defaults:\n  global_rate_limit:\n    domain: egress\n    descriptors: [[{ key: upstream }]]\nupstreams:\n  - name: a\n    url: http://a.example\n    global_rate_limit: { service: http://rls:8081 }\n",
+        );
+        assert!(c.upstreams[0].settings.global_rate_limit.is_on());
+        let found = problems(
+            "defaults:\n  global_rate_limit: { timeout: 1h }\nupstreams:\n  - name: a\n    url: http://a.example\n    global_rate_limit: { domain: d }\n  - name: b\n    url: http://b.example\n    global_rate_limit: { domain: d }\n",
+        );
+        let keys: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["defaults.global_rate_limit.timeout"], "{found:?}");
     }
 
     #[test]

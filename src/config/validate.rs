@@ -363,7 +363,8 @@ fn merge_settings(
         problems,
         merge_tls,
     );
-    if global_rate_limit.tokens
+    if !prefix.starts_with("defaults")
+        && global_rate_limit.tokens
         && !global_rate_limit.descriptors.is_empty()
         && llm.usage == super::UsageMode::Off
     {

@@ -8,7 +8,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -18,12 +18,25 @@ use tokio::time::Instant;
 pub type Key = u64;
 
 /// The over-limit descriptors of one service.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct OverLimit {
     hasher: RandomState,
     until: Mutex<HashMap<Key, Instant>>,
-    /// Entries, read without the lock: most requests find the cache empty.
-    len: AtomicUsize,
+    /// The latest reset in the map, as nanoseconds after `base`, read without the lock: once
+    /// it has passed, every entry has, and most requests find nothing spent.
+    latest: AtomicU64,
+    base: Instant,
+}
+
+impl Default for OverLimit {
+    fn default() -> Self {
+        OverLimit {
+            hasher: RandomState::new(),
+            until: Mutex::default(),
+            latest: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
 }
 
 impl OverLimit {
@@ -39,7 +52,7 @@ impl OverLimit {
 
     /// The latest reset among `keys` still over their limit at `now`, if any is.
     pub fn spent_until(&self, keys: &[Key], now: Instant) -> Option<Instant> {
-        if self.len.load(Ordering::Relaxed) == 0 {
+        if self.nanos(now) >= self.latest.load(Ordering::Relaxed) {
             return None;
         }
         let until = self.until.lock().unwrap_or_else(|p| p.into_inner());
@@ -56,7 +69,11 @@ impl OverLimit {
         // Expired entries go as new ones come: the map holds what is spent now, no more.
         until.retain(|_, reset| *reset > now);
         until.insert(key, at);
-        self.len.store(until.len(), Ordering::Relaxed);
+        self.latest.fetch_max(self.nanos(at), Ordering::Relaxed);
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
     }
 }
 

@@ -46,6 +46,10 @@ use crate::metrics::{GlobalRateLimitMetrics, Metrics};
 
 /// How long token reports gather before one call carries them.
 pub const REPORT_EVERY: Duration = Duration::from_millis(100);
+/// How long reports wait for a service without a connection before they are tried again.
+const REPORT_RETRY: Duration = Duration::from_secs(1);
+/// The longest reset believed: a day (a service's absurd answer must not overflow a clock).
+const LONGEST_RESET_SECS: i64 = 86_400;
 
 /// The services upstreams name, each once.
 #[derive(Debug, Default)]
@@ -164,6 +168,8 @@ pub struct Granted {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Where the answer's tokens go, when the upstream reports them.
     pub charge: Option<Charge>,
+    /// What a retry by policy counts once more.
+    pub recount: Option<Recount>,
 }
 
 /// A request may not go.
@@ -219,7 +225,14 @@ impl Limiter {
         let (key, value) = match entry {
             Entry::Upstream => ("upstream", self.upstream.as_str()),
             Entry::App => ("app", app.unwrap_or("unknown")),
-            Entry::Header { name } => (name.as_str(), headers.get(name.as_str())?.to_str().ok()?),
+            Entry::Header { name } => {
+                // Not dropped for bytes outside ASCII: a tenant must not escape its limit so.
+                let value = String::from_utf8_lossy(headers.get(name.as_str())?.as_bytes()).into_owned();
+                return Some(PbEntry {
+                    key: name.clone(),
+                    value,
+                });
+            }
             Entry::Literal { key, value } => (key.as_str(), value.as_str()),
         };
         Some(PbEntry {
@@ -294,19 +307,34 @@ impl Limiter {
     }
 
     fn granted(self: &Arc<Self>, asking: &Asking, headers: Vec<(HeaderName, HeaderValue)>) -> Granted {
-        let descriptors: Vec<_> = asking
-            .descriptors
-            .iter()
-            .zip(&asking.keys)
-            .zip(&asking.tokens)
-            .filter(|(_, &tokens)| tokens)
-            .map(|((descriptor, &key), _)| (key, descriptor.clone()))
-            .collect();
-        let charge = (!descriptors.is_empty()).then(|| Charge {
+        let of = |tokens: bool| -> Vec<_> {
+            asking
+                .descriptors
+                .iter()
+                .zip(&asking.keys)
+                .zip(&asking.tokens)
+                .filter(|(_, &counts_tokens)| counts_tokens == tokens)
+                .map(|((descriptor, &key), _)| {
+                    let mut descriptor = descriptor.clone();
+                    descriptor.hits_addend = None;
+                    (key, descriptor)
+                })
+                .collect()
+        };
+        let (token_descriptors, request_descriptors) = (of(true), of(false));
+        let charge = (!token_descriptors.is_empty()).then(|| Charge {
             limiter: self.clone(),
-            descriptors,
+            descriptors: token_descriptors,
         });
-        Granted { headers, charge }
+        let recount = (!request_descriptors.is_empty()).then(|| Recount {
+            limiter: self.clone(),
+            descriptors: Arc::new(request_descriptors),
+        });
+        Granted {
+            headers,
+            charge,
+            recount,
+        }
     }
 
     /// Caches the descriptors `answer` says are over their limit; the longest wait among them.
@@ -319,7 +347,12 @@ impl Limiter {
             let reset = status
                 .duration_until_reset
                 .as_ref()
-                .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
+                .map(|d| {
+                    Duration::new(
+                        d.seconds.clamp(0, LONGEST_RESET_SECS) as u64,
+                        d.nanos.clamp(0, 999_999_999) as u32,
+                    )
+                })
                 .unwrap_or_default();
             if !reset.is_zero() {
                 self.service.over.spent(key, now + reset);
@@ -346,8 +379,14 @@ impl Limiter {
         };
         counter.inc();
         match result {
-            Ok(answer) if answer.overall_code == Code::Unknown as i32 => {
-                Err(CallError::Failed("the service answered UNKNOWN".into()))
+            Ok(answer)
+                if answer.overall_code != Code::Ok as i32
+                    && answer.overall_code != Code::OverLimit as i32 =>
+            {
+                Err(CallError::Failed(format!(
+                    "the service answered code {}",
+                    answer.overall_code
+                )))
             }
             other => other,
         }
@@ -366,12 +405,12 @@ impl Limiter {
         if !batch.flushing {
             batch.flushing = true;
             drop(batch);
-            runtime.spawn(self.flush());
+            runtime.spawn(self.flush_after(REPORT_EVERY));
         }
     }
 
-    async fn flush(self: Arc<Self>) {
-        tokio::time::sleep(REPORT_EVERY).await;
+    async fn flush_after(self: Arc<Self>, wait: Duration) {
+        tokio::time::sleep(wait).await;
         let pending = {
             let mut batch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
             batch.flushing = false;
@@ -389,13 +428,32 @@ impl Limiter {
             descriptors,
             ..Default::default()
         };
+        let descriptors = request.descriptors.clone();
         match self.call(request).await {
             Ok(answer) => {
                 self.note_spent(&keys, &answer, Instant::now());
             }
+            // Nothing was sent: kept for the connection to come back. (A call that failed or
+            // timed out may have been counted already: not sent twice.)
+            Err(CallError::Down(_)) => self.requeue(keys, descriptors),
             Err(failed) => {
-                tracing::debug!(upstream = %self.upstream, error = %failed, "token report not delivered");
+                tracing::debug!(upstream = %self.upstream, error = %failed, "report not delivered");
             }
+        }
+    }
+
+    /// Puts back reports no call carried, to go again after [`REPORT_RETRY`].
+    fn requeue(self: Arc<Self>, keys: Vec<cache::Key>, descriptors: Vec<RateLimitDescriptor>) {
+        let mut batch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, mut descriptor) in keys.into_iter().zip(descriptors) {
+            let hits = descriptor.hits_addend.take().map_or(0, |h| h.value);
+            let pending = batch.pending.entry(key).or_insert((descriptor, 0));
+            pending.1 = pending.1.saturating_add(hits);
+        }
+        if !batch.flushing {
+            batch.flushing = true;
+            drop(batch);
+            tokio::spawn(self.flush_after(REPORT_RETRY));
         }
     }
 }
@@ -422,6 +480,22 @@ impl Charge {
         if tokens > 0 {
             self.limiter.report(self.descriptors, tokens);
         }
+    }
+}
+
+/// A granted request's request descriptors, carried in its extensions to the upstream send: a
+/// retry by policy reaches the upstream once more and is counted once more (reported with the
+/// token reports, not checked: the request was admitted, and a retry's wait is its own).
+#[derive(Debug, Clone)]
+pub struct Recount {
+    limiter: Arc<Limiter>,
+    descriptors: Arc<Vec<(cache::Key, RateLimitDescriptor)>>,
+}
+
+impl Recount {
+    /// The request goes upstream once more.
+    pub fn again(&self) {
+        self.limiter.clone().report(self.descriptors.to_vec(), 1);
     }
 }
 
@@ -467,7 +541,9 @@ fn reserved(name: &HeaderName) -> bool {
         RETRY_AFTER,
     ]
     .contains(name)
-        || name.as_str() == crate::error::ERROR_HEADER
+        || name == AUTHORIZATION
+        || name == PROXY_AUTHORIZATION
+        || name.as_str().starts_with("x-egress-")
         || name.as_str() == "keep-alive"
         || name.as_str() == "proxy-connection"
 }

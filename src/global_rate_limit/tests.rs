@@ -395,3 +395,19 @@ async fn an_endpoint_that_accepts_and_closes_is_retried_with_a_backoff_not_per_c
     let counts = metrics.global_rate_limit("partner");
     assert_eq!(counts.error.get() + counts.timeout.get(), 20);
 }
+
+#[tokio::test]
+async fn an_absurd_reset_is_held_to_a_day_not_a_panic() {
+    let served = serve(Duration::ZERO, all(Code::OverLimit, i64::MAX)).await;
+    let metrics = Metrics::new();
+    let limiter = limiter(&section(served.port, vec![vec![Entry::Upstream]]), &metrics);
+    match decide(&limiter, &HeaderMap::new()).await {
+        Err(Refusal::OverLimit { retry_after_secs, .. }) => assert_eq!(retry_after_secs, 86_400),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        decide(&limiter, &HeaderMap::new()).await,
+        Err(Refusal::OverLimit { .. })
+    ));
+    assert_eq!(served.asked().len(), 1, "cached for the day");
+}

@@ -227,7 +227,7 @@ impl Ledger {
 
     /// [`Ledger::app`] as an id; `None` for an empty name (`unknown`).
     pub fn app_id(&self, name: &str) -> Option<LabelId> {
-        let name = cut(name.trim(), APP_MAX);
+        let name = app_name(name);
         (!name.is_empty()).then(|| lock(&self.apps).id(name))
     }
 
@@ -321,6 +321,11 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// `name` cut to at most `max` bytes, at a character boundary.
+/// An app's name as every count takes it: trimmed, cut to [`APP_MAX`] bytes (empty: none).
+pub fn app_name(name: &str) -> &str {
+    cut(name.trim(), APP_MAX)
+}
+
 fn cut(name: &str, max: usize) -> &str {
     if name.len() <= max {
         return name;

@@ -118,14 +118,21 @@ impl Admit {
             global_rate_limit,
             ..
         } = request;
-        let (ticket, pass) = upstream.pace(request, pace, deadline);
         let label = || upstream.label().to_owned();
+        // The limiter's cache first: a request it refuses takes nothing of pacing's window.
         let checked = match (upstream.global_rate_limit(), global_rate_limit) {
-            (Some(limiter), Some(asking)) if !matches!(pass, Pass::Refuse(_)) => {
-                Some(limiter.check(asking, deadline.map(|d| d.at)))
-            }
+            (Some(limiter), Some(asking)) => match limiter.check(asking, deadline.map(|d| d.at)) {
+                Decision::Refused(refusal) => {
+                    return (
+                        Admission::Refused(over_global_limit(label(), refusal)),
+                        Ticket::default(),
+                    );
+                }
+                ask => Some(ask),
+            },
             _ => None,
         };
+        let (ticket, pass) = upstream.pace(request, pace, deadline);
         let admission = match (pass, checked) {
             (Pass::Refuse(refusal), _) => Admission::Refused(rate_limited(label(), refusal)),
             (_, Some(Decision::Refused(refusal))) => Admission::Refused(over_global_limit(label(), refusal)),

@@ -24,7 +24,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::clients::Source;
 use crate::global_rate_limit::Charge;
-use crate::llm::ledger::LabelId;
+use crate::llm::ledger::{self, LabelId};
 use crate::llm::{self, Framing, Outcome, Reader, Reason, Tokens};
 use crate::pace::Spend;
 use crate::routing::Arrival;
@@ -146,30 +146,40 @@ fn app_label(reading: &Reading, who: Who<'_>) -> Arc<str> {
     let ledger = reading.metrics.ledger();
     match who.named.app {
         Some(id) => ledger.app_label(id),
-        None => ledger.app(&app_name(None, who.source, who.arrival)),
+        None => match app_name(None, who.source, who.arrival) {
+            Some(name) => ledger.app(&name),
+            None => ledger.unknown(),
+        },
     }
 }
 
-/// Who sent a request: its `x-egress-app` (`header`), else the executable of a Unix-socket
-/// client, else the upstream a route listener is bound to, else `unknown`. The ledger caps
-/// these as labels; the global rate limit's `app` entry sends them as they are.
+/// Who sent a request: its `x-egress-app` (`header`, trimmed and cut as the ledger takes it),
+/// else the executable of a Unix-socket client, else the upstream a route listener is bound
+/// to; `None`: `unknown`. The ledger caps how many become labels; the global rate limit's
+/// `app` entry sends each as it is.
 pub(super) fn app_name<'a>(
     header: Option<&'a HeaderValue>,
     source: &'a Source,
     arrival: &'a Arrival,
-) -> Cow<'a, str> {
-    if let Some(value) = header.filter(|v| !v.is_empty()) {
-        return String::from_utf8_lossy(value.as_bytes());
+) -> Option<Cow<'a, str>> {
+    if let Some(value) = header {
+        let name = match String::from_utf8_lossy(value.as_bytes()) {
+            Cow::Borrowed(text) => Cow::Borrowed(ledger::app_name(text)),
+            Cow::Owned(text) => Cow::Owned(ledger::app_name(&text).to_owned()),
+        };
+        if !name.is_empty() {
+            return Some(name);
+        }
     }
     if let Source::Unix(process) = source {
         if let Some(exe) = &process.exe {
-            return Cow::Borrowed(exe.rsplit('/').next().unwrap_or(exe));
+            return Some(Cow::Borrowed(exe.rsplit('/').next().unwrap_or(exe)));
         }
     }
     if let Arrival::Route(upstream) = arrival {
-        return Cow::Borrowed(upstream);
+        return Some(Cow::Borrowed(upstream));
     }
-    Cow::Borrowed("unknown")
+    None
 }
 
 /// What an answer's line shows of its usage (`access_log`).

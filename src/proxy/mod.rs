@@ -202,9 +202,11 @@ impl Proxy {
             let asked = headers::take_asked(req, scanned)
                 .map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
             let global_rate_limit = target.upstream.global_rate_limit().and_then(|limiter| {
-                let app = limiter
-                    .needs_app()
-                    .then(|| meter::app_name(asked.app.as_ref(), source, arrival));
+                let app = if limiter.needs_app() {
+                    meter::app_name(asked.app.as_ref(), source, arrival)
+                } else {
+                    None
+                };
                 limiter.describe(req.headers(), app.as_deref())
             });
             let named = meter::Named::of(req, &target.upstream, asked.app);
@@ -277,6 +279,9 @@ impl Proxy {
         let headers = req.headers_mut();
         for (name, value) in granted.headers {
             headers.insert(name, value);
+        }
+        if let Some(recount) = granted.recount {
+            req.extensions_mut().insert(recount);
         }
         if sending.upgrade {
             return self.upgrade(req, sending.upstream).await;

@@ -718,6 +718,9 @@ impl Upstream {
             // The wait holds no connection: the response and its lease are gone.
             tokio::time::sleep(wait).await;
             self.pace_again(ticket);
+            if let Some(recount) = req.extensions().get::<global_rate_limit::Recount>() {
+                recount.again();
+            }
             if let Some(body) = body {
                 *req.body_mut() = body;
             }

@@ -260,3 +260,64 @@ async fn a_rate_limit_service_down_refuses_503_under_deny_and_lets_requests_go_u
     }
     assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_retry_by_policy_is_counted_once_more_by_the_global_rate_limit() {
+    use crate::global_rate_limit::tests::{serve, status};
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+    use tokio::io::AsyncReadExt;
+
+    let service = serve(Duration::ZERO, |req: &RateLimitRequest| RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses: req.descriptors.iter().map(|_| status(Code::Ok, 60)).collect(),
+        ..Default::default()
+    })
+    .await;
+    // 503 to the first request, 200 to the retry.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut answers = [
+            &b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"[..],
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"[..],
+        ]
+        .into_iter();
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            while let Ok(1..) = s.read(&mut buf).await {
+                let Some(answer) = answers.next() else { return };
+                if s.write_all(answer).await.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let yaml = format!(
+        "defaults:\n  retry: {{ attempts: 1, on: [503], backoff: {{ base: 1ms, max: 1ms }} }}\n  global_rate_limit:\n    service: http://127.0.0.1:{}\n    domain: egress\n    descriptors: [[{{ key: upstream }}]]\n",
+        service.port
+    );
+    let (me, _ctx) = crate::downstream::testing::serve_for_test(&yaml).await;
+    let mut client = tokio::net::TcpStream::connect(me).await.unwrap();
+    let req = format!("GET http://{up}/ HTTP/1.1\r\nhost: {up}\r\n\r\n");
+    client.write_all(req.as_bytes()).await.unwrap();
+    let answer = read_response(&mut client).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200 "),
+        "the retry answered: {answer}"
+    );
+    let reported = crate::downstream::testing::eventually(|| service.asked().len() == 2).await;
+    let asked = service.asked();
+    assert!(reported, "a check, then the retry's report: {asked:?}");
+    let hits: Vec<_> = asked
+        .iter()
+        .map(|r| r.descriptors[0].hits_addend.clone())
+        .collect();
+    assert_eq!(
+        hits,
+        [
+            None,
+            Some(envoy_types::pb::google::protobuf::UInt64Value { value: 1 })
+        ]
+    );
+}
