@@ -309,10 +309,7 @@ async fn a_retry_by_policy_is_counted_once_more_by_the_global_rate_limit() {
     let reported = crate::downstream::testing::eventually(|| service.asked().len() == 2).await;
     let asked = service.asked();
     assert!(reported, "a check, then the retry's report: {asked:?}");
-    let hits: Vec<_> = asked
-        .iter()
-        .map(|r| r.descriptors[0].hits_addend.clone())
-        .collect();
+    let hits: Vec<_> = asked.iter().map(|r| r.descriptors[0].hits_addend).collect();
     assert_eq!(
         hits,
         [
