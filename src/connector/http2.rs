@@ -200,6 +200,28 @@ impl Sender {
         }))
     }
 
+    /// Sends `head` with `body`, whole and in hand, and waits for the response head: the
+    /// body is queued with the head (h2 sends it as the window allows), so no task pumps it.
+    /// For small requests the sidecar makes itself (a rate-limit service's calls).
+    pub async fn send_whole(&mut self, head: Request<()>, body: Bytes) -> Result<Response<Body>, Error> {
+        poll_fn(|cx| self.tx.poll_ready(cx))
+            .await
+            .map_err(Error::Unsent)?;
+        let open = Open::new(&self.shared);
+        let (response, mut stream) = self.tx.send_request(head, false).map_err(Error::NotOpened)?;
+        stream.send_data(body, true).map_err(Error::Stream)?;
+        let response = response.await.map_err(|e| self.stream_error(e))?;
+        let exact = content_length(response.headers());
+        Ok(response.map(|recv| Body {
+            recv,
+            data_done: false,
+            done: false,
+            exact,
+            _pumping: None,
+            _open: open,
+        }))
+    }
+
     /// A stream's error; one that only saw the socket go says why the driver dropped it.
     fn stream_error(&self, e: h2::Error) -> Error {
         if e.is_io() && self.shared.unanswered.load(Ordering::Relaxed) {

@@ -7,7 +7,9 @@
 //! be down (a request then waits for nothing), reconnect in the background so that no request
 //! pays a dial, and reach the service with the sidecar's TLS settings (`tls.ca_file`, mTLS).
 //! tonic still frames the calls: its generated client runs over [`Calls`], a tower service
-//! around hyper's HTTP/2 sender.
+//! that sends each call's message with its head on the upstream pools' kind of HTTP/2
+//! connection (`connector::http2`). Not hyper's client: it spawns a task per call to send the
+//! request and another to pump its body, most of what a check cost the sidecar (callgrind).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,15 +18,16 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::config::{Scheme, ServiceUrl, TlsConfig};
+use crate::connector::http2::{self, Keepalive, Sender};
 use crate::connector::tls::TlsConnector;
 
 /// The first wait after a failed connection attempt; it doubles up to [`BACKOFF_MAX`].
@@ -33,9 +36,13 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// How long one attempt (TCP, TLS, HTTP/2 handshake) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Pings on an idle connection, so that a service gone without a word is noticed.
-const PING_INTERVAL: Duration = Duration::from_secs(10);
-const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pings while calls are open, so that a service gone without a word is noticed.
+const KEEPALIVE: Keepalive = Keepalive {
+    interval: Duration::from_secs(10),
+    timeout: Duration::from_secs(5),
+};
+/// Streams assumed until the service's SETTINGS say (gRPC servers allow 100 or more).
+const STREAMS_UNHEARD: usize = 100;
 
 /// Why a call got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -59,10 +66,7 @@ enum State {
     Connecting,
     /// A connection; `backoff` is the wait before the next attempt should it close before
     /// answering a call (an endpoint that accepts and then closes is no service).
-    Ready {
-        sender: SendRequest<tonic::body::Body>,
-        backoff: Duration,
-    },
+    Ready { sender: Sender, backoff: Duration },
     /// The last attempt failed: calls fail at once, while attempts go on in the background
     /// with a backoff, until one succeeds or the channel is dropped.
     Down { why: String },
@@ -152,7 +156,7 @@ impl Channel {
 
     /// The connection's sender: the live one, or the outcome of the attempt this call starts or
     /// joins. A call waits for one attempt at most, and never for one after a failure.
-    async fn sender(self: &Arc<Self>) -> Result<SendRequest<tonic::body::Body>, CallError> {
+    async fn sender(self: &Arc<Self>) -> Result<Sender, CallError> {
         let changed = {
             let mut state = self.lock();
             match &*state {
@@ -182,7 +186,7 @@ impl Channel {
         }
     }
 
-    async fn handshake(&self) -> Result<SendRequest<tonic::body::Body>, String> {
+    async fn handshake(&self) -> Result<Sender, String> {
         let authority = &self.url.authority;
         let tcp = TcpStream::connect((authority.host.as_str(), authority.port))
             .await
@@ -196,22 +200,16 @@ impl Channel {
             ),
             None => Box::new(tcp),
         };
-        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .keep_alive_interval(PING_INTERVAL)
-            .keep_alive_timeout(PING_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| format!("HTTP/2 with {authority}: {e}"))?;
         let url = self.url.clone();
-        // Ends when the service closes it or every sender is dropped (the channel with them).
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
+        // The driver ends when the service closes the connection or every sender is dropped
+        // (the channel with them).
+        http2::handshake(io, STREAMS_UNHEARD, Some(KEEPALIVE), move |ended| {
+            if let Some(e) = ended {
                 tracing::debug!(service = %url, error = %e, "rate-limit service connection ended");
             }
-        });
-        Ok(sender)
+        })
+        .await
+        .map_err(|e| format!("HTTP/2 with {authority}: {e}"))
     }
 }
 
@@ -255,22 +253,34 @@ fn next(backoff: Duration) -> Duration {
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// The tower service tonic's client calls through: one HTTP/2 stream per call.
-struct Calls(SendRequest<tonic::body::Body>);
+/// The tower service tonic's client calls through: one HTTP/2 stream per call, its message
+/// (encoded by tonic at once: a unary call's body is one frame in hand) sent with its head.
+struct Calls(Sender);
 
-type Answer =
-    Pin<Box<dyn Future<Output = Result<http::Response<hyper::body::Incoming>, hyper::Error>> + Send>>;
+type Answer = Pin<Box<dyn Future<Output = Result<http::Response<http2::Body>, http2::Error>> + Send>>;
 
 impl tower::Service<http::Request<tonic::body::Body>> for Calls {
-    type Response = http::Response<hyper::body::Incoming>;
-    type Error = hyper::Error;
+    type Response = http::Response<http2::Body>;
+    type Error = http2::Error;
     type Future = Answer;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The sender waits for the connection's room itself.
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        Box::pin(self.0.send_request(request))
+        let mut sender = self.0.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let body: Bytes = body
+                .collect()
+                .await
+                .map_err(|e| http2::Error::RequestBody(e.to_string()))?
+                .to_bytes();
+            sender
+                .send_whole(http::Request::from_parts(parts, ()), body)
+                .await
+        })
     }
 }
