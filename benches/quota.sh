@@ -44,8 +44,10 @@
 #
 # Usage (from the repo root):   benches/quota.sh [SIDECAR_BIN]
 #   env: ROUNDS (3), DURATION (10s), WARMUP (2s), LOW / HIGH (callgrind.sh's, 2000 / 12000),
-#        PARTS (callgrind,latency: which parts run), RATELIMIT_BIN (a built service_cmd; else
-#        it is built with `go install` (Go 1.25.6 or newer, GOTOOLCHAIN=local) into
+#        PARTS (callgrind,latency: which parts run), KEEP (a directory: each callgrind.sh run
+#        keeps its callgrind.out files in KEEP/quota0, quota1, quota2, for callgrind_annotate
+#        or benches/cg_per_request.py; DUMP_INSTR=1 is passed on), RATELIMIT_BIN (a built
+#        service_cmd; else it is built with `go install` (Go 1.25.6 or newer, GOTOOLCHAIN=local) into
 #        ${XDG_CACHE_HOME:-~/.cache}/egress-sidecar-bench/, kept there), SIDECAR_BIN (skip the
 #        build, use this binary), CARGO_TARGET_DIR (target/bench), PROXY_CPU (1), LOAD_CPU (0),
 #        SERVICE_CPU (LOAD_CPU: Redis and the service).
@@ -185,10 +187,15 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 # === 1. instructions per request ===
 
 CG_LABELS=() CG_IR=()
-# One callgrind.sh run; its line and count go to CG_LABELS / CG_IR.
+# One callgrind.sh run; its line and count go to CG_LABELS / CG_IR; with KEEP, its profiles
+# to KEEP/quotaN.
 callgrind_run() { # label descriptors(0, 1, 2)
     local extra=() before after line ir
     [[ $2 == 0 ]] || extra=(UPSTREAM_EXTRA="$(quota_line "$2" 'timeout: 5s, failure_mode: deny')")
+    if [[ -n ${KEEP:-} ]]; then
+        mkdir -p "$KEEP/quota$2"
+        extra+=(KEEP="$KEEP/quota$2")
+    fi
     before=$(incrby_calls)
     line=$(env "${extra[@]}" SIDECAR_BIN="$BIN" LOW="$LOW" HIGH="$HIGH" bash "$REPO/benches/callgrind.sh" |
         grep 'instructions per request') || die "callgrind.sh failed ($1)"
