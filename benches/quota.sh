@@ -33,14 +33,18 @@
 #      descriptors above), the quota ones as users run them: the default `timeout: 50ms` and
 #      `failure_mode: allow` (a check slower than 50 ms lets the request go, counted as a
 #      timeout). Each is measured by a closed loop on one connection: wrk -t1 -c1 --latency on
-#      LOAD_CPU, WARMUP then DURATION; plus wrk straight to nginx (`direct`, the floor). One
-#      round measures direct, none, quota 1, quota 2 in turn; ROUNDS rounds, so the machine's
-#      noise hits each alike. Reported: p50 and p99 of each run, their medians over the rounds,
-#      the added latency (median of quota minus median of none), and from the sidecar's metrics
-#      the mean call time (egress_global_rate_limit_seconds) and the calls that timed out or
-#      failed (none is expected on an idle machine; the run stops if the checks are not one per
-#      request, wrk's in-flight request at the end aside, or the service says over limit); and
-#      the busy time of PROXY_CPU that was not the sidecar's (other processes competing).
+#      LOAD_CPU, WARMUP then DURATION. Two floors beside them: `direct`, wrk straight to nginx,
+#      and `service`, wrk straight to the service's HTTP `/json` endpoint with the descriptor
+#      ("upstream", "bench") (the same ShouldRateLimit code and Redis round trip as a gRPC call,
+#      without the sidecar and gRPC: what the service itself takes). One round measures direct,
+#      service, none, quota 1, quota 2 in turn; ROUNDS rounds, so the machine's noise hits each
+#      alike. Reported: p50 and p99 of each run, their medians over the rounds, the added
+#      latency (median of quota minus median of none), and from the sidecar's metrics the mean
+#      call time (egress_global_rate_limit_seconds) and the calls that timed out or failed
+#      (none is expected on an idle machine). The run stops if the checks are not one per
+#      request (wrk's in-flight request at the end aside) or the service says over limit.
+#      One connection in a closed loop is all wake-ups: where a wake-up of an idle core is
+#      expensive (a VM), a hop between cores dominates these numbers (see benches/RESULTS.md).
 #
 # Usage (from the repo root):   benches/quota.sh [SIDECAR_BIN]
 #   env: ROUNDS (3), DURATION (10s), WARMUP (2s), LOW / HIGH (callgrind.sh's, 2000 / 12000),
@@ -230,11 +234,34 @@ quota_snapshot() { # admin-port
                        v["over_limit"], v["cached"], v["sum"], v["count"] }'
 }
 
-TARGETS=(direct none "quota 1" "quota 2")
-declare -A URL ADMIN PID P50 P99 RPS CALL_US NOT_OK OTHERS
+# $TMP/service.lua: ShouldRateLimit for ("upstream", "bench") through the service's HTTP /json
+# endpoint, with bench.lua's RESULT line.
+write_service_script() {
+    {
+        echo 'wrk.method = "POST"'
+        echo "wrk.body = '{\"domain\":\"$DOMAIN\",\"descriptors\":[{\"entries\":[{\"key\":\"upstream\",\"value\":\"bench\"}]}]}'"
+        echo 'wrk.headers["Content-Type"] = "application/json"'
+        grep -v '^local path\|^if path' "$TMP/bench.lua"
+    } >"$TMP/service.lua"
+}
+
+# wrk_measure's W_REQUESTS, W_DURATION_US, W_P50_US, W_P99_US, W_ERRORS for the service's /json.
+wrk_service() { # url duration outfile
+    local out line
+    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c1 -d"$2" --latency -s "$TMP/service.lua" "$1")
+    echo "$out" >"$3"
+    line=$(grep '^RESULT ' <<<"$out") || die "no wrk summary from $1: $out"
+    W_REQUESTS=$(field requests "$line") W_DURATION_US=$(field duration_us "$line")
+    W_P50_US=$(field p50_us "$line") W_P99_US=$(field p99_us "$line")
+    W_ERRORS=$(($(field sock_errors "$line") + $(field non2xx "$line")))
+}
+
+TARGETS=(direct service none "quota 1" "quota 2")
+declare -A URL ADMIN PID P50 P99 RPS CALL_US NOT_OK
 if [[ ,$PARTS, == *,latency,* ]]; then
     write_wrk_script
-    HZ=$(getconf CLK_TCK)
+    write_service_script
+    URL[service]=http://127.0.0.1:$RL_HTTP_PORT/json
     read -r UP_PORT < <(free_ports 1)
     nginx_upstream_conf upstream "$UP_PORT" >"$TMP/upstream.conf"
     start_nginx upstream "$LOAD_CPU"
@@ -253,9 +280,14 @@ if [[ ,$PARTS, == *,latency,* ]]; then
     for ((r = 1; r <= ROUNDS; r++)); do
         for t in "${TARGETS[@]}"; do
             log "latency round $r/$ROUNDS: $t"
-            wrk_warm "${URL[$t]}" 1 "$WARMUP"
-            [[ $t == quota* ]] && read -r ok0 to0 err0 over0 cached0 sum0 n0 < <(quota_snapshot "${ADMIN[$t]}")
-            wrk_measure "${URL[$t]}" 1 "$DURATION" "${PID[$t]}" "$TMP/wrk.out"
+            if [[ $t == service ]]; then
+                wrk_service "${URL[$t]}" "$WARMUP" "$TMP/wrk.out"
+                wrk_service "${URL[$t]}" "$DURATION" "$TMP/wrk.out"
+            else
+                wrk_warm "${URL[$t]}" 1 "$WARMUP"
+                [[ $t == quota* ]] && read -r ok0 to0 err0 over0 cached0 sum0 n0 < <(quota_snapshot "${ADMIN[$t]}")
+                wrk_measure "${URL[$t]}" 1 "$DURATION" "${PID[$t]}" "$TMP/wrk.out"
+            fi
             ((W_ERRORS == 0)) || die "$t: $W_ERRORS errors or non-2xx answers ($(cat "$TMP/wrk.out"))"
             if [[ $t == quota* ]]; then
                 read -r ok1 to1 err1 over1 cached1 sum1 n1 < <(quota_snapshot "${ADMIN[$t]}")
@@ -268,9 +300,6 @@ if [[ ,$PARTS, == *,latency,* ]]; then
                 CALL_US[$t]+=" $(awk -v s0="$sum0" -v n0="$n0" -v s1="$sum1" -v n1="$n1" \
                     'BEGIN { printf "%.0f", (s1 - s0) / (n1 - n0) * 1e6 }')"
             fi
-            # Busy time of the proxy core that was not the sidecar's: other processes competing.
-            [[ $t == direct ]] || OTHERS[$t]+=" $(awk -v b="$W_BUSY_PROXY" -v c="$W_CPU" -v us="$W_DURATION_US" \
-                -v hz="$HZ" 'BEGIN { v = (b - c) / hz / (us / 1e6) * 100; printf "%.0f%%", v < 0 ? 0 : v }')"
             P50[$t]+=" $W_P50_US" P99[$t]+=" $W_P99_US"
             RPS[$t]+=" $(awk -v n="$W_REQUESTS" -v us="$W_DURATION_US" 'BEGIN { printf "%.0f", n / us * 1e6 }')"
         done
@@ -304,11 +333,11 @@ if [[ -n ${P50[none]:-} ]]; then
     echo
     echo "Latency, one connection in a closed loop (wrk -t1 -c1 --latency, $WARMUP then $DURATION, $ROUNDS rounds; µs):"
     echo
-    echo "| target | p50 | p99 | p50, each round | p99, each round | requests/s, each round | call, sidecar's mean (µs) | calls timed out/failed | others on the proxy core |"
-    echo "|---|---:|---:|---|---|---|---|---|---|"
+    echo "| target | p50 | p99 | p50, each round | p99, each round | requests/s, each round | call, sidecar's mean | calls timed out/failed |"
+    echo "|---|---:|---:|---|---|---|---|---|"
     for t in "${TARGETS[@]}"; do
         echo "| $t | $(med "${P50[$t]}") | $(med "${P99[$t]}") | $(each "${P50[$t]}") | $(each "${P99[$t]}")" \
-            "| $(each "${RPS[$t]}") | $(each "${CALL_US[$t]:- -}") | $(each "${NOT_OK[$t]:- -}") | $(each "${OTHERS[$t]:- -}") |"
+            "| $(each "${RPS[$t]}") | $(each "${CALL_US[$t]:- -}") | $(each "${NOT_OK[$t]:- -}") |"
     done
     echo
     for t in "quota 1" "quota 2"; do
