@@ -34,14 +34,14 @@
 #      `failure_mode: allow` (a check slower than 50 ms lets the request go, counted as a
 #      timeout). Each is measured by a closed loop on one connection: wrk -t1 -c1 --latency on
 #      LOAD_CPU, WARMUP then DURATION. Two floors beside them: `direct`, wrk straight to nginx,
-#      and `service`, wrk straight to the service's HTTP `/json` endpoint with the descriptor
-#      ("upstream", "bench") (the same ShouldRateLimit code and Redis round trip as a gRPC call,
-#      without the sidecar and gRPC: what the service itself takes). One round measures direct,
-#      service, none, quota 1, quota 2 in turn; ROUNDS rounds, so the machine's noise hits each
-#      alike. Reported: p50 and p99 of each run, their medians over the rounds, the added
-#      latency (median of quota minus median of none), and from the sidecar's metrics the mean
-#      call time (egress_global_rate_limit_seconds) and the calls that timed out or failed
-#      (none is expected on an idle machine). The run stops if the checks are not one per
+#      and `service`, the service alone: h2load (h2c, one connection, one stream at a time, on
+#      LOAD_CPU) posting quota 1's ShouldRateLimit request (protobuf, built here) to its gRPC
+#      port, each call checked to count in Redis; what the service takes without the sidecar.
+#      One round measures direct, service, none, quota 1, quota 2 in turn; ROUNDS rounds, so
+#      the machine's noise hits each alike. Reported: p50 and p99 of each run, their medians
+#      over the rounds, the added latency (median of quota minus median of none), and from the
+#      sidecar's metrics the mean call time (egress_global_rate_limit_seconds) and the calls
+#      that timed out or failed (none is expected on an idle machine). The run stops if the checks are not one per
 #      request (wrk's in-flight request at the end aside) or the service says over limit.
 #      One connection in a closed loop is all wake-ups: where a wake-up of an idle core is
 #      expensive (a VM), a hop between cores dominates these numbers (see benches/RESULTS.md).
@@ -234,34 +234,44 @@ quota_snapshot() { # admin-port
                        v["over_limit"], v["cached"], v["sum"], v["count"] }'
 }
 
-# $TMP/service.lua: ShouldRateLimit for ("upstream", "bench") through the service's HTTP /json
-# endpoint, with bench.lua's RESULT line.
-write_service_script() {
-    {
-        echo 'wrk.method = "POST"'
-        echo "wrk.body = '{\"domain\":\"$DOMAIN\",\"descriptors\":[{\"entries\":[{\"key\":\"upstream\",\"value\":\"bench\"}]}]}'"
-        echo 'wrk.headers["Content-Type"] = "application/json"'
-        grep -v '^local path\|^if path' "$TMP/bench.lua"
-    } >"$TMP/service.lua"
+# $TMP/grpc.bin: one gRPC message (uncompressed, length-prefixed), a RateLimitRequest for
+# ("upstream", "bench") in DOMAIN, as protobuf: what the sidecar sends for `quota 1`.
+write_grpc_request() {
+    python3 - "$DOMAIN" "$TMP/grpc.bin" <<'PY'
+import sys
+def field(number, payload):  # a length-delimited field (all of these are under 128 bytes)
+    return bytes([number << 3 | 2, len(payload)]) + payload
+entry = field(1, b"upstream") + field(2, b"bench")          # RateLimitDescriptor.Entry
+request = field(1, sys.argv[1].encode()) + field(2, field(1, entry))  # domain, descriptors
+open(sys.argv[2], "wb").write(b"\0" + len(request).to_bytes(4, "big") + request)
+PY
 }
 
-# wrk_measure's W_REQUESTS, W_DURATION_US, W_P50_US, W_P99_US, W_ERRORS for the service's /json.
-wrk_service() { # url duration outfile
-    local out line
-    out=$(taskset -c "$LOAD_CPU" wrk -t1 -c1 -d"$2" --latency -s "$TMP/service.lua" "$1")
-    echo "$out" >"$3"
-    line=$(grep '^RESULT ' <<<"$out") || die "no wrk summary from $1: $out"
-    W_REQUESTS=$(field requests "$line") W_DURATION_US=$(field duration_us "$line")
-    W_P50_US=$(field p50_us "$line") W_P99_US=$(field p99_us "$line")
-    W_ERRORS=$(($(field sock_errors "$line") + $(field non2xx "$line")))
+# The service alone over gRPC: h2load (h2c, one connection, one stream at a time) posting
+# $TMP/grpc.bin to ShouldRateLimit. Sets wrk_measure's W_REQUESTS, W_DURATION_US, W_P50_US,
+# W_P99_US, W_ERRORS (non-2xx and unfinished); the per-request times come from h2load's log.
+grpc_measure() { # url duration warmup outfile
+    local out finished ok
+    out=$(taskset -c "$LOAD_CPU" h2load -t1 -c1 -m1 --warm-up-time="$3" -D "$2" \
+        -d "$TMP/grpc.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+        --log-file="$TMP/h2load.log" "$1")
+    echo "$out" >"$4"
+    finished=$(awk '/^requests:/ { print $6 }' <<<"$out")
+    ok=$(awk '/^status codes:/ { print $3 }' <<<"$out")
+    [[ -n $finished && -n $ok ]] || die "h2load: no summary: $out"
+    W_REQUESTS=$finished W_ERRORS=$((finished - ok))
+    W_DURATION_US=$(awk -v s="$(secs_of "$2")" 'BEGIN { printf "%d", s * 1e6 }')
+    read -r W_P50_US W_P99_US < <(cut -f3 "$TMP/h2load.log" | sort -n |
+        awk '{ v[NR] = $1 } END { i = int(NR * 0.5); if (i < 1) i = 1; j = int(NR * 0.99); if (j < 1) j = 1
+             print v[i] + 0, v[j] + 0 }')
 }
 
 TARGETS=(direct service none "quota 1" "quota 2")
 declare -A URL ADMIN PID P50 P99 RPS CALL_US NOT_OK
 if [[ ,$PARTS, == *,latency,* ]]; then
     write_wrk_script
-    write_service_script
-    URL[service]=http://127.0.0.1:$RL_HTTP_PORT/json
+    write_grpc_request
+    URL[service]=http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
     read -r UP_PORT < <(free_ports 1)
     nginx_upstream_conf upstream "$UP_PORT" >"$TMP/upstream.conf"
     start_nginx upstream "$LOAD_CPU"
@@ -281,8 +291,11 @@ if [[ ,$PARTS, == *,latency,* ]]; then
         for t in "${TARGETS[@]}"; do
             log "latency round $r/$ROUNDS: $t"
             if [[ $t == service ]]; then
-                wrk_service "${URL[$t]}" "$WARMUP" "$TMP/wrk.out"
-                wrk_service "${URL[$t]}" "$DURATION" "$TMP/wrk.out"
+                hits0=$(incrby_calls)
+                grpc_measure "${URL[$t]}" "$DURATION" "$WARMUP" "$TMP/wrk.out"
+                # Answered with HTTP 200 is not yet answered OK (that is in the trailers): each
+                # call counted in Redis is.
+                (($(incrby_calls) - hits0 >= W_REQUESTS)) || die "service: fewer hits in Redis than calls"
             else
                 wrk_warm "${URL[$t]}" 1 "$WARMUP"
                 [[ $t == quota* ]] && read -r ok0 to0 err0 over0 cached0 sum0 n0 < <(quota_snapshot "${ADMIN[$t]}")
