@@ -35,8 +35,9 @@
 #      timeout). Each is measured by a closed loop on one connection: wrk -t1 -c1 --latency on
 #      LOAD_CPU, WARMUP then DURATION. Two floors beside them: `direct`, wrk straight to nginx,
 #      and `service`, the service alone: h2load (h2c, one connection, one stream at a time, on
-#      LOAD_CPU) posting quota 1's ShouldRateLimit request (protobuf, built here) to its gRPC
-#      port, each call checked to count in Redis; what the service takes without the sidecar.
+#      PROXY_CPU, where the sidecars call it from) posting quota 1's ShouldRateLimit request
+#      (protobuf, built here) to its gRPC port, each call checked to count in Redis; what a call
+#      takes without the sidecar.
 #      One round measures direct, service, none, quota 1, quota 2 in turn; ROUNDS rounds, so
 #      the machine's noise hits each alike. Reported: p50 and p99 of each run, their medians
 #      over the rounds, the added latency (median of quota minus median of none), and from the
@@ -248,11 +249,12 @@ PY
 }
 
 # The service alone over gRPC: h2load (h2c, one connection, one stream at a time) posting
-# $TMP/grpc.bin to ShouldRateLimit. Sets wrk_measure's W_REQUESTS, W_DURATION_US, W_P50_US,
-# W_P99_US, W_ERRORS (non-2xx and unfinished); the per-request times come from h2load's log.
+# $TMP/grpc.bin to ShouldRateLimit, from PROXY_CPU, where the sidecars call it from (the same
+# hop between cores). Sets wrk_measure's W_REQUESTS, W_DURATION_US, W_P50_US, W_P99_US and
+# W_ERRORS (non-2xx and unfinished); the per-request times come from h2load's log.
 grpc_measure() { # url duration warmup outfile
     local out finished ok
-    out=$(taskset -c "$LOAD_CPU" h2load -t1 -c1 -m1 --warm-up-time="$3" -D "$2" \
+    out=$(taskset -c "$PROXY_CPU" h2load -t1 -c1 -m1 --warm-up-time="$3" -D "$2" \
         -d "$TMP/grpc.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
         --log-file="$TMP/h2load.log" "$1")
     echo "$out" >"$4"
