@@ -23,19 +23,45 @@ pub fn skip(why: &str) {
 
 // === Go programs under tests/ ===
 
+/// Whether `go` runs here.
+pub async fn have_go() -> bool {
+    tokio::process::Command::new("go")
+        .arg("version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
+/// `go`, run in `dir` as every test builds Go: no cgo, the local toolchain, no workspace, and a
+/// build cache under the target dir when the environment names none.
+pub fn go_command(dir: &std::path::Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new("go");
+    cmd.current_dir(dir)
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "")
+        .env("GOWORK", "off")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let has_cache_home = ["GOCACHE", "XDG_CACHE_HOME", "HOME"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
+    if !has_cache_home {
+        cmd.env(
+            "GOCACHE",
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gocache"),
+        );
+    }
+    cmd
+}
+
 /// Builds the Go program at `src` (relative to the crate root) into the cargo target tmpdir;
 /// `None` when `go` is not on PATH. `src` is a stdlib-only `.go` file, or a module directory
 /// (its own go.mod and go.sum; .ci/run downloads its modules first).
 pub async fn build_go(src: &str, name: &str) -> Option<std::path::PathBuf> {
-    use std::process::Stdio;
-    let have_go = tokio::process::Command::new("go")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if !have_go {
+    if !have_go().await {
         return None;
     }
     let out_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("go-bin");
@@ -48,26 +74,8 @@ pub async fn build_go(src: &str, name: &str) -> Option<std::path::PathBuf> {
     } else {
         (root.to_path_buf(), src)
     };
-    let mut cmd = tokio::process::Command::new("go");
-    cmd.current_dir(dir)
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(package)
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "")
-        .env("GOWORK", "off")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let has_cache_home = ["GOCACHE", "XDG_CACHE_HOME", "HOME"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
-    if !has_cache_home {
-        cmd.env(
-            "GOCACHE",
-            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("gocache"),
-        );
-    }
+    let mut cmd = go_command(&dir);
+    cmd.args(["build", "-o"]).arg(&out).arg(package);
     let output = tokio::time::timeout(Duration::from_secs(180), cmd.output())
         .await
         .expect("go build took longer than 180s")

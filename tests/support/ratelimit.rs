@@ -60,37 +60,17 @@ async fn build_service_cmd() -> Option<PathBuf> {
     if bin.is_file() {
         return Some(bin);
     }
-    let have_go = tokio::process::Command::new("go")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|s| s.success());
-    if !have_go {
+    if !super::machine::have_go().await {
         return None;
     }
     // Installed beside, then renamed in: another test binary reading the path never finds
     // half a file.
     let staging = dir.join(format!("staging-{}", std::process::id()));
     std::fs::create_dir_all(&staging).unwrap();
-    let mut cmd = tokio::process::Command::new("go");
-    cmd.current_dir(tmp)
-        .arg("install")
+    let mut cmd = super::machine::go_command(tmp);
+    cmd.arg("install")
         .arg(format!("{RATELIMIT_PACKAGE}@{RATELIMIT_VERSION}"))
-        .env("GOBIN", &staging)
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "")
-        .env("GOWORK", "off")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let has_cache_home = ["GOCACHE", "XDG_CACHE_HOME", "HOME"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some_and(|s| !s.is_empty()));
-    if !has_cache_home {
-        cmd.env("GOCACHE", tmp.join("gocache"));
-    }
+        .env("GOBIN", &staging);
     // Cold (modules fetched, nothing cached) it takes a minute or two; .ci/run warms both.
     let output = tokio::time::timeout(Duration::from_secs(600), cmd.output())
         .await
