@@ -189,15 +189,7 @@ impl Sender {
             (response, Some(body_failed))
         };
         let response = response.map_err(|e| self.stream_error(e))?;
-        let exact = content_length(response.headers());
-        Ok(response.map(|recv| Body {
-            recv,
-            data_done: false,
-            done: false,
-            exact,
-            _pumping: pumping,
-            _open: open,
-        }))
+        Ok(Body::of(response, pumping, open))
     }
 
     /// Sends `head` with `body`, whole and in hand, and waits for the response head: the
@@ -211,15 +203,7 @@ impl Sender {
         let (response, mut stream) = self.tx.send_request(head, false).map_err(Error::NotOpened)?;
         stream.send_data(body, true).map_err(Error::Stream)?;
         let response = response.await.map_err(|e| self.stream_error(e))?;
-        let exact = content_length(response.headers());
-        Ok(response.map(|recv| Body {
-            recv,
-            data_done: false,
-            done: false,
-            exact,
-            _pumping: None,
-            _open: open,
-        }))
+        Ok(Body::of(response, None, open))
     }
 
     /// A stream's error; one that only saw the socket go says why the driver dropped it.
@@ -340,6 +324,25 @@ pub struct Body {
     /// The request body's pump, if it runs: it stops when this goes.
     _pumping: Option<oneshot::Receiver<String>>,
     _open: Open,
+}
+
+impl Body {
+    /// The body of `response`, its stream counted `open` until it goes.
+    fn of(
+        response: Response<h2::RecvStream>,
+        pumping: Option<oneshot::Receiver<String>>,
+        open: Open,
+    ) -> Response<Body> {
+        let exact = content_length(response.headers());
+        response.map(|recv| Body {
+            recv,
+            data_done: false,
+            done: false,
+            exact,
+            _pumping: pumping,
+            _open: open,
+        })
+    }
 }
 
 impl http_body::Body for Body {
