@@ -41,7 +41,7 @@ use tokio::time::Instant;
 pub use channel::CallError;
 use channel::Channel;
 
-use crate::config::{Entry, FailureMode, GlobalRateLimitConfig, ServiceUrl, TlsConfig};
+use crate::config::{DescriptorSpec, Entry, FailureMode, GlobalRateLimitConfig, ServiceUrl, TlsConfig};
 use crate::metrics::{GlobalRateLimitMetrics, Metrics};
 
 /// How long token reports gather before one call carries them.
@@ -70,8 +70,7 @@ impl Services {
         Some(Arc::new(Limiter {
             upstream: upstream.to_owned(),
             domain: config.domain.clone(),
-            specs: config.descriptors.iter().map(|d| d.entries.clone()).collect(),
-            counts_tokens: config.descriptors.iter().map(|d| d.counts_tokens()).collect(),
+            specs: config.descriptors.clone(),
             needs_app: config
                 .descriptors
                 .iter()
@@ -121,9 +120,7 @@ pub struct Service {
 pub struct Limiter {
     upstream: String,
     domain: String,
-    specs: Vec<Vec<Entry>>,
-    /// Per spec: it is a token descriptor.
-    counts_tokens: Vec<bool>,
+    specs: Vec<DescriptorSpec>,
     needs_app: bool,
     timeout: Duration,
     failure_mode: FailureMode,
@@ -200,8 +197,10 @@ impl Limiter {
             keys: Vec::with_capacity(self.specs.len()),
             tokens: Vec::with_capacity(self.specs.len()),
         };
-        for (spec, &tokens) in self.specs.iter().zip(&self.counts_tokens) {
+        for spec in &self.specs {
+            let tokens = spec.counts_tokens();
             let Some(entries) = spec
+                .entries
                 .iter()
                 .map(|entry| self.fill(entry, headers, app))
                 .collect::<Option<Vec<PbEntry>>>()
@@ -288,13 +287,13 @@ impl Limiter {
                 Ok(answer) => answer,
                 Err(failed) => {
                     return match self.failure_mode {
-                        FailureMode::Allow => Ok(self.granted(&asking, Vec::new())),
+                        FailureMode::Allow => Ok(self.granted(*asking, Vec::new())),
                         FailureMode::Deny => Err(Refusal::Unavailable(failed)),
                     };
                 }
             };
             if answer.overall_code == Code::Ok as i32 {
-                return Ok(self.granted(&asking, header_pairs(&answer.request_headers_to_add)));
+                return Ok(self.granted(*asking, header_pairs(&answer.request_headers_to_add)));
             }
             let now = Instant::now();
             let reset = self.note_spent(&asking.keys, &answer, now);
@@ -306,29 +305,31 @@ impl Limiter {
         }
     }
 
-    fn granted(self: &Arc<Self>, asking: &Asking, headers: Vec<(HeaderName, HeaderValue)>) -> Granted {
-        let of = |tokens: bool| -> Vec<_> {
-            asking
-                .descriptors
-                .iter()
-                .zip(&asking.keys)
-                .zip(&asking.tokens)
-                .filter(|(_, &counts_tokens)| counts_tokens == tokens)
-                .map(|((descriptor, &key), _)| {
-                    let mut descriptor = descriptor.clone();
-                    descriptor.hits_addend = None;
-                    (key, descriptor)
-                })
-                .collect()
-        };
-        let (token_descriptors, request_descriptors) = (of(true), of(false));
+    /// What the request `asking` described may do: its token descriptors charged with its
+    /// answer's tokens, its request descriptors counted again by a retry.
+    fn granted(self: &Arc<Self>, asking: Asking, headers: Vec<(HeaderName, HeaderValue)>) -> Granted {
+        let Asking {
+            descriptors,
+            keys,
+            tokens,
+        } = asking;
+        let (mut token_descriptors, mut request_descriptors) = (Vec::new(), Vec::new());
+        for ((mut descriptor, key), counts_tokens) in descriptors.into_iter().zip(keys).zip(tokens) {
+            // Set again when reported.
+            descriptor.hits_addend = None;
+            if counts_tokens {
+                token_descriptors.push((key, descriptor));
+            } else {
+                request_descriptors.push((key, descriptor));
+            }
+        }
         let charge = (!token_descriptors.is_empty()).then(|| Charge {
             limiter: self.clone(),
             descriptors: token_descriptors,
         });
         let recount = (!request_descriptors.is_empty()).then(|| Recount {
             limiter: self.clone(),
-            descriptors: Arc::new(request_descriptors),
+            descriptors: request_descriptors,
         });
         Granted {
             headers,
@@ -370,42 +371,43 @@ impl Limiter {
             Err(why) => Err(CallError::Down(why.clone())),
         };
         self.metrics.seconds.observe(started.elapsed().as_secs_f64());
+        // Codes other than OK and OVER_LIMIT (UNKNOWN, or one from a newer protocol) are failures.
+        let result = result.and_then(|answer| match Code::try_from(answer.overall_code) {
+            Ok(Code::Ok | Code::OverLimit) => Ok(answer),
+            _ => Err(CallError::Failed(format!(
+                "the service answered code {}",
+                answer.overall_code
+            ))),
+        });
         let counter = match &result {
             Ok(answer) if answer.overall_code == Code::Ok as i32 => &self.metrics.ok,
-            Ok(answer) if answer.overall_code == Code::OverLimit as i32 => &self.metrics.over_limit,
-            Ok(_) => &self.metrics.error,
+            Ok(_) => &self.metrics.over_limit,
             Err(CallError::Timeout(_)) => &self.metrics.timeout,
             Err(_) => &self.metrics.error,
         };
         counter.inc();
-        match result {
-            Ok(answer)
-                if answer.overall_code != Code::Ok as i32
-                    && answer.overall_code != Code::OverLimit as i32 =>
-            {
-                Err(CallError::Failed(format!(
-                    "the service answered code {}",
-                    answer.overall_code
-                )))
-            }
-            other => other,
-        }
+        result
     }
 
-    /// Adds `tokens` to each of `descriptors`, sent within [`REPORT_EVERY`].
-    fn report(self: Arc<Self>, descriptors: Vec<(cache::Key, RateLimitDescriptor)>, tokens: u64) {
+    /// Adds each report's hits to its descriptor's, sent after `wait` with those gathered
+    /// meanwhile (or with a flush already on its way).
+    fn report(
+        self: Arc<Self>,
+        reports: impl IntoIterator<Item = (cache::Key, RateLimitDescriptor, u64)>,
+        wait: Duration,
+    ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let mut batch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        for (key, descriptor) in descriptors {
+        for (key, descriptor, hits) in reports {
             let pending = batch.pending.entry(key).or_insert((descriptor, 0));
-            pending.1 = pending.1.saturating_add(tokens);
+            pending.1 = pending.1.saturating_add(hits);
         }
         if !batch.flushing {
             batch.flushing = true;
             drop(batch);
-            runtime.spawn(self.flush_after(REPORT_EVERY));
+            runtime.spawn(self.flush_after(wait));
         }
     }
 
@@ -435,25 +437,16 @@ impl Limiter {
             }
             // Nothing was sent: kept for the connection to come back. (A call that failed or
             // timed out may have been counted already: not sent twice.)
-            Err(CallError::Down(_)) => self.requeue(keys, descriptors),
+            Err(CallError::Down(_)) => {
+                let reports = keys.into_iter().zip(descriptors).map(|(key, mut descriptor)| {
+                    let hits = descriptor.hits_addend.take().map_or(0, |h| h.value);
+                    (key, descriptor, hits)
+                });
+                self.report(reports, REPORT_RETRY);
+            }
             Err(failed) => {
                 tracing::debug!(upstream = %self.upstream, error = %failed, "report not delivered");
             }
-        }
-    }
-
-    /// Puts back reports no call carried, to go again after [`REPORT_RETRY`].
-    fn requeue(self: Arc<Self>, keys: Vec<cache::Key>, descriptors: Vec<RateLimitDescriptor>) {
-        let mut batch = self.batch.lock().unwrap_or_else(|p| p.into_inner());
-        for (key, mut descriptor) in keys.into_iter().zip(descriptors) {
-            let hits = descriptor.hits_addend.take().map_or(0, |h| h.value);
-            let pending = batch.pending.entry(key).or_insert((descriptor, 0));
-            pending.1 = pending.1.saturating_add(hits);
-        }
-        if !batch.flushing {
-            batch.flushing = true;
-            drop(batch);
-            tokio::spawn(self.flush_after(REPORT_RETRY));
         }
     }
 }
@@ -478,7 +471,8 @@ impl Charge {
     /// The answer spent `tokens`.
     pub fn tokens(self, tokens: u64) {
         if tokens > 0 {
-            self.limiter.report(self.descriptors, tokens);
+            let reports = self.descriptors.into_iter().map(|(key, d)| (key, d, tokens));
+            self.limiter.report(reports, REPORT_EVERY);
         }
     }
 }
@@ -489,13 +483,14 @@ impl Charge {
 #[derive(Debug, Clone)]
 pub struct Recount {
     limiter: Arc<Limiter>,
-    descriptors: Arc<Vec<(cache::Key, RateLimitDescriptor)>>,
+    descriptors: Vec<(cache::Key, RateLimitDescriptor)>,
 }
 
 impl Recount {
     /// The request goes upstream once more.
     pub fn again(&self) {
-        self.limiter.clone().report(self.descriptors.to_vec(), 1);
+        let reports = self.descriptors.iter().map(|(key, d)| (*key, d.clone(), 1));
+        self.limiter.clone().report(reports, REPORT_EVERY);
     }
 }
 

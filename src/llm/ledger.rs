@@ -320,12 +320,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `name` cut to at most `max` bytes, at a character boundary.
 /// An app's name as every count takes it: trimmed, cut to [`APP_MAX`] bytes (empty: none).
 pub fn app_name(name: &str) -> &str {
     cut(name.trim(), APP_MAX)
 }
 
+/// `name` cut to at most `max` bytes, at a character boundary.
 fn cut(name: &str, max: usize) -> &str {
     if name.len() <= max {
         return name;

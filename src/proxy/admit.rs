@@ -3,12 +3,13 @@
 //! [`super::Proxy::handle`] asks once per request, after routing and header rewriting and
 //! before the upstream send (the pool, or an upgrade's own connection), with what a decision
 //! can rest on: the routed upstream, the request's head as it will be sent, where it came from,
-//! what it asked of pacing, and its deadline. Pacing to the upstream's advertised rate limits
-//! (`pace`) decides first, and hands back the request's [`Ticket`], which credits the response
-//! to its pace key; then the fleet's rate limit (`global_rate_limit`), when the upstream has one: its check
-//! waits for the rate-limit service (or its cache refuses at once), after pacing's wait. What
-//! it grants goes with the request: fields to add to it, and where its answer's tokens
-//! are charged.
+//! what it asked of pacing, and its deadline. When the upstream has a fleet's rate limit
+//! (`global_rate_limit`), its cache of descriptors over their limit may refuse at once, before
+//! pacing takes a place in its window. Then pacing to the upstream's advertised rate limits
+//! (`pace`) decides, and hands back the request's [`Ticket`], which credits the response to its
+//! pace key; after pacing's wait, if any, the rate-limit service's check. What that grants goes
+//! with the request: fields to add to it, where its answer's tokens are charged, and what a
+//! retry counts again.
 //!
 //! The answer is an [`Admission`], not a future: the request path does not carry a wait's state
 //! for requests that never wait, and an admitted request costs a comparison.
@@ -120,22 +121,19 @@ impl Admit {
         } = request;
         let label = || upstream.label().to_owned();
         // The limiter's cache first: a request it refuses takes nothing of pacing's window.
-        let checked = match (upstream.global_rate_limit(), global_rate_limit) {
+        let check = match (upstream.global_rate_limit(), global_rate_limit) {
             (Some(limiter), Some(asking)) => match limiter.check(asking, deadline.map(|d| d.at)) {
                 Decision::Refused(refusal) => {
-                    return (
-                        Admission::Refused(over_global_limit(label(), refusal)),
-                        Ticket::default(),
-                    );
+                    let refused = Admission::Refused(over_global_limit(label(), refusal));
+                    return (refused, Ticket::default());
                 }
-                ask => Some(ask),
+                Decision::Ask(check) => Some(check),
             },
             _ => None,
         };
         let (ticket, pass) = upstream.pace(request, pace, deadline);
-        let admission = match (pass, checked) {
+        let admission = match (pass, check) {
             (Pass::Refuse(refusal), _) => Admission::Refused(rate_limited(label(), refusal)),
-            (_, Some(Decision::Refused(refusal))) => Admission::Refused(over_global_limit(label(), refusal)),
             (Pass::Go, None) => Admission::Now,
             (Pass::Wait(waiting), None) => {
                 let label = label();
@@ -144,7 +142,7 @@ impl Admit {
                     Ok(Granted::default())
                 }))
             }
-            (pass, Some(Decision::Ask(check))) => {
+            (pass, Some(check)) => {
                 let label = label();
                 Admission::After(Box::pin(async move {
                     if let Pass::Wait(waiting) = pass {

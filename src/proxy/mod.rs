@@ -280,7 +280,11 @@ impl Proxy {
         for (name, value) in granted.headers {
             headers.insert(name, value);
         }
-        if let Some(recount) = granted.recount {
+        // Carried only to an upstream that retries by policy: the extensions map is an allocation.
+        if let Some(recount) = granted
+            .recount
+            .filter(|_| !sending.no_retry && sending.upstream.settings().retry.attempts > 0)
+        {
             req.extensions_mut().insert(recount);
         }
         if sending.upgrade {

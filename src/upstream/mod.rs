@@ -268,10 +268,7 @@ impl Upstream {
         });
         let host_header = host_header(scheme, &authority);
         let usage = Reading::new(settings.llm.usage, &label, &authority, &shared.metrics);
-        let global_rate_limit =
-            shared
-                .rate_limit_services
-                .limiter(&label, &settings.global_rate_limit, &shared.metrics);
+        let global_rate_limit = paced::limiter(shared, &label, &settings);
         Upstream {
             uri_authority: http::uri::Authority::try_from(host_header.as_bytes()).ok(),
             host_header,
@@ -717,10 +714,7 @@ impl Upstream {
             *retries += 1;
             // The wait holds no connection: the response and its lease are gone.
             tokio::time::sleep(wait).await;
-            self.pace_again(ticket);
-            if let Some(recount) = req.extensions().get::<global_rate_limit::Recount>() {
-                recount.again();
-            }
+            self.counts_again(ticket, &req);
             if let Some(body) = body {
                 *req.body_mut() = body;
             }

@@ -1,9 +1,15 @@
-//! An upstream's pacing: whether a request goes now, waits or is refused (`pace`), and
-//! crediting each response head, retried ones too, to the request's pace key.
+//! An upstream's limits: its pacing, whether a request goes now, waits or is refused (`pace`),
+//! crediting each response head, retried ones too, to the request's pace key; and the fleet's
+//! rate limit its requests are checked against (`global_rate_limit`). A retry by policy counts
+//! again against both.
+
+use std::sync::Arc;
 
 use http::{Request, Response};
 
-use super::{Deadline, Upstream};
+use super::{Deadline, Shared, Upstream};
+use crate::config::UpstreamSettings;
+use crate::global_rate_limit::{Limiter, Recount};
 use crate::pace::{self, Ticket};
 use crate::pool::PooledBody;
 use crate::wire::RequestBody;
@@ -43,8 +49,25 @@ impl Upstream {
         self.pacer.holds_for(&self.settings.pace, ticket)
     }
 
-    /// A retry of `ticket`'s request goes: it counts against its key's window.
-    pub(super) fn pace_again(&self, ticket: &Ticket) {
+    /// A retry of `req` goes: it counts against its pace key's window (`ticket`), and once
+    /// more on the global rate limit's request descriptors when it was checked against them.
+    pub(super) fn counts_again(&self, ticket: &Ticket, req: &Request<RequestBody>) {
         self.pacer.again(&self.settings.pace, ticket);
+        if let Some(recount) = req.extensions().get::<Recount>() {
+            recount.again();
+        }
     }
+
+    /// The global rate limit this upstream's requests are checked against; `None` when
+    /// `global_rate_limit` counts nothing.
+    pub fn global_rate_limit(&self) -> Option<&Arc<Limiter>> {
+        self.global_rate_limit.as_ref()
+    }
+}
+
+/// The limiter of the upstream `label` with `settings`, on the service it names.
+pub(super) fn limiter(shared: &Shared, label: &str, settings: &UpstreamSettings) -> Option<Arc<Limiter>> {
+    shared
+        .rate_limit_services
+        .limiter(label, &settings.global_rate_limit, &shared.metrics)
 }

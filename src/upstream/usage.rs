@@ -1,6 +1,5 @@
 //! What an upstream's answers are read for: the token usage an LLM API reports (`llm.usage`),
-//! decided once per upstream from its settings and host; and the global rate limit its tokens
-//! are charged to.
+//! decided once per upstream from its settings and host.
 
 use std::sync::Arc;
 
@@ -55,11 +54,5 @@ impl Upstream {
     /// How this upstream's answers are read for usage; `None` when they are not.
     pub fn usage(&self) -> Option<&Arc<Reading>> {
         self.usage.as_ref()
-    }
-
-    /// The global rate limit this upstream's requests are checked against; `None` when
-    /// `global_rate_limit` counts nothing.
-    pub fn global_rate_limit(&self) -> Option<&Arc<crate::global_rate_limit::Limiter>> {
-        self.global_rate_limit.as_ref()
     }
 }

@@ -128,16 +128,18 @@ async fn a_refused_request_goes_nowhere_and_a_held_one_goes_when_its_wait_ends()
     assert_eq!(requests.load(Ordering::SeqCst), 2);
 }
 
-/// An upstream answering `ok` that keeps each request head it read.
-async fn heads_upstream() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
+/// An upstream that keeps each request head it reads and answers with `script` in turn, then
+/// `ok`.
+async fn heads_upstream(script: Vec<&'static [u8]>) -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
     use tokio::io::AsyncReadExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let heads = Arc::new(Mutex::new(Vec::new()));
     let kept = heads.clone();
+    let script = Arc::new(Mutex::new(script.into_iter()));
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let kept = kept.clone();
+            let (kept, script) = (kept.clone(), script.clone());
             tokio::spawn(async move {
                 let mut got = Vec::new();
                 let mut buf = [0u8; 4096];
@@ -148,8 +150,9 @@ async fn heads_upstream() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
                         kept.lock()
                             .unwrap()
                             .push(String::from_utf8_lossy(&head).to_lowercase());
-                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                        if s.write_all(ok).await.is_err() {
+                        let ok = &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"[..];
+                        let answer = script.lock().unwrap().next().unwrap_or(ok);
+                        if s.write_all(answer).await.is_err() {
                             return;
                         }
                     }
@@ -188,7 +191,7 @@ async fn the_global_rate_limit_refuses_over_its_limit_and_adds_what_the_service_
         }
     })
     .await;
-    let (up, heads) = heads_upstream().await;
+    let (up, heads) = heads_upstream(Vec::new()).await;
     let yaml = format!(
         "defaults:\n  global_rate_limit:\n    service: http://127.0.0.1:{}\n    domain: egress\n    descriptors: [[{{ key: upstream }}, {{ key: app }}]]\n",
         service.port
@@ -266,7 +269,6 @@ async fn a_retry_by_policy_is_counted_once_more_by_the_global_rate_limit() {
     use crate::global_rate_limit::tests::{serve, status};
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
     use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-    use tokio::io::AsyncReadExt;
 
     let service = serve(Duration::ZERO, |req: &RateLimitRequest| RateLimitResponse {
         overall_code: Code::Ok as i32,
@@ -275,24 +277,10 @@ async fn a_retry_by_policy_is_counted_once_more_by_the_global_rate_limit() {
     })
     .await;
     // 503 to the first request, 200 to the retry.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut answers = [
-            &b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"[..],
-            &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"[..],
-        ]
-        .into_iter();
-        while let Ok((mut s, _)) = listener.accept().await {
-            let mut buf = [0u8; 4096];
-            while let Ok(1..) = s.read(&mut buf).await {
-                let Some(answer) = answers.next() else { return };
-                if s.write_all(answer).await.is_err() {
-                    break;
-                }
-            }
-        }
-    });
+    let (up, _) = heads_upstream(vec![
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n",
+    ])
+    .await;
     let yaml = format!(
         "defaults:\n  retry: {{ attempts: 1, on: [503], backoff: {{ base: 1ms, max: 1ms }} }}\n  global_rate_limit:\n    service: http://127.0.0.1:{}\n    domain: egress\n    descriptors: [[{{ key: upstream }}]]\n",
         service.port
