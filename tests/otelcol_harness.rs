@@ -1,15 +1,16 @@
 //! The trace tests' harness itself (tests/support/otelcol.rs), without the sidecar: the real
 //! OpenTelemetry Collector built from tests/otelcol takes an OTLP/HTTP JSON export posted by
 //! curl, and `spans()` reads it back from the collector's export file, each span with its
-//! resource and scope, its attributes readable as plain JSON. A stopped collector and
-//! `stopped_endpoint()` refuse connections, as the "collector down" test needs.
+//! resource and scope, its attributes readable as plain JSON, its duration from its times. A
+//! stopped collector and `stopped_endpoint()` refuse connections, as the "collector down" test
+//! needs.
 
 mod support;
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::otelcol::{attribute, resource_attribute, stopped_endpoint, Collector};
+use support::otelcol::{attribute, resource_attribute, span_duration, stopped_endpoint, Collector};
 
 const TRACE_A: &str = "0af7651916cd43dd8448eb211c80319c";
 const TRACE_B: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -116,6 +117,7 @@ async fn an_export_posted_as_otlp_json_is_read_back_span_by_span() {
     assert_eq!(server["parentSpanId"], "b7ad6b7169203331");
     assert_eq!(server["name"], "GET");
     assert_eq!(server["kind"], 2);
+    assert_eq!(span_duration(server), Duration::from_millis(250));
     assert_eq!(attribute(server, "http.request.method"), Some(json!("GET")));
     assert_eq!(attribute(server, "http.response.status_code"), Some(json!(200)));
     assert_eq!(attribute(server, "egress.pool.wait"), Some(json!(0.125)));
@@ -133,6 +135,7 @@ async fn an_export_posted_as_otlp_json_is_read_back_span_by_span() {
     assert_eq!(client["traceId"], TRACE_A);
     assert_eq!(client["parentSpanId"], server["spanId"]);
     assert_eq!(client["kind"], 3);
+    assert_eq!(span_duration(client), Duration::from_millis(230));
     assert_eq!(attribute(client, "http.request.resend_count"), Some(json!(1)));
     assert_eq!(resource_attribute(client, "service.name"), Some(json!("app-a")));
 

@@ -7,7 +7,7 @@
 //! `parentSpanId`, `name`, `kind`, `startTimeUnixNano`, `attributes`, `status`, ...) with two
 //! keys added: `resource`, its resource's attribute list, and `scope`, its instrumentation
 //! scope (`{"name": .., "version": ..}`). [`attribute`] and [`resource_attribute`] read a value
-//! out of those lists as plain JSON.
+//! out of those lists as plain JSON; [`span_duration`] is its end less its start.
 
 use super::*;
 
@@ -117,6 +117,21 @@ pub fn attribute(span: &Value, key: &str) -> Option<Value> {
 /// [`attribute`] reads a span's.
 pub fn resource_attribute(span: &Value, key: &str) -> Option<Value> {
     find_attribute(&span["resource"], key)
+}
+
+/// How long the span lasted: its `endTimeUnixNano` less its `startTimeUnixNano` (OTLP JSON
+/// writes both as decimal strings).
+pub fn span_duration(span: &Value) -> Duration {
+    let nanos = |key: &str| -> u64 {
+        let text = span[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("span without {key}: {span}"));
+        text.parse()
+            .unwrap_or_else(|_| panic!("{key} {text:?} is no integer"))
+    };
+    let (start, end) = (nanos("startTimeUnixNano"), nanos("endTimeUnixNano"));
+    assert!(end >= start, "a span that ends before it starts: {span}");
+    Duration::from_nanos(end - start)
 }
 
 /// An OTLP JSON `AnyValue` as plain JSON: `{"stringValue": "a"}` is `"a"`, `{"intValue": "42"}`
