@@ -64,7 +64,7 @@ must_reject() { # what, command...
     log "self-test ok: rejected $what"
 }
 
-# === 5b. Prometheus alert rules (defined here: `--prometheus-rules` runs it alone) ===
+# === 5b. Prometheus alert rules (defined here: `--prometheus-rules` runs it alone, below) ===
 
 prometheus_rules() {
     local rules=deploy/prometheus/egress-sidecar-rules.yaml
@@ -108,12 +108,6 @@ PY
     must_reject "a PrometheusRule whose for: is no duration" node deploy/prometheus/crd/check.mjs "$TMP/bad-prometheus-rule.json"
 }
 
-if [[ ${1:-} == --prometheus-rules ]]; then
-    prometheus_rules
-    log "deploy/: the Prometheus alert rules' checks passed"
-    exit 0
-fi
-
 # === tools ===
 
 pip_install() {
@@ -130,6 +124,12 @@ tool() {
     [[ -x $found ]] || die "$1 not found after pip install"
     printf '%s\n' "$found"
 }
+
+if [[ ${1:-} == --prometheus-rules ]]; then
+    prometheus_rules
+    log "deploy/: the Prometheus alert rules' checks passed"
+    exit 0
+fi
 
 python3 -c "import kubernetes_validate, yaml" 2>/dev/null \
     && [[ $(python3 -c 'import importlib.metadata as m; print(m.version("kubernetes-validate"))') == "$KUBERNETES_VALIDATE_VERSION" ]] \
