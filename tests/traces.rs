@@ -458,3 +458,41 @@ async fn a_request_pacing_held_shows_its_wait() {
     sidecar.stop().await;
     collector.stop().await;
 }
+
+/// An h2c request from the app is observed in the same place: its span, a root here (no
+/// `traceparent`), says HTTP/2 downstream while its attempt went upstream on HTTP/1.1.
+#[tokio::test]
+async fn an_h2c_request_gets_its_spans_too() {
+    let Some(collector) = start_collector().await else {
+        return;
+    };
+    let origin = ScriptedOrigin::start().await;
+    let sidecar = Sidecar::start(&format!(
+        "tracing: {{ otlp: \"{}\" }}\nupstreams:\n  - name: origin\n    url: http://{}\n",
+        collector.endpoint(),
+        origin.addr
+    ))
+    .await;
+    let (status, _) = h2c_get(sidecar.addr, &origin.url("/h2c")).await;
+    assert_eq!(status, 200);
+    let spans = collector.wait_for_spans(2, Duration::from_secs(10)).await;
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    let server = spans.iter().find(|s| kind(s) == SERVER).unwrap();
+    let client = spans.iter().find(|s| kind(s) == CLIENT).unwrap();
+    assert_eq!(server["parentSpanId"].as_str().unwrap_or(""), "");
+    assert_eq!(client["parentSpanId"], server["spanId"]);
+    assert_eq!(server["traceId"], client["traceId"]);
+    assert_eq!(text(server, "network.protocol.version"), "2");
+    assert_eq!(text(client, "network.protocol.version"), "1.1");
+    let sent = origin.recorded()[0].header("traceparent").map(str::to_owned);
+    assert_eq!(
+        sent,
+        Some(format!(
+            "00-{}-{}-01",
+            client["traceId"].as_str().unwrap(),
+            client["spanId"].as_str().unwrap()
+        ))
+    );
+    sidecar.stop().await;
+    collector.stop().await;
+}
