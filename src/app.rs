@@ -150,8 +150,13 @@ pub async fn run_with_reload(
     close_pools(&built.pools).await;
     // After the drain, so the spans of the requests it let finish go too.
     let _ = export_stop.send(true);
-    if let Some(exporting) = exporting {
-        let _ = exporting.await;
+    if let Some(mut exporting) = exporting {
+        // Bounded whatever the collector does: the exporter keeps its own deadline, this one
+        // is the net under it.
+        let grace = trace::export::FINAL_EXPORT_TIMEOUT + std::time::Duration::from_secs(1);
+        if tokio::time::timeout(grace, &mut exporting).await.is_err() {
+            exporting.abort();
+        }
     }
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;

@@ -496,3 +496,109 @@ async fn an_h2c_request_gets_its_spans_too() {
     sidecar.stop().await;
     collector.stop().await;
 }
+
+/// An app that gives up on a slow call (its timeout) is the trace an operator wants most: the
+/// request's span ends as `canceled`, and its attempt keeps its parent.
+#[tokio::test]
+async fn a_request_the_app_gives_up_on_still_ends_its_spans() {
+    let Some(collector) = start_collector().await else {
+        return;
+    };
+    let origin = ScriptedOrigin::start().await;
+    origin.script(
+        "/stuck",
+        vec![Answer::ok("late").head_after(Duration::from_secs(30))],
+    );
+    let sidecar = Sidecar::start(&format!(
+        "tracing: {{ otlp: \"{}\" }}\nupstreams:\n  - name: origin\n    url: http://{}\n",
+        collector.endpoint(),
+        origin.addr
+    ))
+    .await;
+    let app = AppContext::new();
+    let mut client = RawClient::connect(sidecar.addr).await;
+    let url = origin.url("/stuck");
+    client
+        .send_raw(
+            format!(
+                "GET {url} HTTP/1.1\r\nHost: {}\r\n{}\r\n",
+                origin.addr,
+                app.header("01")
+            )
+            .as_bytes(),
+        )
+        .await;
+    origin.wait_requests(1, Duration::from_secs(10)).await;
+    drop(client);
+    let spans = collector.wait_for_spans(2, Duration::from_secs(10)).await;
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    let server = spans
+        .iter()
+        .find(|s| kind(s) == SERVER)
+        .expect("the request's span");
+    let client_span = spans
+        .iter()
+        .find(|s| kind(s) == CLIENT)
+        .expect("the attempt's span");
+    assert_eq!(server["parentSpanId"], app.span_id.as_str());
+    assert_eq!(client_span["parentSpanId"], server["spanId"]);
+    for span in [server, client_span] {
+        assert_eq!(text(span, "error.type"), "canceled");
+        assert_eq!(span["status"]["code"], 2, "ERROR: {span}");
+    }
+    assert!(
+        attribute(server, "http.response.status_code").is_none(),
+        "no answer went out"
+    );
+    sidecar.stop().await;
+    collector.stop().await;
+}
+
+/// A collector that takes the connection and never answers holds neither requests nor the
+/// sidecar's stop: the final export has a deadline, and what it could not post is counted.
+#[tokio::test]
+async fn a_collector_that_never_answers_holds_neither_requests_nor_the_stop() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            kept.push(stream);
+        }
+    });
+    let origin = ScriptedOrigin::start().await;
+    let sidecar = Sidecar::start(&format!(
+        "shutdown: {{ drain_timeout: 1s }}\ntracing: {{ otlp: \"http://{silent_addr}\" }}\n\
+         upstreams:\n  - name: origin\n    url: http://{}\n",
+        origin.addr
+    ))
+    .await;
+    for _ in 0..20 {
+        assert_eq!(
+            get(&sidecar, &origin.url("/x"), &AppContext::new().header("01"))
+                .await
+                .status,
+            200
+        );
+    }
+    // The first batch goes a second after its first span, and hangs: the stop comes meanwhile.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let admin = sidecar.admin;
+    let stopping = tokio::time::Instant::now();
+    let metrics_before = scrape(admin).await;
+    assert_eq!(
+        value(
+            &metrics_before,
+            "egress_trace_spans_dropped_total",
+            &[("reason", "export_failed")]
+        ),
+        0.0,
+        "the post is still under way"
+    );
+    sidecar.stop().await;
+    let took = stopping.elapsed();
+    // The drain (no connection open) is at once; the exporter's final deadline is 2 s, and
+    // the export under way (10 s of its own) is cut by the stop.
+    assert!(took < Duration::from_secs(6), "the stop took {took:?}");
+    held.abort();
+}

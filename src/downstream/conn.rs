@@ -787,8 +787,7 @@ mod tests {
         // it is read and the ids of the labels it named (6), and what settles its tokens in
         // pacing rides with the response body (16: its key and what it was charged; held
         // twice). 2,992 since an attempt upstream may carry its OpenTelemetry span
-        // (`trace::Attempt`, boxed, held across the exchange; a traced request's admission
-        // wait rides in its response's extensions rather than in every request's state).
+        // (`trace::ClientSpan`, boxed, held across the exchange).
         assert!(size <= 2_992, "the exchanges' state grew to {size} bytes");
     }
 

@@ -144,18 +144,18 @@ impl Proxy {
         // Boxed: the unobserved path should not carry the line's state in its future.
         observe::Handling::logged(
             span,
-            Box::pin(self.handle_logged(req, arrival, source, log, server)),
+            Box::pin(self.handle_observed(req, arrival, source, log, server)),
         )
     }
 
     /// A request with an access-log line or a span (or both).
-    async fn handle_logged(
+    async fn handle_observed(
         &self,
         req: &mut Request<RequestBody>,
         arrival: &Arrival,
         source: &Source,
         log: Option<&Arc<AccessLog>>,
-        server: Option<crate::trace::Server>,
+        server: Option<crate::trace::ServerSpan>,
     ) -> Response<ResponseBody> {
         let pending = observe::Pending::begin(req, source, log.map(|log| &**log), server);
         let mut routed = observe::Routed::default();
@@ -293,9 +293,13 @@ impl Proxy {
         sending: Sending<'_>,
         ticket: crate::pace::Ticket,
     ) -> Result<Response<ResponseBody>, ProxyError> {
-        let asked = std::time::Instant::now();
-        let granted = later.granted().await?;
-        let waited = observe::AdmissionWait(asked.elapsed());
+        // Timed for a traced request only: the wait shows on its span, failed or not.
+        let asked = crate::trace::is_traced(req).then(std::time::Instant::now);
+        let granted = later.granted().await;
+        if let Some(asked) = asked {
+            crate::trace::admitted(req, asked.elapsed());
+        }
+        let granted = granted?;
         let headers = req.headers_mut();
         for (name, value) in granted.headers {
             headers.insert(name, value);
@@ -314,11 +318,7 @@ impl Proxy {
             .upstream
             .send(req, sending.no_retry, sending.deadline, ticket.going())
             .await?;
-        let mut resp = to_downstream(resp, sending.upstream, sending.who, granted.charge);
-        // For the request's span: carried by the response (an allocation, on a request that
-        // waited), so that requests admitted at once carry nothing for it.
-        resp.extensions_mut().insert(waited);
-        Ok(resp)
+        Ok(to_downstream(resp, sending.upstream, sending.who, granted.charge))
     }
 
     /// Sends an upgrade request on a connection of its own (`upgrade`).

@@ -110,11 +110,6 @@ pub(super) struct Routed {
     pub(super) scheme: Option<&'static str>,
 }
 
-/// How long admission (pacing, the fleet's rate limit) held a request, in its response's
-/// extensions.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct AdmissionWait(pub(super) std::time::Duration);
-
 /// A request's line and span as far as they are known before forwarding.
 #[derive(Debug)]
 pub(super) struct Pending {
@@ -122,9 +117,7 @@ pub(super) struct Pending {
     started: Instant,
     bytes_in: Option<Arc<AtomicU64>>,
     /// The request's OpenTelemetry span, when it is traced.
-    server: Option<trace::Server>,
-    /// How long admission held the request.
-    admission_wait: Option<std::time::Duration>,
+    server: Option<trace::ServerSpan>,
 }
 
 impl Pending {
@@ -134,7 +127,7 @@ impl Pending {
         req: &mut Request<RequestBody>,
         source: &Source,
         log: Option<&AccessLog>,
-        server: Option<trace::Server>,
+        server: Option<trace::ServerSpan>,
     ) -> Self {
         let headers = req.headers();
         let text = |name: http::header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
@@ -174,7 +167,6 @@ impl Pending {
             started: Instant::now(),
             bytes_in: req.body_mut().count(),
             server,
-            admission_wait: None,
         }
     }
 
@@ -186,7 +178,6 @@ impl Pending {
         error: Option<&'static str>,
         log: Option<&Arc<AccessLog>>,
     ) -> Response<ResponseBody> {
-        self.admission_wait = resp.extensions().get::<AdmissionWait>().map(|w| w.0);
         let r = &mut self.record;
         r.status = resp.status().as_u16();
         r.error = error;
@@ -272,13 +263,25 @@ impl Drop for Logged {
             log.write(&pending.record);
         }
         if let Some(server) = pending.server.take() {
-            server.end(server_fields(&mut pending.record, pending.admission_wait));
+            server.end(server_fields(&mut pending.record));
+        }
+    }
+}
+
+impl Drop for Pending {
+    /// A request given up before its response head (the app left, or the sidecar is stopping)
+    /// still ends its span, with what is known of it, so its attempts keep their parent.
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            let mut fields = server_fields(&mut self.record);
+            fields.error = Some("canceled");
+            server.end(fields);
         }
     }
 }
 
 /// What a request's span says, moved out of its line (written by now).
-fn server_fields(r: &mut Record, admission_wait: Option<std::time::Duration>) -> trace::ServerFields {
+fn server_fields(r: &mut Record) -> trace::ServerFields {
     let mut path = std::mem::take(&mut r.path);
     if let Some(at) = path.find('?') {
         path.truncate(at);
@@ -297,7 +300,7 @@ fn server_fields(r: &mut Record, admission_wait: Option<std::time::Duration>) ->
         },
         upstream: r.upstream.take(),
         retries: r.retries,
-        admission_wait,
+        admission_wait: None,
         model: r.model.take(),
         tokens: r.input_tokens.zip(r.output_tokens),
     }

@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -26,8 +26,10 @@ pub const MAX_BATCH: usize = 512;
 pub const BATCH_DELAY: Duration = Duration::from_secs(1);
 /// A post the collector has not answered by then has failed (OTLP's default timeout).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
-/// What is still queued at shutdown gets this long.
-const FINAL_EXPORT_TIMEOUT: Duration = Duration::from_secs(2);
+/// What is still queued at shutdown gets this long, in all (`app` waits a little longer).
+pub const FINAL_EXPORT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The most of a collector's answer that is read.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// Drains the span queue to the collector.
 #[derive(Debug)]
@@ -37,6 +39,8 @@ pub struct Exporter {
     pub(super) spans: mpsc::Receiver<Finished>,
     failed: Counter,
     connection: Option<http1::SendRequest<Full<Bytes>>>,
+    /// Spans in the post under way, counted as dropped if a stop cuts it.
+    posting: u64,
 }
 
 impl Exporter {
@@ -61,6 +65,7 @@ impl Exporter {
             spans,
             failed,
             connection: None,
+            posting: 0,
         }
     }
 
@@ -79,22 +84,53 @@ impl Exporter {
             while batch.len() < MAX_BATCH {
                 let room = MAX_BATCH - batch.len();
                 tokio::select! {
+                    biased;
+                    _ = stop.wait_for(|s| *s) => break,
                     n = self.spans.recv_many(&mut batch, room) => if n == 0 { break },
                     _ = tokio::time::sleep_until(deadline) => break,
-                    _ = stop.wait_for(|s| *s) => break,
                 }
             }
-            self.export(&mut batch, EXPORT_TIMEOUT).await;
-        }
-        // The last spans: those of the requests drained before the stop.
-        while let Ok(span) = self.spans.try_recv() {
-            batch.push(span);
-            if batch.len() == MAX_BATCH {
-                self.export(&mut batch, FINAL_EXPORT_TIMEOUT).await;
+            if *stop.borrow() {
+                break;
+            }
+            // A stop while a batch is posted ends the post too: what is left gets the final one.
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => {
+                    let lost = std::mem::take(&mut self.posting);
+                    if lost > 0 {
+                        self.failed_export(lost, "stopped while posting");
+                    }
+                    break;
+                }
+                () = self.export(&mut batch, EXPORT_TIMEOUT) => {}
             }
         }
-        if !batch.is_empty() {
-            self.export(&mut batch, FINAL_EXPORT_TIMEOUT).await;
+        self.finish(batch).await;
+    }
+
+    /// The last spans (those of the requests drained before the stop, and a batch a stop cut
+    /// off), within [`FINAL_EXPORT_TIMEOUT`] in all; what is left then is dropped, counted.
+    async fn finish(&mut self, mut batch: Vec<Finished>) {
+        let deadline = tokio::time::Instant::now() + FINAL_EXPORT_TIMEOUT;
+        loop {
+            while batch.len() < MAX_BATCH {
+                match self.spans.try_recv() {
+                    Ok(span) => batch.push(span),
+                    Err(_) => break,
+                }
+            }
+            if batch.is_empty() {
+                return;
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                let count = batch.len() as u64;
+                batch.clear();
+                self.failed_export(count, "the stop's deadline passed");
+                continue;
+            }
+            self.export(&mut batch, left).await;
         }
     }
 
@@ -103,10 +139,13 @@ impl Exporter {
     pub(super) async fn export(&mut self, batch: &mut Vec<Finished>, timeout: Duration) {
         let count = batch.len() as u64;
         let body = encode(&self.resource, batch.drain(..));
-        match tokio::time::timeout(timeout, self.post(body)).await {
+        self.posting = count;
+        let posted = tokio::time::timeout(timeout, self.post(body)).await;
+        self.posting = 0;
+        match posted {
             Ok(Ok(())) => {}
             Ok(Err(why)) => self.failed_export(count, &why),
-            Err(_) => self.failed_export(count, "no answer within 10s"),
+            Err(_) => self.failed_export(count, &format!("no answer within {timeout:?}")),
         }
     }
 
@@ -135,8 +174,12 @@ impl Exporter {
             Err(why) => return Err(why),
         };
         let status = resp.status();
-        // Read whole, so the connection can carry the next batch.
-        let answer = resp.into_body().collect().await.map_err(|e| e.to_string())?;
+        // Read whole, so the connection can carry the next batch; a collector's answer is a
+        // few bytes (a partial-success message at most), so a long one is an error.
+        let answer = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
         if status.is_success() {
             Ok(())
         } else {
@@ -214,17 +257,21 @@ fn to_span(finished: Finished) -> Span {
         end,
         fields,
     } = finished;
-    let (name, kind, attributes, error, remote_parent) = match fields {
+    // The span's status is ERROR as the HTTP conventions say: on a SERVER span for a 5xx (or
+    // no answer), not for a 4xx the app caused; on a CLIENT span for any error.
+    let (name, kind, attributes, failed, remote_parent) = match fields {
         Fields::Server(f) => {
             let error = f
                 .error
                 .map(str::to_owned)
                 .or_else(|| (f.status >= 500).then(|| f.status.to_string()));
+            let failed = error.is_some() && (f.status >= 500 || f.status == 0);
+            let name = span_name(&f.method);
             (
-                f.method.clone(),
+                name,
                 span::SpanKind::Server,
-                server_attributes(*f, error.clone()),
-                error,
+                server_attributes(*f, error),
+                failed,
                 true,
             )
         }
@@ -234,11 +281,13 @@ fn to_span(finished: Finished) -> Span {
                 .error
                 .map(str::to_owned)
                 .or_else(|| (status >= 400).then(|| status.to_string()));
+            let failed = error.is_some();
+            let name = span_name(f.method.as_str());
             (
-                f.method.to_string(),
+                name,
                 span::SpanKind::Client,
-                client_attributes(*f, error.clone()),
-                error,
+                client_attributes(*f, error),
+                failed,
                 false,
             )
         }
@@ -258,7 +307,7 @@ fn to_span(finished: Finished) -> Span {
         start_time_unix_nano: unix_nanos(start),
         end_time_unix_nano: unix_nanos(end),
         attributes,
-        status: error.map(|_| Status {
+        status: failed.then(|| Status {
             message: String::new(),
             code: status::StatusCode::Error as i32,
         }),
@@ -266,9 +315,34 @@ fn to_span(finished: Finished) -> Span {
     }
 }
 
+/// The methods HTTP's conventions name; any other is `_OTHER`, so that an app cannot make
+/// span names (or `http.request.method` values) without bound.
+const KNOWN_METHODS: [&str; 10] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY",
+];
+
+fn known_method(method: &str) -> bool {
+    KNOWN_METHODS.contains(&method)
+}
+
+/// `{method}`, or `HTTP` for a method the conventions do not know.
+fn span_name(method: &str) -> String {
+    if known_method(method) { method } else { "HTTP" }.to_owned()
+}
+
+/// `http.request.method`, and `http.request.method_original` when it is `_OTHER`.
+fn push_method(out: &mut Vec<KeyValue>, method: String) {
+    if known_method(&method) {
+        out.push(text("http.request.method", method));
+    } else {
+        out.push(text("http.request.method", "_OTHER".to_owned()));
+        out.push(text("http.request.method_original", super::bounded(method)));
+    }
+}
+
 fn server_attributes(f: ServerFields, error: Option<String>) -> Vec<KeyValue> {
     let mut out = Vec::with_capacity(16);
-    out.push(text("http.request.method", f.method));
+    push_method(&mut out, f.method);
     let (host, port) = split_authority(&f.authority, f.scheme);
     out.push(text(
         "url.full",
@@ -323,7 +397,7 @@ fn client_attributes(f: ClientFields, error: Option<String>) -> Vec<KeyValue> {
     } else {
         format!("{}://{host}:{}{}", f.scheme, f.port, f.path)
     };
-    out.push(text("http.request.method", f.method.to_string()));
+    push_method(&mut out, f.method.to_string());
     out.push(text("url.full", url));
     out.push(text("server.address", f.host));
     out.push(int("server.port", i64::from(f.port)));

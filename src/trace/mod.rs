@@ -81,7 +81,7 @@ impl Tracer {
     /// The SERVER span of a request with `headers`, when it is traced: under the application's
     /// `traceparent` when it has a valid one (traced when its sampled flag is set), else the
     /// root of a new trace, traced by `tracing.sample`.
-    pub fn server(self: &Arc<Self>, headers: &HeaderMap) -> Option<Server> {
+    pub fn server(self: &Arc<Self>, headers: &HeaderMap) -> Option<ServerSpan> {
         let (trace_id, parent) = match headers.get(TRACEPARENT).and_then(|v| parse(v.as_bytes())) {
             Some(parent) if !parent.sampled => return None,
             Some(parent) => (parent.trace_id, Some(parent.span_id)),
@@ -90,15 +90,18 @@ impl Tracer {
             }
             None => return None,
         };
-        Some(Server {
+        Some(ServerSpan {
             traced: Traced {
                 tracer: self.clone(),
                 trace_id,
                 span_id: self.ids.span_id(),
+                root: parent.is_none(),
                 retry_reason: None,
+                admission_wait: Arc::default(),
             },
             parent,
             start: SystemTime::now(),
+            started: std::time::Instant::now(),
         })
     }
 
@@ -116,8 +119,14 @@ pub struct Traced {
     trace_id: [u8; 16],
     /// The request's (SERVER) span: the attempts' parent.
     span_id: [u8; 8],
+    /// The trace began here (no valid `traceparent` came): the app's `tracestate` belongs to
+    /// no trace the upstream will see.
+    root: bool,
     /// Why the next attempt is made, when it is a retry.
     retry_reason: Option<String>,
+    /// Nanoseconds admission held the request (0: none), shared with the request's span, so
+    /// that a request that fails after its wait still shows it.
+    admission_wait: Arc<AtomicU64>,
 }
 
 impl Traced {
@@ -127,34 +136,43 @@ impl Traced {
     }
 }
 
-/// A request's span, open: kept by the request's observer until its response body ends.
+/// A request's span (kind SERVER), open: kept by the request's observer until its response
+/// body ends, or until the request is given up (the observer then ends it as `canceled`).
 #[derive(Debug)]
-pub struct Server {
+pub struct ServerSpan {
     traced: Traced,
     parent: Option<[u8; 8]>,
     start: SystemTime,
+    /// `start` on the monotonic clock: the end is `start` plus what it measures, so a step of
+    /// the wall clock cannot make a span end before it starts.
+    started: std::time::Instant,
 }
 
-impl Server {
+impl ServerSpan {
     /// The context the request carries to its attempts.
     pub fn traced(&self) -> &Traced {
         &self.traced
     }
 
     /// Ends the span with what the request's line knows.
-    pub fn end(self, fields: ServerFields) {
+    pub fn end(self, mut fields: ServerFields) {
         let Traced {
             tracer,
             trace_id,
             span_id,
+            admission_wait,
             ..
         } = self.traced;
+        fields.authority = bounded(std::mem::take(&mut fields.authority));
+        fields.path = bounded(std::mem::take(&mut fields.path));
+        let waited = admission_wait.load(Ordering::Relaxed);
+        fields.admission_wait = (waited > 0).then(|| Duration::from_nanos(waited));
         tracer.submit(Finished {
             trace_id,
             span_id,
             parent: self.parent,
             start: self.start,
-            end: SystemTime::now(),
+            end: self.start + self.started.elapsed(),
             fields: Fields::Server(Box::new(fields)),
         });
     }
@@ -183,7 +201,8 @@ pub struct ServerFields {
     pub upstream: Option<Arc<str>>,
     /// Times the request was sent again.
     pub retries: u32,
-    /// How long admission (pacing, the fleet's rate limit) held the request.
+    /// How long admission (pacing, the fleet's rate limit) held the request (set by
+    /// [`ServerSpan::end`]).
     pub admission_wait: Option<Duration>,
     /// The model an LLM answer named.
     pub model: Option<Arc<str>>,
@@ -191,10 +210,11 @@ pub struct ServerFields {
     pub tokens: Option<(u64, u64)>,
 }
 
-/// An upstream attempt's span, open from asking the pool until the response head or failure.
-/// Dropped unended (the application left), it is exported with `error.type` `canceled`.
+/// An upstream attempt's span (kind CLIENT), open from asking the pool until the response head
+/// or failure. Dropped unended (the application left, or the request's deadline passed), it is
+/// exported with `error.type` `canceled`.
 #[derive(Debug)]
-pub struct Attempt {
+pub struct ClientSpan {
     tracer: Arc<Tracer>,
     trace_id: [u8; 16],
     parent: [u8; 8],
@@ -234,7 +254,7 @@ pub struct Target<'a> {
     pub port: u16,
 }
 
-impl Attempt {
+impl ClientSpan {
     /// The span of an attempt at sending `req` (the `resend_count`th resend) to `target`, when
     /// the request is traced; its `traceparent` becomes the attempt's unless `propagate` is off.
     pub fn begin(
@@ -242,14 +262,16 @@ impl Attempt {
         target: Target<'_>,
         resend_count: u32,
         propagate: bool,
-    ) -> Option<Box<Attempt>> {
+    ) -> Option<Box<ClientSpan>> {
         // Looked up first: an untraced request pays this lookup only.
-        req.extensions().get::<Traced>()?;
+        if !is_traced(req) {
+            return None;
+        }
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         let traced = req.extensions_mut().get_mut::<Traced>()?;
         let span_id = traced.tracer.ids.span_id();
-        let attempt = Box::new(Attempt {
+        let attempt = Box::new(ClientSpan {
             tracer: traced.tracer.clone(),
             trace_id: traced.trace_id,
             parent: traced.span_id,
@@ -261,7 +283,7 @@ impl Attempt {
                 scheme: target.scheme,
                 host: target.host.to_owned(),
                 port: target.port,
-                path,
+                path: bounded(path),
                 resend_count,
                 retry_reason: traced.retry_reason.take(),
                 ..ClientFields::default()
@@ -270,7 +292,12 @@ impl Attempt {
         });
         if propagate {
             let header = traceparent(&attempt.trace_id, &span_id);
-            req.headers_mut().insert(TRACEPARENT, header);
+            let root = traced.root;
+            let headers = req.headers_mut();
+            headers.insert(TRACEPARENT, header);
+            if root {
+                headers.remove(TRACESTATE);
+            }
         }
         Some(attempt)
     }
@@ -310,19 +337,49 @@ impl Attempt {
             span_id: self.span_id,
             parent: Some(self.parent),
             start: self.start,
-            end: SystemTime::now(),
+            end: self.start + self.asked.elapsed(),
             fields: Fields::Client(Box::new(fields)),
         });
     }
 }
 
-impl Drop for Attempt {
+impl Drop for ClientSpan {
     fn drop(&mut self) {
         if !self.ended {
             self.fields.error = Some("canceled");
             self.end();
         }
     }
+}
+
+/// Whether `req` is traced (carries its span's context).
+pub fn is_traced<B>(req: &Request<B>) -> bool {
+    req.extensions().get::<Traced>().is_some()
+}
+
+/// Notes on a traced request how long admission held it.
+pub fn admitted<B>(req: &Request<B>, waited: Duration) {
+    if let Some(traced) = req.extensions().get::<Traced>() {
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX).max(1);
+        traced.admission_wait.store(nanos, Ordering::Relaxed);
+    }
+}
+
+/// Past this a path or authority is cut (at a character's boundary) before it is kept in a
+/// span: a queue of spans must not hold 64 KiB heads (OpenTelemetry's attribute value length
+/// limit, set).
+pub const MAX_VALUE_BYTES: usize = 2048;
+
+/// `text`, cut to [`MAX_VALUE_BYTES`].
+pub fn bounded(mut text: String) -> String {
+    if text.len() > MAX_VALUE_BYTES {
+        let mut at = MAX_VALUE_BYTES;
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        text.truncate(at);
+    }
+    text
 }
 
 /// Notes on a traced request why its next attempt is made.

@@ -136,12 +136,12 @@ async fn an_attempt_carries_its_traceparent_and_ends_when_dropped() {
         port: 443,
     };
     assert!(
-        Attempt::begin(&mut req, target, 0, true).is_none(),
+        ClientSpan::begin(&mut req, target, 0, true).is_none(),
         "untraced requests make no span"
     );
     req.extensions_mut().insert(server.traced().clone());
     retrying(&mut req, "503");
-    let attempt = Attempt::begin(&mut req, target, 1, true).unwrap();
+    let attempt = ClientSpan::begin(&mut req, target, 1, true).unwrap();
     let sent = parse(req.headers()[TRACEPARENT].as_bytes()).unwrap();
     assert_eq!(sent.trace_id, server.traced.trace_id);
     assert_eq!(
@@ -149,7 +149,7 @@ async fn an_attempt_carries_its_traceparent_and_ends_when_dropped() {
         "the upstream sees the attempt as its parent"
     );
     drop(attempt);
-    let kept = Attempt::begin(&mut req, target, 2, false).unwrap();
+    let kept = ClientSpan::begin(&mut req, target, 2, false).unwrap();
     assert_eq!(
         parse(req.headers()[TRACEPARENT].as_bytes()).unwrap().span_id,
         sent.span_id,
@@ -325,4 +325,90 @@ fn request_complete(got: &[u8]) -> bool {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
     got.len() >= end + 4 + length
+}
+
+#[tokio::test]
+async fn unknown_methods_long_paths_and_new_traces_are_kept_in_bounds() {
+    let (tracer, mut exporter, _) = tracer(1.0);
+    // No traceparent: a trace begins here, and the app's tracestate (of no trace the
+    // upstream will see) does not go on.
+    let server = tracer.server(&headers(None)).unwrap();
+    let mut req = Request::new(crate::wire::RequestBody::Empty);
+    *req.method_mut() = http::Method::from_bytes(b"BREW").unwrap();
+    *req.uri_mut() = format!("/{}", "é".repeat(3000))
+        .parse()
+        .unwrap_or_else(|_| "/x".parse().unwrap());
+    req.headers_mut()
+        .insert(TRACESTATE, HeaderValue::from_static("vendor=1"));
+    req.extensions_mut().insert(server.traced().clone());
+    let target = Target {
+        scheme: "http",
+        host: "::1",
+        port: 8080,
+    };
+    ClientSpan::begin(&mut req, target, 0, true)
+        .unwrap()
+        .answered(404);
+    assert!(!req.headers().contains_key(TRACESTATE));
+    server.end(ServerFields {
+        method: "BREW".to_owned(),
+        scheme: "http",
+        authority: "a".repeat(5000),
+        path: "/".to_owned(),
+        status: 403,
+        error: Some("policy_denied"),
+        protocol: "HTTP/1.1",
+        ..ServerFields::default()
+    });
+    let mut spans = Vec::new();
+    exporter.spans.recv_many(&mut spans, 10).await;
+    let body = export::encode(&exporter.resource, spans.into_iter());
+    let decoded = ExportTraceServiceRequest::decode(body).unwrap();
+    let spans = &decoded.resource_spans[0].scope_spans[0].spans;
+    let (client, server) = (&spans[0], &spans[1]);
+    for span in [client, server] {
+        assert_eq!(span.name, "HTTP", "an unknown method names no span");
+        assert_eq!(
+            string(&span.attributes, "http.request.method"),
+            Some("_OTHER".to_owned())
+        );
+        assert_eq!(
+            string(&span.attributes, "http.request.method_original"),
+            Some("BREW".to_owned())
+        );
+    }
+    let url = string(&client.attributes, "url.full").unwrap();
+    assert!(url.starts_with("http://[::1]:8080/"), "{url}");
+    assert!(
+        url.len() <= MAX_VALUE_BYTES + 30,
+        "the path is cut: {}",
+        url.len()
+    );
+    assert_eq!(
+        string(&client.attributes, "server.address"),
+        Some("::1".to_owned())
+    );
+    assert_eq!(string(&client.attributes, "error.type"), Some("404".to_owned()));
+    assert!(client.status.is_some(), "a CLIENT span's 4xx is an error");
+    assert!(string(&server.attributes, "server.address").unwrap().len() <= MAX_VALUE_BYTES);
+    assert_eq!(
+        string(&server.attributes, "error.type"),
+        Some("policy_denied".to_owned())
+    );
+    assert!(
+        server.status.is_none(),
+        "a SERVER span's 4xx is the app's, not an error"
+    );
+    assert_eq!(server.parent_span_id, Vec::<u8>::new(), "a root");
+    assert_eq!(server.flags, 0x101, "sampled; the parent (none) is not remote");
+    assert_eq!(client.flags, 0x101);
+    assert!(server.end_time_unix_nano >= server.start_time_unix_nano);
+}
+
+#[test]
+fn bounded_cuts_at_a_character_boundary() {
+    assert_eq!(bounded("short".to_owned()), "short");
+    let cut = bounded("é".repeat(MAX_VALUE_BYTES));
+    assert!(cut.len() <= MAX_VALUE_BYTES && cut.len() >= MAX_VALUE_BYTES - 1);
+    assert!(cut.chars().all(|c| c == 'é'));
 }

@@ -751,15 +751,15 @@ impl Upstream {
             unsent: 0,
         };
         loop {
-            let mut span = self.attempt_span(req, *retries);
+            let mut client_span = self.attempt_span(req, *retries);
             let pool = self.pool_for(req);
             let mut lease = match pool.checkout_avoiding(avoid).await {
                 Ok(lease) => lease,
-                Err(err) => return Err(traced::failed(span, (err, None))),
+                Err(err) => return Err(traced::failed(client_span, (err, None))),
             };
             self.fit_request(req, lease.is_http2());
             let served = lease.served();
-            traced::leased(&mut span, &lease, &served);
+            traced::leased(&mut client_span, &lease, &served);
             let (reused, http2) = (served.reused, served.http2);
             let bodyless = req.body().is_empty();
             // HTTP/1.1 gives back all of the request but its body, so a bodyless one can go
@@ -778,8 +778,8 @@ impl Upstream {
                 }
             }
             let failure = match outcome {
-                Ok(resp) => return traced::answered(span, self.answered(resp, lease, served)),
-                Err(failure) => traced::failure(span, failure),
+                Ok(resp) => return traced::answered(client_span, self.answered(resp, lease, served)),
+                Err(failure) => traced::failure(client_span, failure),
             };
             let attempt = Attempt {
                 replay,

@@ -1,4 +1,4 @@
-//! An upstream attempt's OpenTelemetry span (`trace::Attempt`), for a traced request: begun
+//! An upstream attempt's OpenTelemetry span (`trace::ClientSpan`), for a traced request: begun
 //! before the pool is asked, told what the pool gave, ended by the response head or the failure;
 //! and the reason each retry is made, counted and told to the next attempt's span.
 
@@ -6,7 +6,7 @@ use http::{Request, Response};
 
 use super::{Attempted, Failure, Upstream};
 use crate::pool::{Lease, ServedBy};
-use crate::trace::{self, Attempt};
+use crate::trace::{self, ClientSpan};
 use crate::wire::RequestBody;
 
 impl Upstream {
@@ -16,13 +16,13 @@ impl Upstream {
         &self,
         req: &mut Request<RequestBody>,
         resend_count: u32,
-    ) -> Option<Box<Attempt>> {
+    ) -> Option<Box<ClientSpan>> {
         let target = trace::Target {
             scheme: self.scheme.as_str(),
             host: &self.authority.host,
             port: self.authority.port,
         };
-        Attempt::begin(req, target, resend_count, self.settings.tracing.propagate)
+        ClientSpan::begin(req, target, resend_count, self.settings.tracing.propagate)
     }
 
     /// Counts a retry for `reason`, and names it on the next attempt's span.
@@ -33,7 +33,7 @@ impl Upstream {
 }
 
 /// What the pool gave the attempt.
-pub(super) fn leased(span: &mut Option<Box<Attempt>>, lease: &Lease, served: &ServedBy) {
+pub(super) fn leased(span: &mut Option<Box<ClientSpan>>, lease: &Lease, served: &ServedBy) {
     if let Some(span) = span {
         span.leased(lease.granted(), served.endpoint, served.reused, served.http2);
     }
@@ -41,7 +41,7 @@ pub(super) fn leased(span: &mut Option<Box<Attempt>>, lease: &Lease, served: &Se
 
 /// The attempt's answer, as it goes on.
 pub(super) fn answered<T>(
-    span: Option<Box<Attempt>>,
+    span: Option<Box<ClientSpan>>,
     answer: Result<Response<T>, Attempted>,
 ) -> Result<Response<T>, Attempted> {
     if let Some(span) = span {
@@ -54,7 +54,7 @@ pub(super) fn answered<T>(
 }
 
 /// The attempt failed before it had a connection.
-pub(super) fn failed(span: Option<Box<Attempt>>, attempted: Attempted) -> Attempted {
+pub(super) fn failed(span: Option<Box<ClientSpan>>, attempted: Attempted) -> Attempted {
     if let Some(span) = span {
         span.failed(attempted.0.kind().as_str());
     }
@@ -62,7 +62,7 @@ pub(super) fn failed(span: Option<Box<Attempt>>, attempted: Attempted) -> Attemp
 }
 
 /// The attempt failed on its connection.
-pub(super) fn failure(span: Option<Box<Attempt>>, failure: Failure) -> Failure {
+pub(super) fn failure(span: Option<Box<ClientSpan>>, failure: Failure) -> Failure {
     if let Some(span) = span {
         let (Failure::Unsent(err) | Failure::Refused(err) | Failure::Sent(err)) = &failure;
         span.failed(err.kind().as_str());
