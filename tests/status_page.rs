@@ -7,6 +7,10 @@
 //! served (no JavaScript), and the script's render equals the server's, element for element. An
 //! app name made of markup stays text. A screenshot is kept under the target dir.
 //!
+//! A second test feeds the script reports with something in every branch of the two renders
+//! (ejected endpoints, pace keys, a retired pool, a budget, more rows than are shown, names made
+//! of markup) and checks, in Chromium, that its render is the server's.
+//!
 //! The load is held still while the page is read (the held requests cannot finish, the leaky
 //! client has exited and its connections are closed, nothing else runs), so "equal" is exact.
 
@@ -21,6 +25,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use egress_sidecar::admin::status::{self, SidecarReport, View, OTHER_SOURCES_SHOWN, TOKEN_ROWS_SHOWN};
+use egress_sidecar::budget::BudgetReport;
+use egress_sidecar::clients::{ClientReport, Clients, Process, Source};
+use egress_sidecar::endpoint::{DnsReport, EndpointReport};
+use egress_sidecar::llm::ledger::{self, Counts, Row};
+use egress_sidecar::pace::{KeyReport, PaceReport};
+use egress_sidecar::pool::{ConnectionReport, PoolReport};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -265,6 +276,20 @@ fn body_tag(html: &str) -> HashMap<String, String> {
     attributes(&html[from..from + html[from..].find('>').unwrap()])
 }
 
+/// `page` with its script cut out: what the server rendered, and nothing to change it.
+fn without_script(page: &str) -> String {
+    let script = page.find("<script>").expect("a script");
+    let end = page.find("</script>").expect("the script's end") + "</script>".len();
+    format!("{}{}", &page[..script], &page[end..])
+}
+
+/// Writes `html` as `name` in `dir`: its file:// URL.
+fn file_url(dir: &TempDir, name: &str, html: &str) -> String {
+    let file = dir.path.join(name);
+    std::fs::write(&file, html).unwrap();
+    format!("file://{}", file.display())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_the_leak_and_the_pools_in_chromium() {
     let Some(browser) = chromium_or_skip() else {
@@ -473,11 +498,12 @@ async fn page_checks(
     // for element the same as the script's. (Headless Chromium's --dump-dom needs scripting, so
     // it is the script that goes, not scripting.)
     let dir = TempDir::new();
-    let script = served.find("<script>").expect("a script");
-    let end = served.find("</script>").expect("the script's end") + "</script>".len();
-    let file = dir.path.join("served.html");
-    std::fs::write(&file, format!("{}{}", &served[..script], &served[end..])).unwrap();
-    let plain = chromium(&browser, &["--dump-dom"], &format!("file://{}", file.display())).await;
+    let plain = chromium(
+        &browser,
+        &["--dump-dom"],
+        &file_url(&dir, "served.html", &without_script(&served)),
+    )
+    .await;
     assert_eq!(body_tag(&plain)["data-rendered-by"], "server");
     assert_eq!(
         held_still(&plain),
@@ -514,4 +540,263 @@ async fn page_checks(
     );
 
     held
+}
+
+// === the two renders, every branch ===
+
+/// A view with something in every branch the two renders have: a name made of markup
+/// everywhere a name goes, an ejected and a draining endpoint, DNS and a parent proxy, a
+/// retired pool with no protocol yet, open and closed pace keys with and without their
+/// figures, a budget that paused accepting, a leaking process and more quiet sources than are
+/// shown, more token rows than are shown, and one with nothing in the last minute.
+fn every_branch() -> (
+    SidecarReport,
+    Vec<PoolReport>,
+    Vec<PaceReport>,
+    BudgetReport,
+    Vec<ClientReport>,
+    ledger::Report,
+) {
+    let hostile = "<script>alert(1)</script>\"'&";
+    let connection = |id, state| ConnectionReport {
+        id,
+        protocol: Some("http1"),
+        state,
+        age_seconds: 2.5,
+        idle_seconds: None,
+        requests: 3,
+        streams_in_use: None,
+        stream_limit: None,
+        closing_reason: None,
+        endpoint: None,
+    };
+    let endpoint = |state, ejected_for_ms| EndpointReport {
+        address: format!("10.0.0.1:443 {hostile}"),
+        state,
+        open: 2,
+        idle: 1,
+        consecutive_failures: 4,
+        ejections: 1,
+        ejected_until: None,
+        ejected_for_ms,
+    };
+    let busy = PoolReport {
+        upstream: hostile.into(),
+        protocol: Some("http2"),
+        retired: None,
+        max_connections: 8,
+        max_idle: 8,
+        max_streams_per_connection: 100,
+        open: 3,
+        pending: 7,
+        opened_total: 11,
+        reused_total: 1234,
+        learned_idle_timeout_ms: Some(4_999),
+        learned_retire_after_ms: Some(999),
+        idle_close_observations: 6,
+        connections: vec![
+            connection(1, "idle"),
+            connection(2, "active"),
+            connection(3, "idle"),
+        ],
+        endpoints: vec![
+            endpoint("active", None),
+            endpoint("ejected", Some(12_345)),
+            endpoint("draining", None),
+        ],
+        dns: Some(DnsReport {
+            host: hostile.into(),
+            refreshes: 5,
+            failures: 1,
+            expires_in_ms: Some(100),
+            last_error: None,
+        }),
+        via: Some(format!("http://{hostile}:3128")),
+    };
+    let retired = PoolReport {
+        upstream: "old".into(),
+        protocol: None,
+        retired: Some("reload"),
+        pending: 0,
+        learned_idle_timeout_ms: None,
+        learned_retire_after_ms: None,
+        connections: vec![],
+        endpoints: vec![],
+        dns: None,
+        via: None,
+        ..busy
+    };
+    let pace = vec![PaceReport {
+        upstream: hostile.into(),
+        keys: vec![
+            KeyReport {
+                key: "0badc0de".into(),
+                remaining_requests: Some(-1),
+                remaining_tokens: Some(20_000),
+                reset_ms: Some(1_500),
+                closed: true,
+                waiters: 3,
+            },
+            KeyReport {
+                key: "feedface".into(),
+                remaining_requests: None,
+                remaining_tokens: None,
+                reset_ms: None,
+                closed: false,
+                waiters: 0,
+            },
+        ],
+    }];
+    let budget = BudgetReport {
+        budget_bytes: 123_456_789,
+        source: "memory_bytes".into(),
+        usage_bytes: 98_765_432,
+        usage_measure: "cgroup_working_set",
+        accept_paused: true,
+        shed_downstream_idle: 1,
+        shed_upstream_idle: 2,
+        shed_accept_paused: 3,
+    };
+    let clients = Clients::new();
+    let process = Source::Unix(Arc::new(Process {
+        pid: Some(42),
+        uid: 1000,
+        start_time: Some(7),
+        exe: Some(format!("/opt/{hostile}").into()),
+    }));
+    for _ in 0..120 {
+        clients.opened(&process);
+        clients.closed(&process, 1, true);
+    }
+    for i in 0..(OTHER_SOURCES_SHOWN as u8 + 3) {
+        let quiet = Source::from(std::net::IpAddr::from([10, 1, 0, i]));
+        clients.opened(&quiet);
+        clients.closed(&quiet, 3 + u64::from(i), false);
+        clients.opened(&quiet);
+        clients.closed(&quiet, 8, false);
+    }
+    let row = |model: String, input| Row {
+        upstream: "openai".into(),
+        app: hostile.into(),
+        model: model.into(),
+        counts: Counts {
+            requests: 2,
+            input_tokens: input,
+            output_tokens: 17,
+            cache_read_tokens: 5,
+            cache_write_tokens: 0,
+            reasoning_tokens: 9,
+        },
+    };
+    let since_start = (0..TOKEN_ROWS_SHOWN as u64 + 2)
+        .map(|i| row(format!("model-{i:03} {hostile}"), 100 + i))
+        .collect::<Vec<_>>();
+    let last_60s = vec![row(format!("model-001 {hostile}"), 7)];
+    let sidecar = SidecarReport {
+        version: "9.9.9",
+        uptime_seconds: 90_061,
+        resident_bytes: Some(1 << 30),
+    };
+    let usage = ledger::Report {
+        since_start,
+        last_60s,
+    };
+    (
+        sidecar,
+        vec![busy, retired],
+        pace,
+        budget,
+        clients.report(),
+        usage,
+    )
+}
+
+/// JSON as a script literal: `<` escaped, so no string in it can close the script element.
+fn script_literal(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap().replace('<', "\\u003c")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_script_renders_every_branch_as_the_server_does() {
+    let Some(browser) = chromium_or_skip() else {
+        support::skip("chromium is not installed (Debian: apt-get install chromium)");
+        return;
+    };
+    let (sidecar, pools, pace, budget, clients, usage) = every_branch();
+    let view = View {
+        sidecar: &sidecar,
+        pools: &pools,
+        pace: &pace,
+        budget: Some(&budget),
+        clients: &clients,
+        usage: &usage,
+    };
+    let empty = ledger::Report {
+        since_start: vec![],
+        last_60s: vec![],
+    };
+    // The script's render of the same reports as the endpoints serve them, over a page whose
+    // server render was of nothing.
+    let nothing = status::page(&View {
+        sidecar: &sidecar,
+        pools: &[],
+        pace: &[],
+        budget: None,
+        clients: &[],
+        usage: &empty,
+    });
+    let pools_json = serde_json::json!({
+        "sidecar": &sidecar, "pools": &pools, "pace": &pace, "budget": &budget,
+    });
+    let fixture = format!(
+        "<script>document.getElementById(\"status\").innerHTML = render({}, {}, {}); \
+         document.body.dataset.renderedBy = \"fixture\";</script></body>",
+        script_literal(&pools_json),
+        script_literal(&clients),
+        script_literal(&usage)
+    );
+    let by_script = nothing.replacen("</body>", &fixture, 1);
+
+    let dir = TempDir::new();
+    let server = chromium(
+        &browser,
+        &["--dump-dom"],
+        &file_url(&dir, "server.html", &without_script(&status::page(&view))),
+    )
+    .await;
+    let script = chromium(
+        &browser,
+        &["--dump-dom"],
+        &file_url(&dir, "script.html", &by_script),
+    )
+    .await;
+    assert_eq!(
+        body_tag(&script)["data-rendered-by"],
+        "fixture",
+        "the fixture's script ran"
+    );
+    assert_eq!(
+        rendered(&script),
+        rendered(&server),
+        "the script's render against the server's"
+    );
+    // What the branches are there for.
+    let main = rendered(&server);
+    assert!(tags(&server, "script").is_empty() && tags(&server, "img").is_empty());
+    assert!(
+        main.contains("&lt;script&gt;alert(1)&lt;/script&gt;\"'&amp;"),
+        "{main}"
+    );
+    assert_eq!(
+        tags(&server, "tr")
+            .iter()
+            .filter(|t| t.contains_key("data-source"))
+            .count(),
+        1 + OTHER_SOURCES_SHOWN
+    );
+    assert!(main.contains(">3 more sources in /debug/clients<"), "{main}");
+    assert!(main.contains(">2 more rows in /debug/usage<"), "{main}");
+    assert!(main.contains("retired: reload"));
+    assert!(main.contains("ejected</span> for 12.3 s"), "{main}");
+    assert_eq!(page_pools(&server)["old"], [3, 0, 0, 1234]);
 }
