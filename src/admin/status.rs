@@ -2,7 +2,8 @@
 //! with the numbers of the moment rendered into it here, so that it reads without JavaScript.
 //! Its script renders the same markup again every 2 s from `/debug/pools`, `/debug/clients`
 //! and `/debug/usage`; [`render`] and the script's `render` build the same elements with the
-//! same `data-*` attributes from the same fields, one in Rust and one in JavaScript.
+//! same `data-*` attributes from the same fields, one in Rust and one in JavaScript
+//! (`tests/status_page.rs` holds them to it in Chromium, branch by branch).
 //!
 //! Every value that is shown is HTML-escaped: upstream names, endpoint addresses, executable
 //! paths, app and model names come from outside (a config, a process table, request headers,
