@@ -1,8 +1,10 @@
-//! The admin listener: `/healthz` (alive), `/readyz` (ready; 503 while draining), `/metrics`
-//! (Prometheus text), `/debug/pools` (JSON, each pool and each of its connections, each
-//! upstream's pace keys, and the memory budget), `/debug/clients` (JSON, per application
-//! source) and `/debug/usage` (JSON, what LLM answers spent by upstream, app and model, since
-//! start and over the last minute). Read-only: nothing on it changes state.
+//! The admin listener: `/` (the status page, HTML for a browser: see [`status`]), `/healthz`
+//! (alive), `/readyz` (ready; 503 while draining), `/metrics` (Prometheus text),
+//! `/debug/pools` (JSON: the sidecar's version and uptime, each pool and each of its
+//! connections, each upstream's pace keys, and the memory budget), `/debug/clients` (JSON, per
+//! application source) and `/debug/usage` (JSON, what LLM answers spent by upstream, app and
+//! model, since start and over the last minute). Read-only: nothing on it changes state, and
+//! the status page only reads the three JSON endpoints.
 //!
 //! Served with hyper: it sees a probe every few seconds, so none of the downstream server's
 //! memory concerns apply.
@@ -19,12 +21,15 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-use crate::budget::Budget;
+use crate::budget::{Budget, BudgetReport};
 use crate::clients::Clients;
 use crate::metrics::Metrics;
 use crate::pace;
-use crate::pool::Registry;
+use crate::pool::{PoolReport, Registry};
+
+pub mod status;
 
 /// Serves the admin endpoints until `stop` flips to true.
 pub async fn serve(
@@ -36,6 +41,8 @@ pub async fn serve(
     budget: Option<Arc<Budget>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    // `run` starts serving this first: the sidecar's uptime.
+    let started = Instant::now();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -52,6 +59,7 @@ pub async fn serve(
             paces: paces.clone(),
             clients: clients.clone(),
             budget: budget.clone(),
+            started,
         };
         tokio::spawn(async move {
             let service = service_fn(move |req| respond(req, state.clone()));
@@ -71,28 +79,90 @@ struct Admin {
     paces: Arc<pace::Registry>,
     clients: Arc<Clients>,
     budget: Option<Arc<Budget>>,
+    started: Instant,
 }
 
+impl Admin {
+    /// What `/debug/pools` shows under `sidecar`.
+    fn sidecar(&self) -> status::SidecarReport {
+        status::SidecarReport {
+            version: env!("CARGO_PKG_VERSION"),
+            uptime_seconds: self.started.elapsed().as_secs(),
+            resident_bytes: crate::resident::rss_bytes().ok(),
+        }
+    }
+
+    /// `/debug/pools`.
+    fn pools(&self) -> PoolsReport {
+        PoolsReport {
+            sidecar: self.sidecar(),
+            pools: self.pools.live().iter().map(|p| p.report()).collect(),
+            pace: self.paces.report(),
+            budget: self.budget.as_ref().map(|b| b.report(&self.metrics)),
+        }
+    }
+
+    /// `GET /`: the status page, with the numbers of the three JSON endpoints in it.
+    async fn status_page(&self) -> Response<Full<Bytes>> {
+        let pools = self.pools();
+        let clients = self.clients.report_attributed().await;
+        let usage = self.metrics.usage();
+        let page = status::page(&status::View {
+            sidecar: &pools.sidecar,
+            pools: &pools.pools,
+            pace: &pools.pace,
+            budget: pools.budget.as_ref(),
+            clients: &clients,
+            usage: &usage,
+        });
+        let mut resp = Response::new(Full::new(Bytes::from(page)));
+        let headers = resp.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        headers.insert(
+            http::header::CACHE_CONTROL,
+            http::HeaderValue::from_static("no-store"),
+        );
+        headers.insert(
+            http::header::CONTENT_SECURITY_POLICY,
+            http::HeaderValue::from_static(STATUS_CSP),
+        );
+        headers.insert(
+            http::header::X_CONTENT_TYPE_OPTIONS,
+            http::HeaderValue::from_static("nosniff"),
+        );
+        resp
+    }
+}
+
+/// `/debug/pools`: the sidecar, each pool, each upstream's pace keys, the memory budget.
+#[derive(Debug, serde::Serialize)]
+struct PoolsReport {
+    sidecar: status::SidecarReport,
+    pools: Vec<PoolReport>,
+    pace: Vec<pace::PaceReport>,
+    budget: Option<BudgetReport>,
+}
+
+/// The status page loads nothing from anywhere (its style and script are inline) and fetches
+/// only this listener's JSON; it may not be framed. Values in it are escaped all the same
+/// (`status::esc`): this is the second line, not the first.
+const STATUS_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                          connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
 async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<Bytes>>, Infallible> {
-    let Admin {
-        ready,
-        metrics,
-        pools,
-        paces,
-        clients,
-        budget,
-    } = admin;
+    if req.uri().path() == "/" {
+        return Ok(admin.status_page().await);
+    }
     if req.uri().path() == "/debug/clients" {
-        return Ok(json(&clients.report_attributed().await));
+        return Ok(json(&admin.clients.report_attributed().await));
     }
     if req.uri().path() == "/debug/pools" {
-        let pools: Vec<_> = pools.live().iter().map(|p| p.report()).collect();
-        let budget = budget.map(|b| b.report(&metrics));
-        let pace = paces.report();
-        return Ok(json(
-            &serde_json::json!({ "pools": pools, "pace": pace, "budget": budget }),
-        ));
+        return Ok(json(&admin.pools()));
     }
+    let Admin { ready, metrics, .. } = admin;
     if req.uri().path() == "/debug/usage" {
         return Ok(json(&metrics.usage()));
     }
@@ -115,7 +185,8 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         _ => (
             StatusCode::NOT_FOUND,
-            "not found; try /healthz, /readyz, /metrics, /debug/pools, /debug/clients or /debug/usage\n",
+            "not found; try / (the status page), /healthz, /readyz, /metrics, /debug/pools, \
+             /debug/clients or /debug/usage\n",
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
