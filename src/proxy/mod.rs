@@ -275,7 +275,9 @@ impl Proxy {
         sending: Sending<'_>,
         ticket: crate::pace::Ticket,
     ) -> Result<Response<ResponseBody>, ProxyError> {
-        let granted = later.granted().await?;
+        let granted = later.granted().await.inspect_err(|err| {
+            sending.upstream.failed(err);
+        })?;
         let headers = req.headers_mut();
         for (name, value) in granted.headers {
             headers.insert(name, value);
@@ -304,7 +306,9 @@ impl Proxy {
         upstream: &Upstream,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let req = crate::wire::take_request(req);
-        let resp = upgrade::send(upstream, req).await?;
+        let resp = upgrade::send(upstream, req).await.inspect_err(|err| {
+            upstream.failed(err);
+        })?;
         let mut resp = resp.map(ResponseBody::Direct);
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             headers::to_downstream_switch(&mut resp);
