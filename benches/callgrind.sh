@@ -22,6 +22,9 @@
 #        h2c: nghttpd with 100 streams a connection and the sidecar's `protocol: http2`, the
 #        path of compare.sh's workload 4, with CLIENTS=32 as in benches/RESULTS.md),
 #        DUMP_INSTR=1 (callgrind counts each instruction, for benches/cg_per_request.py),
+#        TRACE_SAMPLE (a ratio such as 1.0: `tracing` on, every root request traced, the spans
+#        posted as OTLP to the nginx upstream, which answers 200 as a collector would; the
+#        export task's encoding and posts are in the count),
 #        UPSTREAM_BODY (h1 only: `json`, an OpenAI chat completion with usage, answering POSTs
 #        (h2load sends each a small JSON body); `sse`, an OpenAI stream of SSE_CHUNKS (400)
 #        chunks with usage at the end, about 110 KB, a static file nginx serves to GETs:
@@ -76,6 +79,8 @@ instructions_for() { # requests
     fi
     [[ -z ${UPSTREAM_EXTRA:-} ]] || printf '    %s\n' "$UPSTREAM_EXTRA" >>"$TMP/sidecar.yaml"
     [[ -z ${TOP_EXTRA:-} ]] || printf '%s\n' "$TOP_EXTRA" >>"$TMP/sidecar.yaml"
+    [[ -z ${TRACE_SAMPLE:-} ]] ||
+        printf 'tracing: { otlp: "http://127.0.0.1:%s", sample: %s }\n' "$UP_PORT" "$TRACE_SAMPLE" >>"$TMP/sidecar.yaml"
     TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind ${DUMP_INSTR:+--dump-instr=yes} \
         --callgrind-out-file="$TMP/callgrind.$1.out" "$BIN" run --config "$TMP/sidecar.yaml" \
         2>"$TMP/valgrind.$1.log" &
@@ -99,7 +104,7 @@ low=$(instructions_for "$LOW")
 log "callgrind: $HIGH requests"
 high=$(instructions_for "$HIGH")
 [[ -n $low && -n $high ]] || die "no instruction count (logs in $TMP)"
-echo "sidecar $("$BIN" --version | awk '{print $2}') ($BIN, $UPSTREAM upstream${UPSTREAM_BODY:+ answering $UPSTREAM_BODY}, ${CLIENTS:-8} clients${UPSTREAM_EXTRA:+, $UPSTREAM_EXTRA}${TOP_EXTRA:+, $TOP_EXTRA}): $(( (high - low) / (HIGH - LOW) )) instructions per request" \
+echo "sidecar $("$BIN" --version | awk '{print $2}') ($BIN, $UPSTREAM upstream${UPSTREAM_BODY:+ answering $UPSTREAM_BODY}, ${CLIENTS:-8} clients${UPSTREAM_EXTRA:+, $UPSTREAM_EXTRA}${TOP_EXTRA:+, $TOP_EXTRA}${TRACE_SAMPLE:+, tracing sample $TRACE_SAMPLE}): $(( (high - low) / (HIGH - LOW) )) instructions per request" \
     "(Ir $low at $LOW requests, $high at $HIGH)"
 if [[ ${UPSTREAM_BODY:-} == sse ]]; then
     size=$(stat -c %s "$TMP/stream.sse")

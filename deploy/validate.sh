@@ -16,6 +16,13 @@
 #   4. the injector's output: the pods tests/inject.rs patches, at 1.33 (native) and 1.28
 #                      (classic) through kubernetes-validate --strict.
 #   5. check_service.py deploy/cloudrun/service.yaml.
+#   5b. promtool       deploy/prometheus/egress-sidecar-rules.yaml (check rules) and its unit
+#                      tests (test rules); check_rules.py: the PrometheusRule manifest
+#                      (deploy/kubernetes/prometheus-rules.yaml) carries the rule file's groups
+#                      exactly, each alert has its annotations and README runbook heading;
+#                      crd/check.mjs: the manifest against the PrometheusRule CRD's schema
+#                      (kubernetes-validate has no CRD schemas). `validate.sh --prometheus-rules`
+#                      runs this step alone.
 #   6. the release binary, built as the Dockerfile builds it (deploy/pgo/build.sh, whose
 #                      training run checks every answer it gets): `egress-sidecar check` on
 #                      every sidecar config under deploy/ (and the README's global_rate_limit
@@ -29,7 +36,9 @@
 # the Go module proxy (go.sum pins it), envoyproxy/ratelimit's config_check_cmd through the Go
 # module proxy (RATELIMIT_VERSION, the pseudo-version the tests build the service from). The
 # release build goes to $CARGO_TARGET_DIR, else
-# target/bench (shared with benches/).
+# target/bench (shared with benches/). Step 5b needs promtool (Debian's prometheus package;
+# installed with apt-get when missing) and node with npm (the CRD schema check's package,
+# @kubernetes-models/prometheus-operator, from the npm registry, pinned by its package-lock.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -55,6 +64,50 @@ must_reject() { # what, command...
     log "self-test ok: rejected $what"
 }
 
+# === 5b. Prometheus alert rules (defined here: `--prometheus-rules` runs it alone, below) ===
+
+prometheus_rules() {
+    local rules=deploy/prometheus/egress-sidecar-rules.yaml
+    local tests=deploy/prometheus/egress-sidecar-rules.test.yaml
+    local manifest=deploy/kubernetes/prometheus-rules.yaml
+    command -v promtool >/dev/null 2>&1 || {
+        log "installing prometheus (promtool) with apt-get"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; } >"$TMP/apt.log" 2>&1 \
+            || { cat "$TMP/apt.log" >&2; die "promtool is required: apt-get install prometheus failed"; }
+    }
+    command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || die "node and npm are required (the PrometheusRule CRD schema check)"
+    python3 -c "import yaml" 2>/dev/null || pip_install pyyaml
+
+    log "promtool $(promtool --version 2>&1 | sed -n '1s/^promtool, version \([^ ]*\).*/\1/p'): $rules, $tests"
+    promtool check rules "$rules" >&2
+    promtool test rules "$tests" >&2
+    sed 's/increase(egress_leaks_detected_total/increse(egress_leaks_detected_total/' "$rules" >"$TMP/bad-rules.yaml"
+    must_reject "a rule calling a function PromQL does not have" promtool check rules "$TMP/bad-rules.yaml"
+    mkdir -p "$TMP/promtool"
+    cp "$tests" "$TMP/promtool/"
+    sed 's/^        for: 10m$/        for: 1m/' "$rules" >"$TMP/promtool/$(basename "$rules")"
+    must_reject "rules whose alerts fire sooner than their unit tests expect" promtool test rules "$TMP/promtool/$(basename "$tests")"
+
+    log "check_rules.py: $manifest carries $rules's groups"
+    python3 deploy/prometheus/check_rules.py "$rules" "$manifest" --readme README.md --json "$TMP/prometheus-rule.json"
+    sed 's/^          for: 10m$/          for: 15m/' "$manifest" >"$TMP/drifted.yaml"
+    must_reject "a PrometheusRule whose groups drifted from the rule file" python3 deploy/prometheus/check_rules.py "$rules" "$TMP/drifted.yaml" --readme README.md
+    grep -v '^### EgressSidecarPoolSaturated$' README.md >"$TMP/README.md"
+    must_reject "an alert whose runbook_url names no README heading" python3 deploy/prometheus/check_rules.py "$rules" "$manifest" --readme "$TMP/README.md"
+
+    log "crd/check.mjs: $manifest against the PrometheusRule CRD's schema (@kubernetes-models/prometheus-operator)"
+    npm ci --prefix deploy/prometheus/crd --no-audit --no-fund --loglevel=error >"$TMP/npm.log" 2>&1 \
+        || { cat "$TMP/npm.log" >&2; die "npm ci in deploy/prometheus/crd failed"; }
+    node deploy/prometheus/crd/check.mjs "$TMP/prometheus-rule.json" >&2
+    python3 - "$TMP/prometheus-rule.json" "$TMP/bad-prometheus-rule.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+doc["spec"]["groups"][0]["rules"][0]["for"] = "10 minutes"
+json.dump(doc, open(sys.argv[2], "w"))
+PY
+    must_reject "a PrometheusRule whose for: is no duration" node deploy/prometheus/crd/check.mjs "$TMP/bad-prometheus-rule.json"
+}
+
 # === tools ===
 
 pip_install() {
@@ -71,6 +124,12 @@ tool() {
     [[ -x $found ]] || die "$1 not found after pip install"
     printf '%s\n' "$found"
 }
+
+if [[ ${1:-} == --prometheus-rules ]]; then
+    prometheus_rules
+    log "deploy/: the Prometheus alert rules' checks passed"
+    exit 0
+fi
 
 python3 -c "import kubernetes_validate, yaml" 2>/dev/null \
     && [[ $(python3 -c 'import importlib.metadata as m; print(m.version("kubernetes-validate"))') == "$KUBERNETES_VALIDATE_VERSION" ]] \
@@ -170,6 +229,10 @@ log "check_service.py: deploy/cloudrun/service.yaml"
 python3 deploy/cloudrun/check_service.py deploy/cloudrun/service.yaml
 sed 's#"app":\["egress-sidecar"\]#"app":["egress"]#' deploy/cloudrun/service.yaml >"$TMP/service.yaml"
 must_reject "a container dependency on a container that does not exist" python3 deploy/cloudrun/check_service.py "$TMP/service.yaml"
+
+# === 5b. Prometheus alert rules ===
+
+prometheus_rules
 
 # === 6. the image's binary ===
 

@@ -21,6 +21,7 @@ use crate::pool::Registry;
 use crate::proxy::Proxy;
 use crate::reload::{self, Summary};
 use crate::routing::{Arrival, Router};
+use crate::trace::{self, Tracer};
 use crate::upstream::{Shared, Upstream};
 use crate::{admin, budget, clients, policy};
 
@@ -123,7 +124,7 @@ pub async fn run_with_reload(
     if let Some(warning) = policy::open_proxy_warning(&listeners.proxy_addrs(), &config.policy) {
         tracing::warn!("{warning}");
     }
-    let built = Built::new(config, local, listeners.proxy_addrs());
+    let mut built = Built::new(config, local, listeners.proxy_addrs());
 
     let ready = Arc::new(AtomicBool::new(true));
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
@@ -139,6 +140,7 @@ pub async fn run_with_reload(
     tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %admin_addr, "forward proxy listening");
     let (mut tasks, unix_file) = built.accept(listeners.proxy, listeners.unix, listeners.routes);
     tasks.extend(built.services(reload));
+    let (export_stop, exporting) = built.export();
 
     shutdown.await;
     built.drain(&ready).await;
@@ -146,6 +148,11 @@ pub async fn run_with_reload(
         task.abort();
     }
     close_pools(&built.pools).await;
+    // After the drain, so the spans of the requests it let finish go too.
+    let _ = export_stop.send(true);
+    if let Some(exporting) = exporting {
+        let _ = exporting.await;
+    }
     let _ = admin_stop_tx.send(true);
     let _ = admin_task.await;
     drop(unix_file);
@@ -167,6 +174,8 @@ struct Built {
     wiring: Arc<Wiring>,
     drain_tx: watch::Sender<bool>,
     drain_rx: watch::Receiver<bool>,
+    /// The span exporter, until `run` starts its task.
+    exporter: Option<trace::export::Exporter>,
 }
 
 impl Built {
@@ -192,14 +201,24 @@ impl Built {
             .collect();
         let router = Router::new(config.clone(), &upstreams, shared);
         let (drain_tx, drain_rx) = watch::channel(false);
+        let (tracer, exporter) = match Tracer::start(
+            &config.tracing,
+            metrics.families().trace_spans_dropped("queue_full"),
+            metrics.families().trace_spans_dropped("export_failed"),
+        ) {
+            Some((tracer, exporter)) => (Some(tracer), Some(exporter)),
+            None => (None, None),
+        };
         let budget = budget::Limit::discover(&config.budget, std::path::Path::new("/"), std::process::id())
             .map(|l| Arc::new(budget::Budget::new(l, &metrics)));
         let ctx = Arc::new(Context::new(
             config.downstream,
-            Proxy::new(router).with_access_log(AccessLog::start(
-                &config.access_log,
-                metrics.families().access_log_dropped.clone(),
-            )),
+            Proxy::new(router)
+                .with_access_log(AccessLog::start(
+                    &config.access_log,
+                    metrics.families().access_log_dropped.clone(),
+                ))
+                .with_tracer(tracer),
             drain_rx.clone(),
             metrics.clone(),
             clients.clone(),
@@ -220,6 +239,7 @@ impl Built {
             wiring,
             drain_tx,
             drain_rx,
+            exporter,
         }
     }
 
@@ -277,6 +297,17 @@ impl Built {
             )));
         }
         tasks
+    }
+
+    /// The span exporter's task, when tracing is on, and what stops it (it then exports what
+    /// is still queued).
+    fn export(&mut self) -> (watch::Sender<bool>, Option<JoinHandle<()>>) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = self
+            .exporter
+            .take()
+            .map(|exporter| tokio::spawn(exporter.run(stop_rx)));
+        (stop_tx, task)
     }
 
     /// Draining: readiness off, idle keep-alive connections closed, every response carries

@@ -3,7 +3,7 @@
 //!
 //! - A config that fails validation, or that changes what cannot change in place (the
 //!   `listen`, `listen_unix`, `admin` and route-mode `upstreams[].listen` sockets, `budget`
-//!   and `access_log`), is rejected: the error is logged,
+//!   `access_log` and `tracing`), is rejected: the error is logged,
 //!   `egress_config_reloads_total{result="failure"}` counts it,
 //!   `egress_config_last_reload_successful` turns 0, and the old config keeps serving.
 //! - Otherwise routing, policy and downstream settings switch at once; each upstream whose
@@ -208,6 +208,9 @@ fn check_fixed_at_start(old: &Config, new: &Config) -> Result<(), String> {
     }
     if old.access_log != new.access_log {
         problems.push("access_log: changed; the access log is set up at start".to_owned());
+    }
+    if old.tracing != new.tracing {
+        problems.push("tracing: changed; the span exporter is set up at start".to_owned());
     }
     if old.listen != new.listen {
         problems.push(format!("listen: changed from {} to {}", old.listen, new.listen));

@@ -24,6 +24,7 @@ mod pace;
 mod problems;
 mod retry;
 mod schema;
+mod traces;
 mod validate;
 mod via;
 
@@ -50,6 +51,7 @@ pub(crate) use host::{canonical_ip, in_network};
 pub use llm::{LlmConfig, UsageMode};
 pub use pace::PaceConfig;
 pub use retry::{Backoff, RetryBudget, RetryConfig, RetryOn, DEFAULT_BODY_IDLE_TIMEOUT};
+pub use traces::{OtlpUrl, TracingConfig, UpstreamTracing};
 pub use via::{ParentRoute, ParentUrl, Via, ViaConfig};
 
 use schema::FileConfig;
@@ -126,6 +128,8 @@ pub struct Config {
     pub dns: DnsConfig,
     /// The access log.
     pub access_log: AccessLogConfig,
+    /// OpenTelemetry spans.
+    pub tracing: TracingConfig,
     /// Hosts whose plain-HTTP requests are sent upstream over TLS (`EGRESS_TLS_HOSTS`); not a
     /// file key, so `check` prints it as a comment.
     #[serde(skip)]
@@ -206,6 +210,8 @@ pub struct UpstreamSettings {
     pub tls: TlsConfig,
     /// Headers set or removed on the way upstream.
     pub request_headers: HeaderRules,
+    /// Whether trace context goes to the upstream.
+    pub tracing: UpstreamTracing,
 }
 
 /// The pool knobs of one upstream.

@@ -29,6 +29,23 @@ pub(super) struct FileConfig {
     pub(super) budget: FileBudget,
     pub(super) dns: FileDns,
     pub(super) access_log: FileAccessLog,
+    pub(super) tracing: FileTracing,
+}
+
+/// `tracing` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileTracing {
+    pub(super) otlp: Option<String>,
+    pub(super) sample: Option<f64>,
+    pub(super) service_name: Option<String>,
+}
+
+/// An upstream's (or `defaults`') `tracing` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct FileUpstreamTracing {
+    pub(super) propagate: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -71,6 +88,7 @@ pub(super) struct FileSettings {
     pub(super) outlier: FileOutlier,
     pub(super) via: Option<FileVia>,
     pub(super) request_headers: Option<FileHeaderRules>,
+    pub(super) tracing: FileUpstreamTracing,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -210,6 +228,7 @@ pub(super) struct FileUpstream {
     pub(super) outlier: FileOutlier,
     pub(super) via: Option<FileVia>,
     pub(super) request_headers: Option<FileHeaderRules>,
+    pub(super) tracing: FileUpstreamTracing,
 }
 
 #[derive(Debug, Default, Deserialize)]

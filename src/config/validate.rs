@@ -13,7 +13,7 @@ use super::schema::{
     FilePolicy, FilePool, FileRetry, FileSettings, FileTls, FileUpstream, FileVia, Scalar,
 };
 use super::via::ViaConfig;
-use super::{access_log, endpoints, global_rate_limit, header_rules, llm, pace, retry, via};
+use super::{access_log, endpoints, global_rate_limit, header_rules, llm, pace, retry, traces, via};
 use super::{
     load_ca_file, Authority, Balance, BudgetConfig, Config, ConfigError, DownstreamConfig, HeaderRules,
     HostPattern, Http2Config, LlmConfig, OutlierConfig, Overrides, PaceConfig, PolicyConfig, PoolConfig,
@@ -87,6 +87,7 @@ pub(super) fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config
     let budget = validate_budget(&file.budget, &mut problems);
     let dns = endpoints::validate_dns(&file.dns, &mut problems);
     let access_log = access_log::validate_access_log(&file.access_log, &mut problems);
+    let tracing = traces::validate_tracing(&file.tracing, &mut problems);
 
     let problems = problems.into_vec();
     if !problems.is_empty() {
@@ -104,6 +105,7 @@ pub(super) fn validate(file: FileConfig, overrides: &Overrides) -> Result<Config
         budget,
         dns,
         access_log,
+        tracing,
         tls_hosts,
     })
 }
@@ -238,6 +240,7 @@ fn builtin_settings() -> UpstreamSettings {
         via: ViaConfig::default(),
         tls: TlsConfig::default(),
         request_headers: HeaderRules::default(),
+        tracing: super::UpstreamTracing::default(),
     }
 }
 
@@ -259,6 +262,7 @@ struct SettingsRef<'a> {
     via: &'a Option<FileVia>,
     tls: &'a FileTls,
     request_headers: &'a Option<FileHeaderRules>,
+    tracing: &'a super::schema::FileUpstreamTracing,
 }
 
 impl<'a> SettingsRef<'a> {
@@ -280,6 +284,7 @@ impl<'a> SettingsRef<'a> {
             via: &raw.via,
             tls: &raw.tls,
             request_headers: &raw.request_headers,
+            tracing: &raw.tracing,
         }
     }
 
@@ -301,6 +306,7 @@ impl<'a> SettingsRef<'a> {
             via: &raw.via,
             tls: &raw.tls,
             request_headers: &raw.request_headers,
+            tracing: &raw.tracing,
         }
     }
 }
@@ -385,6 +391,7 @@ fn merge_settings(
         &key("request_headers"),
         problems,
     );
+    let tracing = traces::merge_upstream_tracing(&base.tracing, raw.tracing);
     UpstreamSettings {
         protocol,
         connect_timeout,
@@ -402,6 +409,7 @@ fn merge_settings(
         via,
         tls,
         request_headers,
+        tracing,
     }
 }
 

@@ -121,6 +121,13 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// Why spans were dropped: `queue_full` or `export_failed`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabel {
+    /// The reason.
+    pub reason: &'static str,
+}
+
 /// What the memory budget shed: `downstream_idle`, `upstream_idle` or `accept_paused`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabel {
@@ -205,6 +212,8 @@ pub struct Families {
     memory_sheds: Family<ActionLabel, Counter>,
     /// Access log lines dropped because the writer was behind.
     pub access_log_dropped: Counter,
+    /// Spans not exported, by reason.
+    trace_spans_dropped: Family<DropLabel, Counter>,
 }
 
 impl Families {
@@ -228,6 +237,7 @@ impl Families {
             ignored_headers: Family::default(),
             panics: Counter::default(),
             access_log_dropped: Counter::default(),
+            trace_spans_dropped: Family::default(),
             downstream_opened: Counter::default(),
             downstream_open: Gauge::default(),
             downstream_parked: Gauge::default(),
@@ -314,6 +324,19 @@ impl Families {
             "Access log lines dropped because the writer was behind",
             self.access_log_dropped.clone(),
         );
+        registry.register(
+            "trace_spans_dropped",
+            "Spans not exported: queue_full (the export queue was full) or export_failed (the \
+             collector did not take their batch)",
+            self.trace_spans_dropped.clone(),
+        );
+    }
+
+    /// The counter of spans dropped for `reason` (`queue_full`, `export_failed`).
+    pub fn trace_spans_dropped(&self, reason: &'static str) -> Counter {
+        self.trace_spans_dropped
+            .get_or_create(&DropLabel { reason })
+            .clone()
     }
 
     /// An upstream's health: its retry budget, deadlines, outlier ejections, DNS.

@@ -40,6 +40,7 @@ use crate::caught;
 use crate::clients::Source;
 use crate::error::{ErrorKind, ProxyError};
 use crate::routing::{Arrival, Router};
+use crate::trace::Tracer;
 use crate::upstream::{Deadline, TimedBody, Upstream};
 use crate::wire::codec::{self, ResponseFraming};
 use crate::wire::{BoxError, RequestBody, WireFields};
@@ -49,6 +50,7 @@ use crate::wire::{BoxError, RequestBody, WireFields};
 pub struct Proxy {
     router: Router,
     access_log: Option<Arc<AccessLog>>,
+    tracer: Option<Arc<Tracer>>,
     admit: admit::Admit,
 }
 
@@ -58,6 +60,7 @@ impl Proxy {
         Proxy {
             router,
             access_log: None,
+            tracer: None,
             admit: admit::Admit::default(),
         }
     }
@@ -72,6 +75,12 @@ impl Proxy {
     /// This proxy, writing a line per request (sampled) to `log`.
     pub fn with_access_log(mut self, log: Option<AccessLog>) -> Self {
         self.access_log = log.map(Arc::new);
+        self
+    }
+
+    /// This proxy, tracing requests with `tracer` (`None`: tracing is off).
+    pub fn with_tracer(mut self, tracer: Option<Arc<Tracer>>) -> Self {
+        self.tracer = tracer;
         self
     }
 
@@ -123,23 +132,32 @@ impl Proxy {
         impl Future<Output = Response<ResponseBody>> + 'a,
     > {
         let span = observe::span(req);
-        match self.access_log.as_ref().filter(|log| log.sampled()) {
-            // Boxed: the unlogged path should not carry the line's state in its future.
-            Some(log) => {
-                observe::Handling::logged(span, Box::pin(self.handle_logged(req, arrival, source, log)))
-            }
-            None => observe::Handling::plain(span, self.forward_caught(req, arrival, source, None)),
+        let log = self.access_log.as_ref().filter(|log| log.sampled());
+        // Off, tracing is this one branch.
+        let server = match &self.tracer {
+            Some(tracer) => tracer.server(req.headers()),
+            None => None,
+        };
+        if log.is_none() && server.is_none() {
+            return observe::Handling::plain(span, self.forward_caught(req, arrival, source, None));
         }
+        // Boxed: the unobserved path should not carry the line's state in its future.
+        observe::Handling::logged(
+            span,
+            Box::pin(self.handle_logged(req, arrival, source, log, server)),
+        )
     }
 
+    /// A request with an access-log line or a span (or both).
     async fn handle_logged(
         &self,
         req: &mut Request<RequestBody>,
         arrival: &Arrival,
         source: &Source,
-        log: &Arc<AccessLog>,
+        log: Option<&Arc<AccessLog>>,
+        server: Option<crate::trace::Server>,
     ) -> Response<ResponseBody> {
-        let pending = observe::Pending::begin(req, source, log);
+        let pending = observe::Pending::begin(req, source, log.map(|log| &**log), server);
         let mut routed = observe::Routed::default();
         let forwarded = self.forward_caught(req, arrival, source, Some(&mut routed)).await;
         let error = match &forwarded {
@@ -171,7 +189,7 @@ impl Proxy {
         req: &mut Request<RequestBody>,
         arrival: &Arrival,
         source: &Source,
-        routed: Option<&mut observe::Routed>,
+        mut routed: Option<&mut observe::Routed>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         if req.method() == Method::CONNECT {
             // The downstream task hands CONNECT to `connect::serve`; a CONNECT here cannot
@@ -188,7 +206,7 @@ impl Proxy {
         let scanned = headers::scan(req.headers());
         let upgrade = scanned.upgrade() && upgrade::requested(req);
         let target = self.router.route(arrival, req.uri(), req.headers())?;
-        if let Some(routed) = routed {
+        if let Some(routed) = routed.as_deref_mut() {
             routed.upstream = Some(target.upstream.label().into());
             routed.scheme = Some(target.upstream.scheme().as_str());
         }
@@ -248,6 +266,7 @@ impl Proxy {
                         arrival,
                         named,
                     },
+                    routed,
                 };
                 return Box::pin(self.send_later(later, req, sending, ticket)).await;
             }
@@ -275,9 +294,13 @@ impl Proxy {
         sending: Sending<'_>,
         ticket: crate::pace::Ticket,
     ) -> Result<Response<ResponseBody>, ProxyError> {
+        let asked = std::time::Instant::now();
         let granted = later.granted().await.inspect_err(|err| {
             sending.upstream.failed(err);
         })?;
+        if let Some(routed) = sending.routed {
+            routed.admission_wait = Some(asked.elapsed());
+        }
         let headers = req.headers_mut();
         for (name, value) in granted.headers {
             headers.insert(name, value);
@@ -326,6 +349,8 @@ struct Sending<'a> {
     deadline: Option<Deadline>,
     upgrade: bool,
     who: meter::Who<'a>,
+    /// What the request's line and span learn (its admission's wait).
+    routed: Option<&'a mut observe::Routed>,
 }
 
 /// A pooled response from `upstream` on its way to the application, read for usage

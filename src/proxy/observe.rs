@@ -1,5 +1,6 @@
 //! The one place that sees a request whole, on HTTP/1.1 and h2c alike: its span, entered
-//! around every poll of its handling, and its access-log line. What the line needs is read off
+//! around every poll of its handling, its access-log line, and its OpenTelemetry span (kind
+//! SERVER, `trace`), which ends with the line. What the line needs is read off
 //! the request before it is forwarded, off the routing decision, off the response head and what
 //! was served when it comes, and off the response body as it streams (its bytes, and what an
 //! LLM answer spent, `meter`); the line is queued when the body ends or is dropped (a client
@@ -20,6 +21,7 @@ use super::ResponseBody;
 use crate::access_log::{trace_id, AccessLog, Record};
 use crate::clients::Source;
 use crate::redact;
+use crate::trace;
 use crate::wire::{BoxError, RequestBody};
 
 pin_project_lite::pin_project! {
@@ -106,19 +108,31 @@ pub(super) struct Routed {
     pub(super) upstream: Option<Arc<str>>,
     /// Its scheme.
     pub(super) scheme: Option<&'static str>,
+    /// How long admission (pacing, the fleet's rate limit) held the request.
+    pub(super) admission_wait: Option<std::time::Duration>,
 }
 
-/// A request's line as far as it is known before forwarding.
+/// A request's line and span as far as they are known before forwarding.
 #[derive(Debug)]
 pub(super) struct Pending {
     record: Record,
     started: Instant,
     bytes_in: Option<Arc<AtomicU64>>,
+    /// The request's OpenTelemetry span, when it is traced.
+    server: Option<trace::Server>,
+    /// How long admission held the request.
+    admission_wait: Option<std::time::Duration>,
 }
 
 impl Pending {
-    /// Reads the line's request fields off `req` (and counts its body from now on).
-    pub(super) fn begin(req: &mut Request<RequestBody>, source: &Source, log: &AccessLog) -> Self {
+    /// Reads the line's request fields off `req` (and counts its body from now on). A traced
+    /// request carries its span's context to the upstream attempts (`trace::Traced`).
+    pub(super) fn begin(
+        req: &mut Request<RequestBody>,
+        source: &Source,
+        log: Option<&AccessLog>,
+        server: Option<trace::Server>,
+    ) -> Self {
         let headers = req.headers();
         let text = |name: http::header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
         let authority = req
@@ -127,7 +141,7 @@ impl Pending {
             .map(http::uri::Authority::as_str)
             .or_else(|| text(http::header::HOST))
             .map_or_else(String::new, |named| redact::authority(named).to_owned());
-        let path = match (log.with_query(), req.uri().path_and_query()) {
+        let path = match (log.is_some_and(AccessLog::with_query), req.uri().path_and_query()) {
             (true, Some(pq)) => pq.as_str().to_owned(),
             _ => req.uri().path().to_owned(),
         };
@@ -139,17 +153,25 @@ impl Pending {
             path,
         );
         record.protocol = protocol(req.version());
-        record.trace_id = headers
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .and_then(trace_id);
-        if log.wants_user_agent() {
+        record.trace_id = match &server {
+            Some(server) => Some(server.traced().trace_id_hex()),
+            None => headers
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .and_then(trace_id),
+        };
+        if log.is_some_and(AccessLog::wants_user_agent) {
             record.user_agent = headers.get(http::header::USER_AGENT).map(|v| v.as_bytes().into());
+        }
+        if let Some(server) = &server {
+            req.extensions_mut().insert(server.traced().clone());
         }
         Pending {
             record,
             started: Instant::now(),
             bytes_in: req.body_mut().count(),
+            server,
+            admission_wait: None,
         }
     }
 
@@ -159,8 +181,9 @@ impl Pending {
         resp: Response<ResponseBody>,
         routed: Routed,
         error: Option<&'static str>,
-        log: &Arc<AccessLog>,
+        log: Option<&Arc<AccessLog>>,
     ) -> Response<ResponseBody> {
+        self.admission_wait = routed.admission_wait;
         let r = &mut self.record;
         r.status = resp.status().as_u16();
         r.error = error;
@@ -176,7 +199,7 @@ impl Pending {
             r.retries = body.retries();
         }
         r.ttfb_ms = ms(self.started);
-        let log = log.clone();
+        let log = log.cloned();
         resp.map(|inner| {
             ResponseBody::Logged(Box::new(Logged {
                 inner,
@@ -187,12 +210,12 @@ impl Pending {
     }
 }
 
-/// A response body whose request's line is written when it ends.
+/// A response body whose request's line is written, and span ended, when it ends.
 #[derive(Debug)]
 pub struct Logged {
     inner: ResponseBody,
     pending: Pending,
-    log: Arc<AccessLog>,
+    log: Option<Arc<AccessLog>>,
 }
 
 impl Logged {
@@ -242,7 +265,38 @@ impl Drop for Logged {
                 r.cached_tokens = Some(tokens.cache_read);
             }
         }
-        self.log.write(&pending.record);
+        if let Some(log) = &self.log {
+            log.write(&pending.record);
+        }
+        if let Some(server) = pending.server.take() {
+            server.end(server_fields(&mut pending.record, pending.admission_wait));
+        }
+    }
+}
+
+/// What a request's span says, moved out of its line (written by now).
+fn server_fields(r: &mut Record, admission_wait: Option<std::time::Duration>) -> trace::ServerFields {
+    let mut path = std::mem::take(&mut r.path);
+    if let Some(at) = path.find('?') {
+        path.truncate(at);
+    }
+    trace::ServerFields {
+        method: std::mem::take(&mut r.method),
+        scheme: r.scheme,
+        authority: std::mem::take(&mut r.authority),
+        path,
+        status: r.status,
+        error: r.error,
+        protocol: r.protocol,
+        client: match &r.source {
+            Some(Source::Tcp(addr)) => Some(*addr),
+            _ => None,
+        },
+        upstream: r.upstream.take(),
+        retries: r.retries,
+        admission_wait,
+        model: r.model.take(),
+        tokens: r.input_tokens.zip(r.output_tokens),
     }
 }
 

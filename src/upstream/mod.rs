@@ -20,12 +20,14 @@ use http::{HeaderValue, Request, Response};
 
 use crate::config::{Authority, Config, Protocol, Scheme, TlsConfig, UpstreamConfig, UpstreamSettings};
 mod classify;
+mod fit;
 mod grpc;
 mod paced;
 mod retry;
 mod rules;
 mod spec;
 mod timed;
+mod traced;
 mod usage;
 
 use grpc::GrpcPool;
@@ -424,6 +426,9 @@ impl Upstream {
         if let Some(rules) = &self.rules {
             rules.apply(headers);
         }
+        if !self.settings.tracing.propagate {
+            crate::trace::strip_context(headers);
+        }
     }
 
     /// The endpoints this upstream's connections go to.
@@ -710,7 +715,7 @@ impl Upstream {
                     endpoint
                 }
             };
-            self.metrics.retried(&reason.label());
+            self.retried(&mut req, &reason.label());
             *retries += 1;
             // The wait holds no connection: the response and its lease are gone.
             tokio::time::sleep(wait).await;
@@ -746,10 +751,15 @@ impl Upstream {
             unsent: 0,
         };
         loop {
+            let mut span = self.attempt_span(req, *retries);
             let pool = self.pool_for(req);
-            let mut lease = pool.checkout_avoiding(avoid).await.map_err(|e| (e, None))?;
+            let mut lease = match pool.checkout_avoiding(avoid).await {
+                Ok(lease) => lease,
+                Err(err) => return Err(traced::failed(span, (err, None))),
+            };
             self.fit_request(req, lease.is_http2());
             let served = lease.served();
+            traced::leased(&mut span, &lease, &served);
             let (reused, http2) = (served.reused, served.http2);
             let bodyless = req.body().is_empty();
             // HTTP/1.1 gives back all of the request but its body, so a bodyless one can go
@@ -768,8 +778,8 @@ impl Upstream {
                 }
             }
             let failure = match outcome {
-                Ok(resp) => return self.answered(resp, lease, served),
-                Err(failure) => failure,
+                Ok(resp) => return traced::answered(span, self.answered(resp, lease, served)),
+                Err(failure) => traced::failure(span, failure),
             };
             let attempt = Attempt {
                 replay,
@@ -826,7 +836,7 @@ impl Upstream {
                 if tries.unsent >= MAX_UNSENT_ATTEMPTS {
                     return Err((err, lease.endpoint()));
                 }
-                self.metrics.retried("unsent");
+                self.retried(req, "unsent");
             }
             Failure::Refused(err) => {
                 // The upstream did not process the stream, so any method may go again.
@@ -835,8 +845,8 @@ impl Upstream {
                     Some(copy) => {
                         tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
                         tries.retried = true;
-                        self.metrics.retried("refused_stream");
                         *req = *copy;
+                        self.retried(req, "refused_stream");
                     }
                     None => return Err((err, lease.endpoint())),
                 }
@@ -862,65 +872,10 @@ impl Upstream {
                 }
                 tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
                 tries.retried = true;
-                self.metrics.retried("stale_connection");
+                self.retried(req, "stale_connection");
             }
         }
         Ok(())
-    }
-
-    /// HTTP/2 names the target in `:scheme`/`:authority` (absolute URI, no `Host`); HTTP/1.1 in
-    /// the origin-form target and `Host`. A request retried on the other kind is converted back.
-    fn fit_request(&self, req: &mut Request<RequestBody>, http2: bool) {
-        if http2 {
-            let scheme = match self.scheme {
-                Scheme::Http => http::uri::Scheme::HTTP,
-                Scheme::Https => http::uri::Scheme::HTTPS,
-            };
-            self.make_absolute(req, scheme);
-            req.headers_mut().remove(http::header::HOST);
-            *req.version_mut() = http::Version::HTTP_2;
-        } else if self.forward {
-            self.make_absolute(req, http::uri::Scheme::HTTP);
-            self.fit_forwarded(req);
-        } else if req.uri().scheme().is_some() {
-            let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-            if let Ok(uri) = path.parse() {
-                *req.uri_mut() = uri;
-            }
-            req.headers_mut()
-                .insert(http::header::HOST, self.host_header.clone());
-            *req.version_mut() = http::Version::HTTP_11;
-        }
-    }
-
-    /// Makes the request's target `scheme://host[:port]/path?query`, keeping its path.
-    fn make_absolute(&self, req: &mut Request<RequestBody>, scheme: http::uri::Scheme) {
-        let Some(authority) = &self.uri_authority else {
-            return;
-        };
-        let mut parts = std::mem::take(req.uri_mut()).into_parts();
-        parts.scheme = Some(scheme);
-        parts.authority = Some(authority.clone());
-        if parts.path_and_query.is_none() {
-            parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
-        }
-        if let Ok(uri) = http::Uri::from_parts(parts) {
-            *req.uri_mut() = uri;
-        }
-    }
-
-    /// A plain HTTP/1.1 request through a parent: absolute-form, with the parent's
-    /// credentials (the application's own `Proxy-Authorization` was removed with the other
-    /// hop-by-hop fields).
-    fn fit_forwarded(&self, req: &mut Request<RequestBody>) {
-        req.headers_mut()
-            .insert(http::header::HOST, self.host_header.clone());
-        *req.version_mut() = http::Version::HTTP_11;
-        let auth = self.parent.as_ref().and_then(|p| p.proxy_authorization());
-        match auth {
-            Some(value) => req.headers_mut().insert(http::header::PROXY_AUTHORIZATION, value),
-            None => req.headers_mut().remove(http::header::PROXY_AUTHORIZATION),
-        };
     }
 
     async fn exchange(
@@ -993,5 +948,7 @@ fn head_copy(req: &Request<RequestBody>) -> Box<Request<RequestBody>> {
     *copy.uri_mut() = req.uri().clone();
     *copy.version_mut() = req.version();
     *copy.headers_mut() = req.headers().clone();
+    // What the request carries for the path below (a retry's recount, its trace).
+    *copy.extensions_mut() = req.extensions().clone();
     copy
 }

@@ -3,8 +3,8 @@
 //! clients that print JSON lines, a scripted origin, the token-accounting tests' LLM provider,
 //! Python apps and view of the sidecar (`llm_provider`, `llm_app`, `llm_sidecar`), the pacing
 //! tests' Python app and rate-limited provider (`pace_app`, `provider`), the fleet-wide quota
-//! tests' Redis and rate-limit service (`ratelimit`), the Grafana dashboard's queries
-//! (`dashboard`; all used by path), a
+//! tests' Redis and rate-limit service (`ratelimit`), the trace tests' OpenTelemetry Collector
+//! (`otelcol`), the Grafana dashboard's queries and traffic (`dashboard`; all used by path), a
 //! Squid parent proxy, nginx as an origin and machine checks in submodules.
 //! Everything binds 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, missing_docs)]
@@ -19,6 +19,7 @@ pub mod llm_provider;
 pub mod llm_sidecar;
 mod machine;
 mod nginx;
+pub mod otelcol;
 pub mod pace_app;
 pub mod provider;
 pub mod ratelimit;
