@@ -401,3 +401,98 @@ async fn a_collector_that_is_down_costs_requests_nothing_and_drops_are_counted()
     );
     sidecar.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_pacing_held_shows_its_wait() {
+    let Some(collector) = start_collector().await else {
+        return;
+    };
+    let origin = ScriptedOrigin::start().await;
+    // The first answer spends the window's only request: the second waits for its reset.
+    origin.script(
+        "/limited",
+        vec![
+            Answer::ok("first")
+                .header("x-ratelimit-limit-requests", "1")
+                .header("x-ratelimit-remaining-requests", "0")
+                .header("x-ratelimit-reset-requests", "1s"),
+            Answer::ok("second"),
+        ],
+    );
+    let sidecar = Sidecar::start(&format!(
+        "tracing: {{ otlp: \"{}\" }}\n\
+         upstreams:\n  - name: origin\n    url: http://{}\n    pace: {{ smooth: false }}\n",
+        collector.endpoint(),
+        origin.addr
+    ))
+    .await;
+    let (first, second) = (AppContext::new(), AppContext::new());
+    assert_eq!(
+        get(&sidecar, &origin.url("/limited"), &first.header("01"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        get(&sidecar, &origin.url("/limited"), &second.header("01"))
+            .await
+            .status,
+        200
+    );
+    let spans = collector.wait_for_spans(4, Duration::from_secs(10)).await;
+    assert_eq!(spans.len(), 4, "{spans:?}");
+    let traces = by_trace(&spans);
+    let server = |app: &AppContext| {
+        traces[&app.trace_id]
+            .iter()
+            .find(|s| kind(s) == SERVER)
+            .cloned()
+            .unwrap()
+    };
+    assert!(
+        attribute(&server(&first), "egress.pacing.wait").is_none(),
+        "admitted at once"
+    );
+    let waited = number(&server(&second), "egress.pacing.wait");
+    assert!(waited >= 0.5, "held until the window's reset: {waited}s");
+    sidecar.stop().await;
+    collector.stop().await;
+}
+
+/// An h2c request from the app is observed in the same place: its span, a root here (no
+/// `traceparent`), says HTTP/2 downstream while its attempt went upstream on HTTP/1.1.
+#[tokio::test]
+async fn an_h2c_request_gets_its_spans_too() {
+    let Some(collector) = start_collector().await else {
+        return;
+    };
+    let origin = ScriptedOrigin::start().await;
+    let sidecar = Sidecar::start(&format!(
+        "tracing: {{ otlp: \"{}\" }}\nupstreams:\n  - name: origin\n    url: http://{}\n",
+        collector.endpoint(),
+        origin.addr
+    ))
+    .await;
+    let (status, _) = h2c_get(sidecar.addr, &origin.url("/h2c")).await;
+    assert_eq!(status, 200);
+    let spans = collector.wait_for_spans(2, Duration::from_secs(10)).await;
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    let server = spans.iter().find(|s| kind(s) == SERVER).unwrap();
+    let client = spans.iter().find(|s| kind(s) == CLIENT).unwrap();
+    assert_eq!(server["parentSpanId"].as_str().unwrap_or(""), "");
+    assert_eq!(client["parentSpanId"], server["spanId"]);
+    assert_eq!(server["traceId"], client["traceId"]);
+    assert_eq!(text(server, "network.protocol.version"), "2");
+    assert_eq!(text(client, "network.protocol.version"), "1.1");
+    let sent = origin.recorded()[0].header("traceparent").map(str::to_owned);
+    assert_eq!(
+        sent,
+        Some(format!(
+            "00-{}-{}-01",
+            client["traceId"].as_str().unwrap(),
+            client["spanId"].as_str().unwrap()
+        ))
+    );
+    sidecar.stop().await;
+    collector.stop().await;
+}

@@ -786,8 +786,10 @@ mod tests {
         // (16 bytes; resolving its app label before would cost every request a lock), whether
         // it is read and the ids of the labels it named (6), and what settles its tokens in
         // pacing rides with the response body (16: its key and what it was charged; held
-        // twice).
-        assert!(size <= 2_984, "the exchanges' state grew to {size} bytes");
+        // twice). 2,992 since an attempt upstream may carry its OpenTelemetry span
+        // (`trace::Attempt`, boxed, held across the exchange; a traced request's admission
+        // wait rides in its response's extensions rather than in every request's state).
+        assert!(size <= 2_992, "the exchanges' state grew to {size} bytes");
     }
 
     /// A readiness event can arrive after the read that took its bytes (the read cleared the

@@ -189,7 +189,7 @@ impl Proxy {
         req: &mut Request<RequestBody>,
         arrival: &Arrival,
         source: &Source,
-        mut routed: Option<&mut observe::Routed>,
+        routed: Option<&mut observe::Routed>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         if req.method() == Method::CONNECT {
             // The downstream task hands CONNECT to `connect::serve`; a CONNECT here cannot
@@ -206,7 +206,7 @@ impl Proxy {
         let scanned = headers::scan(req.headers());
         let upgrade = scanned.upgrade() && upgrade::requested(req);
         let target = self.router.route(arrival, req.uri(), req.headers())?;
-        if let Some(routed) = routed.as_deref_mut() {
+        if let Some(routed) = routed {
             routed.upstream = Some(target.upstream.label().into());
             routed.scheme = Some(target.upstream.scheme().as_str());
         }
@@ -266,7 +266,6 @@ impl Proxy {
                         arrival,
                         named,
                     },
-                    routed,
                 };
                 return Box::pin(self.send_later(later, req, sending, ticket)).await;
             }
@@ -298,9 +297,7 @@ impl Proxy {
         let granted = later.granted().await.inspect_err(|err| {
             sending.upstream.failed(err);
         })?;
-        if let Some(routed) = sending.routed {
-            routed.admission_wait = Some(asked.elapsed());
-        }
+        let waited = observe::AdmissionWait(asked.elapsed());
         let headers = req.headers_mut();
         for (name, value) in granted.headers {
             headers.insert(name, value);
@@ -319,7 +316,11 @@ impl Proxy {
             .upstream
             .send(req, sending.no_retry, sending.deadline, ticket.going())
             .await?;
-        Ok(to_downstream(resp, sending.upstream, sending.who, granted.charge))
+        let mut resp = to_downstream(resp, sending.upstream, sending.who, granted.charge);
+        // For the request's span: carried by the response (an allocation, on a request that
+        // waited), so that requests admitted at once carry nothing for it.
+        resp.extensions_mut().insert(waited);
+        Ok(resp)
     }
 
     /// Sends an upgrade request on a connection of its own (`upgrade`).
@@ -349,8 +350,6 @@ struct Sending<'a> {
     deadline: Option<Deadline>,
     upgrade: bool,
     who: meter::Who<'a>,
-    /// What the request's line and span learn (its admission's wait).
-    routed: Option<&'a mut observe::Routed>,
 }
 
 /// A pooled response from `upstream` on its way to the application, read for usage

@@ -108,9 +108,12 @@ pub(super) struct Routed {
     pub(super) upstream: Option<Arc<str>>,
     /// Its scheme.
     pub(super) scheme: Option<&'static str>,
-    /// How long admission (pacing, the fleet's rate limit) held the request.
-    pub(super) admission_wait: Option<std::time::Duration>,
 }
+
+/// How long admission (pacing, the fleet's rate limit) held a request, in its response's
+/// extensions.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AdmissionWait(pub(super) std::time::Duration);
 
 /// A request's line and span as far as they are known before forwarding.
 #[derive(Debug)]
@@ -183,7 +186,7 @@ impl Pending {
         error: Option<&'static str>,
         log: Option<&Arc<AccessLog>>,
     ) -> Response<ResponseBody> {
-        self.admission_wait = routed.admission_wait;
+        self.admission_wait = resp.extensions().get::<AdmissionWait>().map(|w| w.0);
         let r = &mut self.record;
         r.status = resp.status().as_u16();
         r.error = error;

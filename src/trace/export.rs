@@ -100,7 +100,7 @@ impl Exporter {
 
     /// Posts `batch` (left empty); counts its spans as dropped when the collector does not
     /// take it.
-    async fn export(&mut self, batch: &mut Vec<Finished>, timeout: Duration) {
+    pub(super) async fn export(&mut self, batch: &mut Vec<Finished>, timeout: Duration) {
         let count = batch.len() as u64;
         let body = encode(&self.resource, batch.drain(..));
         match tokio::time::timeout(timeout, self.post(body)).await {
@@ -118,17 +118,22 @@ impl Exporter {
     }
 
     async fn post(&mut self, body: Bytes) -> Result<(), String> {
-        let sender = match self.connection.as_mut() {
-            Some(sender) if !sender.is_closed() => sender,
-            _ => self.connection.insert(self.connect().await?),
+        let kept = self.connection.take().filter(|sender| !sender.is_closed());
+        let reused = kept.is_some();
+        let sender = match kept {
+            Some(sender) => self.connection.insert(sender),
+            None => self.connection.insert(self.connect().await?),
         };
-        sender.ready().await.map_err(|e| e.to_string())?;
-        let req = http::Request::post(&self.otlp.traces_path)
-            .header(http::header::HOST, self.otlp.authority.to_string())
-            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-            .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let resp = match send(sender, &self.otlp, body.clone()).await {
+            Ok(resp) => resp,
+            // The collector may have closed the kept connection as the batch went out (the
+            // keep-alive race): once more on a new one.
+            Err(_) if reused => {
+                let sender = self.connection.insert(self.connect().await?);
+                send(sender, &self.otlp, body).await?
+            }
+            Err(why) => return Err(why),
+        };
         let status = resp.status();
         // Read whole, so the connection can carry the next batch.
         let answer = resp.into_body().collect().await.map_err(|e| e.to_string())?;
@@ -157,6 +162,21 @@ impl Exporter {
         });
         Ok(sender)
     }
+}
+
+/// Posts `body` to the collector on `sender`; the response head, or why there is none.
+async fn send(
+    sender: &mut http1::SendRequest<Full<Bytes>>,
+    otlp: &OtlpUrl,
+    body: Bytes,
+) -> Result<http::Response<hyper::body::Incoming>, String> {
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let req = http::Request::post(&otlp.traces_path)
+        .header(http::header::HOST, otlp.authority.to_string())
+        .header(http::header::CONTENT_TYPE, "application/x-protobuf")
+        .body(Full::new(body))
+        .map_err(|e| e.to_string())?;
+    sender.send_request(req).await.map_err(|e| e.to_string())
 }
 
 /// One `ExportTraceServiceRequest` of `spans`, under `resource`.

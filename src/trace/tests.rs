@@ -257,3 +257,72 @@ fn int(attributes: &[opentelemetry_proto::tonic::common::v1::KeyValue], key: &st
         _ => None,
     }
 }
+
+/// A collector that closes a kept connection as the next batch arrives (its idle timeout
+/// racing the post): the batch goes again on a new connection, and nothing is dropped.
+#[tokio::test]
+async fn a_batch_lost_to_a_closed_kept_connection_goes_again() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let served = Arc::new(AtomicU64::new(0));
+    let counted = served.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                // One request answered per connection; the next one read, then the close.
+                for answer in [true, false] {
+                    let mut got = Vec::new();
+                    while !request_complete(&got) {
+                        let n = stream.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    if !answer {
+                        return;
+                    }
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                }
+            });
+        }
+    });
+    let mut config = config(1.0);
+    config.otlp.as_mut().unwrap().authority.port = port;
+    let failed = Counter::default();
+    let (tracer, mut exporter) = Tracer::start(&config, Counter::default(), failed.clone()).unwrap();
+    for round in 1..=3 {
+        tracer
+            .server(&headers(None))
+            .unwrap()
+            .end(ServerFields::default());
+        let mut batch = Vec::new();
+        exporter.spans.recv_many(&mut batch, 10).await;
+        exporter
+            .export(&mut batch, std::time::Duration::from_secs(5))
+            .await;
+        assert_eq!(served.load(Ordering::SeqCst), round, "batch {round} taken");
+    }
+    assert_eq!(failed.get(), 0, "no batch dropped");
+}
+
+/// Whether `got` holds a whole request: its head and the `content-length` bytes after it.
+fn request_complete(got: &[u8]) -> bool {
+    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    got.len() >= end + 4 + length
+}
