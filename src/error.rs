@@ -61,6 +61,24 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The kinds a request routed to an upstream can end with, from its admission (pacing, the
+    /// global rate limit) to its last attempt: each upstream's `egress_upstream_errors_total`
+    /// starts at zero for these.
+    pub const ROUTED: [ErrorKind; 12] = [
+        ErrorKind::ConnectFailed,
+        ErrorKind::UpstreamReset,
+        ErrorKind::TlsFailed,
+        ErrorKind::ProtocolError,
+        ErrorKind::ParentRefused,
+        ErrorKind::ConnectTimeout,
+        ErrorKind::ResponseTimeout,
+        ErrorKind::RequestTimeout,
+        ErrorKind::PoolOverflow,
+        ErrorKind::PendingTimeout,
+        ErrorKind::RateLimited,
+        ErrorKind::RateLimitUnavailable,
+    ];
+
     /// The status the application sees.
     pub fn status(self) -> StatusCode {
         use ErrorKind::*;

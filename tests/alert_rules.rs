@@ -17,16 +17,6 @@ const RULES: &str = "deploy/prometheus/egress-sidecar-rules.yaml";
 const RULE_TESTS: &str = "deploy/prometheus/egress-sidecar-rules.test.yaml";
 const MANIFEST: &str = "deploy/kubernetes/prometheus-rules.yaml";
 
-/// Names a rule may use before the sidecar exports them: the leak counter and the error-kind
-/// counter that branch h46-dash adds, and the sheds it makes at zero from start-up (before, a
-/// family shows on /metrics only once something was shed).
-// until h46-dash is merged
-const NOT_YET_EXPORTED: &[&str] = &[
-    "egress_leaks_detected_total",
-    "egress_upstream_errors_total",
-    "egress_memory_sheds_total",
-];
-
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -380,13 +370,6 @@ fn unexported(expr: &str, text: &str) -> Vec<String> {
     let families = families(text);
     let mut problems = Vec::new();
     for selector in selectors(expr) {
-        if NOT_YET_EXPORTED.contains(&selector.name.as_str()) && !families.contains_key(&selector.name) {
-            println!(
-                "{} not exported yet, allowed until h46-dash is merged",
-                selector.name
-            );
-            continue;
-        }
         let Some(family) = family_of(&selector.name, &families) else {
             problems.push(format!("{} is no series the sidecar exports", selector.name));
             continue;

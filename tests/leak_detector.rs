@@ -1,6 +1,7 @@
 //! The leak detector: the seeds' leaky Go client (a new `http.Transport` per request) is
 //! flagged in `/debug/clients`; a well-behaved shared client and curl doing a few requests are
-//! not. Sources are told apart by loopback address (127.0.0.1, .2, .3).
+//! not. Sources are told apart by loopback address (127.0.0.1, .2, .3). The flag is counted in
+//! `egress_leaks_detected_total`, at 0 until then.
 
 mod support;
 
@@ -37,6 +38,18 @@ async fn the_leaky_client_is_flagged_and_good_clients_are_not() {
     let upstream = FakeUpstream::start().await;
     let sidecar = Sidecar::start("").await;
     let url = format!("http://{}/", upstream.addr);
+    let leaks = |m: &prometheus_parse::Scrape| {
+        let present = m
+            .samples
+            .iter()
+            .any(|s| s.metric == "egress_leaks_detected_total");
+        present.then(|| support::value(m, "egress_leaks_detected_total", &[]))
+    };
+    assert_eq!(
+        leaks(&support::scrape(sidecar.admin).await),
+        Some(0.0),
+        "egress_leaks_detected_total at 0 on a fresh sidecar"
+    );
 
     // The leaky client, from 127.0.0.1: 300 requests, 300 connections, then it exits.
     let out = tokio::process::Command::new(&leaky)
@@ -109,4 +122,6 @@ async fn the_leaky_client_is_flagged_and_good_clients_are_not() {
         1,
         "all of it over one pooled upstream connection"
     );
+    // One warning for the leaky source in its window, none for the others.
+    assert_eq!(leaks(&support::scrape(sidecar.admin).await), Some(1.0));
 }

@@ -331,6 +331,7 @@ fn finish(ctx: &Context, peer: &Source, served: Served, held: Held) {
             .observe(served.requests as f64);
     }
     if let Some(leak) = ctx.clients.closed(peer, served.requests, served.idle_closed) {
+        ctx.metrics.families().leaks_detected.inc();
         warn_leak(leak, ctx);
     }
     drop(permit);

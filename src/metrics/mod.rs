@@ -12,8 +12,16 @@
 //! Label cardinality is bounded: past [`MAX_UPSTREAM_LABELS`] distinct upstream labels, new
 //! upstreams are counted under `other`.
 //!
-//! Not handled here: serving `/metrics` (`admin`).
+//! What a dashboard panel reads exists from start-up at zero: each upstream's handles make its
+//! series for the label values known before any traffic (see `UpstreamMetrics::start_at_zero`),
+//! and the unlabelled and fixed-label families are made with the registry. A status code beyond
+//! `200`, a retried status, an app or a model is only known once traffic shows it.
+//!
+//! Not handled here: serving `/metrics` (`admin`); the gauges computed at scrape time
+//! (`gauges`); the classic text format (`classic`).
 
+mod classic;
+mod gauges;
 mod global_rate_limit;
 mod llm;
 mod pace;
@@ -25,11 +33,10 @@ pub use pace::{PaceMetrics, UnitLabels};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -128,6 +135,26 @@ pub struct ActionLabel {
     pub action: &'static str,
 }
 
+/// The memory budget's shedding steps, made at zero with the registry.
+const MEMORY_SHED_ACTIONS: [&str; 3] = ["downstream_idle", "upstream_idle", "accept_paused"];
+
+/// Retry reasons known before any traffic: the policy's (`upstream::retry`) and the
+/// connection-level ones (`upstream`); a retried status is only known once seen.
+const RETRY_REASONS: [&str; 5] = [
+    "connect_failure",
+    "reset",
+    "stale_connection",
+    "refused_stream",
+    "unsent",
+];
+
+/// Deadline kinds of `egress_upstream_timeouts_total`.
+const TIMEOUT_KINDS: [&str; 3] = ["request", "body_idle", "response_header"];
+
+/// Upstream close reasons an idle-closes panel reads: the pool's own idle timeouts and the
+/// upstream closing a connection (idle ones, mostly). The others start when first counted.
+const IDLE_CLOSE_REASONS: [&str; 3] = ["idle_timeout", "learned_idle_timeout", "upstream_close"];
+
 fn latency_histogram() -> Histogram {
     // 1 ms .. ~65 s: LLM calls think for minutes, pool waits are usually sub-millisecond.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -150,6 +177,7 @@ pub struct Families {
     reused: Family<UpstreamLabel, Counter>,
     rejected: Family<ReasonLabels, Counter>,
     retries: Family<RetryLabels, Counter>,
+    errors: Family<KindLabels, Counter>,
     retry_budget_exhausted: Family<UpstreamLabel, Counter>,
     timeouts: Family<KindLabels, Counter>,
     ejections: Family<UpstreamLabel, Counter>,
@@ -166,6 +194,8 @@ pub struct Families {
     pub downstream_parked: Gauge,
     /// Downstream keep-alive connections closed by `idle_timeout`.
     pub downstream_idle_closed: Counter,
+    /// Warnings the leak detector logged (`clients`): one per flagged source and window.
+    pub leaks_detected: Counter,
     /// Requests each downstream connection carried, observed when it closes.
     pub downstream_requests_per_connection: Histogram,
     tunnels_opened: Family<KindLabel, Counter>,
@@ -198,6 +228,7 @@ impl Families {
             reused: Family::default(),
             rejected: Family::default(),
             retries: Family::default(),
+            errors: Family::default(),
             retry_budget_exhausted: Family::default(),
             timeouts: Family::default(),
             ejections: Family::default(),
@@ -211,6 +242,7 @@ impl Families {
             downstream_open: Gauge::default(),
             downstream_parked: Gauge::default(),
             downstream_idle_closed: Counter::default(),
+            leaks_detected: Counter::default(),
             downstream_requests_per_connection: requests_per_connection_histogram(),
             tunnels_opened: Family::default(),
             tunnels_active: Family::default(),
@@ -266,6 +298,12 @@ impl Families {
             "Requests sent again, by reason: connect_failure, reset, a response status, or the \
              connection-level stale_connection, refused_stream, unsent",
             self.retries.clone(),
+        );
+        registry.register(
+            "upstream_errors",
+            "Answers the sidecar made itself to requests routed to an upstream, by x-egress-error kind \
+             (admission refusals such as rate_limited included)",
+            self.errors.clone(),
         );
         registry.register(
             "upstream_ignored_headers",
@@ -353,6 +391,12 @@ impl Families {
             "downstream_idle_closed",
             "Application keep-alive connections closed by downstream.idle_timeout",
             self.downstream_idle_closed.clone(),
+        );
+        registry.register(
+            "leaks_detected",
+            "Times the leak detector flagged an application source (a new connection per request); \
+             the source is named in the warning it logs and in /debug/clients",
+            self.leaks_detected.clone(),
         );
         registry.register(
             "downstream_requests_per_connection",
@@ -539,7 +583,10 @@ impl Metrics {
         llm.register(&mut registry);
         let global_rate_limit = global_rate_limit::GlobalRateLimitFamilies::default();
         global_rate_limit.register(&mut registry);
-        registry.register_collector(Box::new(GaugeCollector(sources.clone())));
+        registry.register_collector(Box::new(gauges::GaugeCollector(sources.clone())));
+        for action in MEMORY_SHED_ACTIONS {
+            families.memory_sheds.get_or_create_owned(&ActionLabel { action });
+        }
         Metrics {
             registry,
             families,
@@ -561,7 +608,7 @@ impl Metrics {
 
     /// The classic Prometheus text format (0.0.4), for agents that read no OpenMetrics.
     pub fn render_classic(&self) -> String {
-        openmetrics_to_classic(&self.render())
+        classic::from_openmetrics(&self.render())
     }
 
     /// The downstream counters.
@@ -605,7 +652,7 @@ impl Metrics {
             upstream: self.label(name),
         };
         let f = &self.families;
-        UpstreamMetrics {
+        let upstream = UpstreamMetrics {
             opened: f.opened.get_or_create_owned(&label),
             reused: f.reused.get_or_create_owned(&label),
             retry_budget_exhausted: f.retry_budget_exhausted.get_or_create_owned(&label),
@@ -619,7 +666,9 @@ impl Metrics {
             label: label.upstream,
             codes: Arc::default(),
             ok: Arc::default(),
-        }
+        };
+        upstream.start_at_zero();
+        upstream
     }
 }
 
@@ -654,6 +703,44 @@ pub struct UpstreamMetrics {
 }
 
 impl UpstreamMetrics {
+    /// Makes the series a dashboard reads at zero, for the label values known before any
+    /// traffic, so a quiet upstream shows 0 rather than no data. `code="200"` is the one status
+    /// made: nearly every request ends with it, and no made-up status is ever shown.
+    fn start_at_zero(&self) {
+        self.ok.get_or_init(|| self.code_counter(200));
+        for kind in crate::error::ErrorKind::ROUTED {
+            self.error_counter(kind);
+        }
+        for reason in RETRY_REASONS {
+            self.families.retries.get_or_create_owned(&RetryLabels {
+                upstream: self.label.clone(),
+                reason: reason.to_owned(),
+            });
+        }
+        for kind in TIMEOUT_KINDS {
+            self.timeouts(kind);
+        }
+        for reason in IDLE_CLOSE_REASONS {
+            self.families.closed.get_or_create_owned(&ReasonLabels {
+                upstream: self.label.clone(),
+                reason,
+            });
+        }
+    }
+
+    /// Counts an answer the sidecar made itself to a request for this upstream.
+    pub fn failed(&self, kind: crate::error::ErrorKind) {
+        self.error_counter(kind).inc();
+    }
+
+    fn error_counter(&self, kind: crate::error::ErrorKind) -> Counter {
+        let labels = KindLabels {
+            upstream: self.label.clone(),
+            kind: kind.as_str(),
+        };
+        self.families.errors.get_or_create_owned(&labels)
+    }
+
     /// Counts a connection closed for `reason`.
     pub fn closed(&self, reason: &'static str) {
         let labels = ReasonLabels {
@@ -737,200 +824,9 @@ impl UpstreamMetrics {
     }
 }
 
-/// Computes the gauges at scrape time.
-#[derive(Debug)]
-struct GaugeCollector(Arc<GaugeSources>);
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StateLabels {
-    upstream: String,
-    state: &'static str,
-}
-
-/// One label's pool gauges.
-#[derive(Debug, Default)]
-struct PoolGauges {
-    active: i64,
-    idle: i64,
-    pending: i64,
-    /// The smallest learned upstream idle timeout among the label's pools.
-    learned_idle_timeout: Option<std::time::Duration>,
-    /// Endpoints by state (active, ejected, draining): the largest among the label's pools,
-    /// since an upstream's pools share one endpoint set.
-    endpoints: [i64; 3],
-}
-
-impl GaugeCollector {
-    /// Sums per label: every upstream past the label budget reports as `other`, and a pool a
-    /// reload retired reports with its successor.
-    fn pool_gauges(&self) -> std::collections::BTreeMap<String, PoolGauges> {
-        let mut by_label: std::collections::BTreeMap<String, PoolGauges> = Default::default();
-        for (label, pool) in self.0.pools.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            let Some(pool) = pool.upgrade() else { continue };
-            let s = pool.counts();
-            let idle = s.idle as i64;
-            let entry = by_label.entry(label.clone()).or_default();
-            entry.active += s.open as i64 - idle;
-            entry.idle += idle;
-            entry.pending += s.pending as i64;
-            for (total, n) in entry.endpoints.iter_mut().zip(s.endpoints) {
-                *total = (*total).max(n as i64);
-            }
-            entry.learned_idle_timeout = match (entry.learned_idle_timeout, s.learned_idle_timeout) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-        }
-        by_label
-    }
-}
-
-impl Collector for GaugeCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let by_label = self.pool_gauges();
-        let gauge = ConstGauge::new(0i64);
-        let mut conns = encoder.encode_descriptor(
-            "upstream_connections",
-            "Open upstream connections: active (dialing or carrying requests) and idle",
-            None,
-            gauge.metric_type(),
-        )?;
-        for (label, g) in &by_label {
-            for (state, value) in [("active", g.active), ("idle", g.idle)] {
-                let labels = StateLabels {
-                    upstream: label.clone(),
-                    state,
-                };
-                ConstGauge::new(value).encode(conns.encode_family(&labels)?)?;
-            }
-        }
-        let mut pending = encoder.encode_descriptor(
-            "pool_pending_requests",
-            "Requests waiting for a pooled connection or stream",
-            None,
-            gauge.metric_type(),
-        )?;
-        for (label, g) in &by_label {
-            let labels = UpstreamLabel {
-                upstream: label.clone(),
-            };
-            ConstGauge::new(g.pending).encode(pending.encode_family(&labels)?)?;
-        }
-        let mut endpoints = encoder.encode_descriptor(
-            "upstream_endpoints",
-            "An upstream's endpoints by state: active, ejected (outlier detection) and draining (left the DNS answer, connections still open)",
-            None,
-            gauge.metric_type(),
-        )?;
-        for (label, g) in &by_label {
-            for (state, value) in ["active", "ejected", "draining"].into_iter().zip(g.endpoints) {
-                let labels = StateLabels {
-                    upstream: label.clone(),
-                    state,
-                };
-                ConstGauge::new(value).encode(endpoints.encode_family(&labels)?)?;
-            }
-        }
-        let learned = ConstGauge::new(0f64);
-        let mut learned_family = encoder.encode_descriptor(
-            "upstream_learned_idle_timeout_seconds",
-            "The upstream's own idle timeout as learned from its closes of idle HTTP/1.1 connections (0: nothing learned)",
-            None,
-            learned.metric_type(),
-        )?;
-        for (label, g) in &by_label {
-            let labels = UpstreamLabel {
-                upstream: label.clone(),
-            };
-            let seconds = g.learned_idle_timeout.map_or(0.0, |d| d.as_secs_f64());
-            ConstGauge::new(seconds).encode(learned_family.encode_family(&labels)?)?;
-        }
-        encode_process_gauges(&mut encoder)
-    }
-}
-
-/// What a soak run or an operator watches for leaks: tasks alive in the runtime, open file
-/// descriptors and resident memory, read at scrape time (Linux `/proc/self`; a gauge whose
-/// source cannot be read is left out rather than reported as 0).
-fn encode_process_gauges(encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-    let tasks = tokio::runtime::Handle::try_current()
-        .ok()
-        .map(|h| h.metrics().num_alive_tasks());
-    let fds = std::fs::read_dir("/proc/self/fd").ok().map(Iterator::count);
-    let rss = crate::resident::rss_bytes()
-        .ok()
-        .and_then(|b| usize::try_from(b).ok());
-    let gauges = [
-        ("runtime_tasks", "Tasks alive in the sidecar's runtime", tasks),
-        ("process_open_fds", "Open file descriptors", fds),
-        ("process_resident_memory_bytes", "Resident memory (VmRSS)", rss),
-    ];
-    for (name, help, value) in gauges {
-        let Some(value) = value else { continue };
-        let gauge = ConstGauge::new(value as i64);
-        let metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-        gauge.encode(metric)?;
-    }
-    Ok(())
-}
-
-/// Rewrites OpenMetrics text as the classic format: a counter's family is named with its
-/// `_total` suffix in `# HELP` and `# TYPE` (the classic format names families by their
-/// samples), `unknown` becomes `untyped`, `info` a gauge, and `# UNIT` and `# EOF` go.
-fn openmetrics_to_classic(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut help: Option<&str> = None;
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            help = Some(rest);
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
-            let (name, kind) = match kind {
-                "counter" if !name.ends_with("_total") => (format!("{name}_total"), "counter"),
-                "unknown" => (name.to_owned(), "untyped"),
-                "info" => (format!("{name}_info"), "gauge"),
-                other => (name.to_owned(), other),
-            };
-            if let Some(help) = help.take() {
-                let text = help.split_once(' ').map_or("", |(_, t)| t);
-                out.push_str(&format!("# HELP {name} {text}\n"));
-            }
-            out.push_str(&format!("# TYPE {name} {kind}\n"));
-            continue;
-        }
-        if line.starts_with("# UNIT ") || line == "# EOF" {
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn classic_text_names_counters_by_their_samples() {
-        let om = "# HELP egress_x Things done.\n# TYPE egress_x counter\negress_x_total{a=\"b\"} 3\n\
-                  # HELP egress_g Open now.\n# TYPE egress_g gauge\n# UNIT egress_g bytes\negress_g 2\n# EOF\n";
-        assert_eq!(
-            openmetrics_to_classic(om),
-            "# HELP egress_x_total Things done.\n# TYPE egress_x_total counter\negress_x_total{a=\"b\"} 3\n\
-             # HELP egress_g Open now.\n# TYPE egress_g gauge\negress_g 2\n"
-        );
-        let real = Metrics::new();
-        real.upstream("u").request(200);
-        let classic = real.render_classic();
-        assert!(
-            classic.contains("# TYPE egress_upstream_requests_total counter"),
-            "{classic}"
-        );
-        assert!(!classic.contains("# EOF"));
-    }
 
     /// `200`'s counter (kept apart from the others) and the rest count into the one family,
     /// across clones of an upstream's metrics.
@@ -950,5 +846,41 @@ mod tests {
         ] {
             assert!(classic.contains(series), "{series} in {classic}");
         }
+    }
+
+    /// An upstream's handles make the dashboard's series at 0, the unlabelled ones exist
+    /// with the registry, and past the label budget the zeros go to `other`.
+    #[test]
+    fn series_start_at_zero_within_the_label_budget() {
+        let metrics = Metrics::new();
+        let fresh = metrics.render_classic();
+        for series in [
+            "egress_leaks_detected_total 0\n",
+            "egress_memory_sheds_total{action=\"accept_paused\"} 0\n",
+        ] {
+            assert!(fresh.contains(series), "{series} in {fresh}");
+        }
+        for i in 0..=MAX_UPSTREAM_LABELS {
+            let _ = metrics.upstream(&format!("u{i}"));
+        }
+        let classic = metrics.render_classic();
+        for series in [
+            "egress_upstream_requests_total{upstream=\"u0\",code=\"200\"} 0\n",
+            "egress_upstream_errors_total{upstream=\"u0\",kind=\"connect_failed\"} 0\n",
+            "egress_upstream_errors_total{upstream=\"u0\",kind=\"rate_limited\"} 0\n",
+            "egress_upstream_retries_total{upstream=\"u0\",reason=\"connect_failure\"} 0\n",
+            "egress_upstream_timeouts_total{upstream=\"u0\",kind=\"response_header\"} 0\n",
+            "egress_upstream_connections_closed_total{upstream=\"u0\",reason=\"idle_timeout\"} 0\n",
+            "egress_upstream_errors_total{upstream=\"other\",kind=\"pool_overflow\"} 0\n",
+        ] {
+            assert!(classic.contains(series), "{series} in the exposition");
+        }
+        let labels: HashSet<&str> = classic
+            .lines()
+            .filter_map(|l| l.split_once("upstream=\"")?.1.split_once('"'))
+            .map(|(label, _)| label)
+            .collect();
+        assert_eq!(labels.len(), MAX_UPSTREAM_LABELS + 1, "the budget and `other`");
+        assert!(!labels.contains(format!("u{MAX_UPSTREAM_LABELS}").as_str()));
     }
 }

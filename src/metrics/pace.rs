@@ -18,6 +18,10 @@ pub struct UnitLabels {
     pub unit: &'static str,
 }
 
+/// Why a pace key closes (`pace::key`): made at zero with an upstream's handles, so a quiet
+/// upstream's panel shows 0.
+const CLOSE_REASONS: [&str; 2] = ["retry_after", "remaining"];
+
 type WaitFamily = Family<UpstreamLabel, Histogram, fn() -> Histogram>;
 
 fn wait_histogram() -> Histogram {
@@ -89,6 +93,12 @@ impl PaceFamilies {
         let label = UpstreamLabel {
             upstream: upstream.clone(),
         };
+        for reason in CLOSE_REASONS {
+            self.closed.get_or_create_owned(&ReasonLabels {
+                upstream: upstream.clone(),
+                reason,
+            });
+        }
         let unit = |unit| UnitLabels {
             upstream: upstream.clone(),
             unit,

@@ -299,7 +299,9 @@ impl Proxy {
         if let Some(asked) = asked {
             crate::trace::admitted(req, asked.elapsed());
         }
-        let granted = granted?;
+        let granted = granted.inspect_err(|err| {
+            sending.upstream.failed(err);
+        })?;
         let headers = req.headers_mut();
         for (name, value) in granted.headers {
             headers.insert(name, value);
@@ -328,7 +330,9 @@ impl Proxy {
         upstream: &Upstream,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         let req = crate::wire::take_request(req);
-        let resp = upgrade::send(upstream, req).await?;
+        let resp = upgrade::send(upstream, req).await.inspect_err(|err| {
+            upstream.failed(err);
+        })?;
         let mut resp = resp.map(ResponseBody::Direct);
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             headers::to_downstream_switch(&mut resp);

@@ -1,12 +1,20 @@
 //! What an upstream failure means to the application: the errors of the HTTP/1.1 client, the
 //! HTTP/2 streams and hyper's client (upgrades) mapped to the contract's error kinds, and
-//! whether an HTTP/2 stream was refused unprocessed (so a bodyless request may go again).
+//! whether an HTTP/2 stream was refused unprocessed (so a bodyless request may go again); the
+//! count of the answers the sidecar made by kind (`egress_upstream_errors_total`).
 
 use super::Upstream;
 use crate::connector::{h1, http2};
 use crate::error::{ErrorKind, ProxyError};
 
 impl Upstream {
+    /// Counts `err` as an answer the sidecar made to a request for this upstream, whether it
+    /// came from admission, an attempt or an upgrade; returns its kind.
+    pub fn failed(&self, err: &ProxyError) -> ErrorKind {
+        self.metrics.failed(err.kind());
+        err.kind()
+    }
+
     /// Maps an error of hyper's HTTP/1.1 client (upgrades) to the contract's kinds.
     pub fn classify_error(&self, e: &hyper::Error) -> ProxyError {
         if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {

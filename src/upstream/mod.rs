@@ -550,7 +550,7 @@ impl Upstream {
         };
         let code = match &result {
             Ok(resp) => resp.status().as_u16(),
-            Err(err) => err.kind().status().as_u16(),
+            Err(err) => self.failed(err).status().as_u16(),
         };
         self.metrics.request(code);
         let deadlines = Deadlines {

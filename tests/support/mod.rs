@@ -4,13 +4,14 @@
 //! Python apps and view of the sidecar (`llm_provider`, `llm_app`, `llm_sidecar`), the pacing
 //! tests' Python app and rate-limited provider (`pace_app`, `provider`), the fleet-wide quota
 //! tests' Redis and rate-limit service (`ratelimit`), the trace tests' OpenTelemetry Collector
-//! (`otelcol`; all used by path), a Squid parent proxy, nginx as an origin and machine checks
-//! in submodules.
+//! (`otelcol`), the Grafana dashboard's queries and traffic (`dashboard`; all used by path), a
+//! Squid parent proxy, nginx as an origin and machine checks in submodules.
 //! Everything binds 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 mod child;
 mod client;
+pub mod dashboard;
 mod dns;
 mod line_client;
 pub mod llm_app;
