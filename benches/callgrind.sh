@@ -24,7 +24,9 @@
 #        DUMP_INSTR=1 (callgrind counts each instruction, for benches/cg_per_request.py),
 #        TRACE_SAMPLE (a ratio such as 1.0: `tracing` on, every root request traced, the spans
 #        posted as OTLP to the nginx upstream, which answers 200 as a collector would; the
-#        export task's encoding and posts are in the count),
+#        export task's encoding and posts are in the count. Only with the plain h1 upstream:
+#        with UPSTREAM_BODY=sse (a static file) or UPSTREAM=h2c every post fails, and the
+#        count is the failure path's),
 #        UPSTREAM_BODY (h1 only: `json`, an OpenAI chat completion with usage, answering POSTs
 #        (h2load sends each a small JSON body); `sse`, an OpenAI stream of SSE_CHUNKS (400)
 #        chunks with usage at the end, about 110 KB, a static file nginx serves to GETs:

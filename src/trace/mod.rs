@@ -18,6 +18,12 @@
 //!   HTTP/1.1 connection to the collector with hyper's client.
 //! - Sampling (parent-based, ratio for roots) and W3C `traceparent` are a page each.
 //!
+//! Measured (`benches/RESULTS.md`, "Traces"; callgrind, one SERVER and one CLIENT span per
+//! request): the SDK's request path (its tracer, a processor that queues `SpanData`) takes
+//! 23,841 instructions to this module's 6,815; the export side is alike (44,398 for the SDK's
+//! grouping and encoding, 48,713 here with the post), as both build `opentelemetry-proto`'s
+//! messages. The crates save no work where it counts, on the request; they would add a thread.
+//!
 //! Off (no `tracing.otlp`), the proxy holds no [`Tracer`] and a request costs one branch.
 
 pub mod export;
