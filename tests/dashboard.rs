@@ -58,7 +58,7 @@ fn promql_names_are_told_from_functions_labels_and_keywords() {
         ),
         vec![Selector {
             name: "egress_a_total".into(),
-            by_upstream: true
+            labels: vec!["upstream".into(), "code".into()],
         }]
     );
     assert_eq!(
@@ -81,7 +81,7 @@ fn promql_names_are_told_from_functions_labels_and_keywords() {
         names("label_replace(m, \"dst\", \"$1\", \"src\", \"(.*)\")"),
         ["m"]
     );
-    assert!(!dashboard::selectors("rate(m[1m])")[0].by_upstream);
+    assert!(!dashboard::selectors("rate(m[1m])")[0].by_upstream());
 }
 
 #[test]
@@ -112,7 +112,8 @@ fn dashboard_families(exposition: &str) -> (HashMap<String, bool>, Vec<String>) 
                 query.panel, query.ref_id, query.expr
             ));
         }
-        for Selector { name, by_upstream } in selectors {
+        for selector in selectors {
+            let (by_upstream, name) = (selector.by_upstream(), selector.name);
             match dashboard::family_of(&name, &families) {
                 Some(family) => *used.entry(family).or_insert(false) |= by_upstream,
                 None => unknown.push(format!("{} ({}): {name}", query.panel, query.ref_id)),

@@ -52,11 +52,7 @@ impl Prometheus {
         .unwrap();
         let log_path = dir.path.join("prometheus.log");
         for _ in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let port = support::free_port();
             let addr: SocketAddr = ([127, 0, 0, 1], port).into();
             let log = std::fs::File::create(&log_path).unwrap();
             let mut child = tokio::process::Command::new(PROMETHEUS)

@@ -129,11 +129,18 @@ pub fn substitute(expr: &str) -> String {
         .replace("$upstream", ".*")
 }
 
-/// A vector selector in an expression: the metric name, and whether it matches on `upstream`.
+/// A vector selector in an expression: the metric name, and the label names its matchers use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selector {
     pub name: String,
-    pub by_upstream: bool,
+    pub labels: Vec<String>,
+}
+
+impl Selector {
+    /// Whether it matches on `upstream`.
+    pub fn by_upstream(&self) -> bool {
+        self.labels.iter().any(|l| l == "upstream")
+    }
 }
 
 /// Words that are PromQL, not metric names, even when not followed by `(`: binary operators
@@ -197,8 +204,11 @@ pub fn selectors(expr: &str) -> Vec<Selector> {
             }
             i += 1;
         } else if c == '{' {
-            // Matchers with no name before them (`{__name__=...}`) are not used here.
-            let (_, end) = matchers(&s, i);
+            // Matchers with no name before them: the name, if any, is their `__name__`.
+            let (labels, name, end) = matchers(&s, i);
+            if let Some(name) = name {
+                out.push(Selector { name, labels });
+            }
             i = end;
         } else if c == '(' {
             depth += 1;
@@ -242,16 +252,13 @@ pub fn selectors(expr: &str) -> Vec<Selector> {
             if KEYWORDS.contains(&lower.as_str()) || next_char == Some('(') {
                 continue;
             }
-            let mut by_upstream = false;
+            let mut labels = Vec::new();
             if let (Some(p), Some('{')) = (next, next_char) {
-                let (labels, end) = matchers(&s, p);
-                by_upstream = labels.iter().any(|l| l == "upstream");
+                let (named, _, end) = matchers(&s, p);
+                labels = named;
                 i = end;
             }
-            out.push(Selector {
-                name: word,
-                by_upstream,
-            });
+            out.push(Selector { name: word, labels });
         } else {
             i += 1;
         }
@@ -272,25 +279,36 @@ fn skip_string(s: &[char], i: usize) -> usize {
     j + 1
 }
 
-/// The label names of the matchers opening at `i` (a `{`), and the index past its `}`.
-fn matchers(s: &[char], i: usize) -> (Vec<String>, usize) {
+/// The label names of the matchers opening at `i` (a `{`), but `__name__`; the value an
+/// `__name__="..."` matcher names; and the index past the `}`.
+fn matchers(s: &[char], i: usize) -> (Vec<String>, Option<String>, usize) {
     let mut names = Vec::new();
+    let mut metric = None;
+    let mut last: Option<String> = None;
     let mut j = i + 1;
     while j < s.len() && s[j] != '}' {
         let c = s[j];
         if c == '"' || c == '\'' || c == '`' {
-            j = skip_string(s, j);
+            let end = skip_string(s, j);
+            if last.as_deref() == Some("__name__") && s.get(j - 1) == Some(&'=') {
+                metric = Some(s[j + 1..end - 1].iter().collect());
+            }
+            j = end;
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = j;
             while j < s.len() && (s[j].is_ascii_alphanumeric() || s[j] == '_') {
                 j += 1;
             }
-            names.push(s[start..j].iter().collect());
+            let name: String = s[start..j].iter().collect();
+            if name != "__name__" {
+                names.push(name.clone());
+            }
+            last = Some(name);
         } else {
             j += 1;
         }
     }
-    (names, j + 1)
+    (names, metric, j + 1)
 }
 
 /// Family names and their types, from the `# TYPE` lines of the classic text format.
@@ -304,16 +322,22 @@ pub fn families(exposition: &str) -> HashMap<String, String> {
 }
 
 /// The family a series name queried by PromQL belongs to: itself when it is a family other
-/// than a histogram, the histogram when it is one's `_bucket`, `_sum` or `_count`. A histogram's
-/// own name selects nothing in Prometheus, so it is no match.
+/// than a histogram or summary, the histogram when it is one's `_bucket`, `_sum` or `_count`
+/// (a summary's `_sum` or `_count`). A histogram's own name selects nothing in Prometheus, so
+/// it is no match.
 pub fn family_of(name: &str, families: &HashMap<String, String>) -> Option<String> {
-    if families.get(name).is_some_and(|kind| kind != "histogram") {
-        return Some(name.to_owned());
+    match families.get(name).map(String::as_str) {
+        Some("histogram" | "summary") => None,
+        Some(_) => Some(name.to_owned()),
+        None => ["_bucket", "_sum", "_count"].iter().find_map(|suffix| {
+            let base = name.strip_suffix(suffix)?;
+            match families.get(base).map(String::as_str) {
+                Some("histogram") => Some(base.to_owned()),
+                Some("summary") if *suffix != "_bucket" => Some(base.to_owned()),
+                _ => None,
+            }
+        }),
     }
-    ["_bucket", "_sum", "_count"].iter().find_map(|suffix| {
-        let base = name.strip_suffix(suffix)?;
-        (families.get(base)? == "histogram").then(|| base.to_owned())
-    })
 }
 
 /// One sample line of the text format.

@@ -34,6 +34,17 @@ pub async fn have_go() -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// A port free a moment ago: bound and released, for the programs that cannot take port 0
+/// (Squid, envoyproxy/ratelimit, the OpenTelemetry Collector, Prometheus). Whoever uses it
+/// retries with another on a clash.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// `go`, run in `dir` as every test builds Go: no cgo, the local toolchain, no workspace, and a
 /// build cache under the target dir when the environment names none.
 pub fn go_command(dir: &std::path::Path) -> tokio::process::Command {

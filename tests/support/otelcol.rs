@@ -270,15 +270,6 @@ async fn build() -> Option<PathBuf> {
     Some(bin)
 }
 
-/// A port free a moment ago: bound and released.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The collector's config: the OTLP receiver over HTTP on 127.0.0.1:`port`, the file exporter
 /// writing one JSON line per export, no processors.
 fn config(port: u16, export_file: &Path) -> String {

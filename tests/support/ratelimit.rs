@@ -86,16 +86,6 @@ async fn build_service_cmd() -> Option<PathBuf> {
     Some(bin)
 }
 
-/// A port free a moment ago: bound and released, for the programs that cannot take port 0.
-/// Whoever uses it retries with another on a clash.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Whether a program's log says it could not bind its port (Redis and Go say it so).
 fn bind_clash(log: &str) -> bool {
     let log = log.to_ascii_lowercase();

@@ -117,13 +117,6 @@ impl Squid {
             // releasing it. The port may be taken again before Squid binds it (no way to hand
             // Squid the bound socket), so a start that fails with "Address already in use" is
             // retried on a new port.
-            let free_port = || {
-                std::net::TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-                    .port()
-            };
             let port = free_port();
             let tls = tls_files.as_ref().map(|(cert, key)| TlsPort {
                 port: free_port(),
