@@ -71,6 +71,24 @@ fn by_trace(spans: &[Value]) -> HashMap<String, Vec<Value>> {
     traces
 }
 
+/// A sidecar exporting to `otlp` (`tracing: { otlp }` and `tracing_extra` keys), with one
+/// upstream `origin` at `origin` and `upstream_extra`, each line of it indented under it.
+async fn traced_sidecar(
+    otlp: &str,
+    tracing_extra: &str,
+    origin: &ScriptedOrigin,
+    upstream_extra: &str,
+) -> Sidecar {
+    let mut yaml = format!(
+        "tracing: {{ otlp: \"{otlp}\"{tracing_extra} }}\nupstreams:\n  - name: origin\n    url: http://{}\n",
+        origin.addr
+    );
+    if !upstream_extra.is_empty() {
+        yaml.push_str(&format!("    {upstream_extra}\n"));
+    }
+    Sidecar::start(&yaml).await
+}
+
 async fn start_collector() -> Option<Collector> {
     Collector::start().await
 }
@@ -84,12 +102,12 @@ async fn a_hundred_traced_requests_make_two_hundred_spans_with_their_parents_and
     let slow = Duration::from_millis(400);
     origin.script("/slow", vec![Answer::ok("slow").head_after(slow)]);
     // One connection: the requests sent while the slow one holds it wait in the pool's queue.
-    let sidecar = Sidecar::start(&format!(
-        "tracing: {{ otlp: \"{}\", sample: 0.0, service_name: traced-sidecar }}\n\
-         upstreams:\n  - name: origin\n    url: http://{}\n    pool: {{ max_connections: 1 }}\n",
-        collector.endpoint(),
-        origin.addr
-    ))
+    let sidecar = traced_sidecar(
+        &collector.endpoint(),
+        ", sample: 0.0, service_name: traced-sidecar",
+        &origin,
+        "pool: { max_connections: 1 }",
+    )
     .await;
 
     // Ten rounds: a slow request, and once it holds the connection nine fast ones behind it.
@@ -215,13 +233,8 @@ async fn a_retry_is_an_attempt_of_its_own_with_its_reason() {
     };
     let origin = ScriptedOrigin::start().await;
     origin.script("/flaky", vec![Answer::status(503), Answer::ok("second time")]);
-    let sidecar = Sidecar::start(&format!(
-        "tracing: {{ otlp: \"{}\" }}\n\
-         upstreams:\n  - name: origin\n    url: http://{}\n    retry: {{ attempts: 1, on: [503], backoff: {{ base: 10ms }} }}\n",
-        collector.endpoint(),
-        origin.addr
-    ))
-    .await;
+    let retry = "retry: { attempts: 1, on: [503], backoff: { base: 10ms } }";
+    let sidecar = traced_sidecar(&collector.endpoint(), "", &origin, retry).await;
     let app = AppContext::new();
     assert_eq!(
         get(&sidecar, &origin.url("/flaky"), &app.header("01"))
@@ -333,13 +346,7 @@ async fn an_llm_answer_puts_its_model_and_tokens_on_the_request_span() {
         "/v1/chat/completions",
         vec![Answer::ok(answer).header("content-type", "application/json")],
     );
-    let sidecar = Sidecar::start(&format!(
-        "tracing: {{ otlp: \"{}\" }}\n\
-         upstreams:\n  - name: llm\n    url: http://{}\n    llm: {{ usage: openai }}\n",
-        collector.endpoint(),
-        origin.addr
-    ))
-    .await;
+    let sidecar = traced_sidecar(&collector.endpoint(), "", &origin, "llm: { usage: openai }").await;
     let resp = get(&sidecar, &origin.url("/v1/chat/completions"), "").await;
     assert_eq!(resp.status, 200);
     let spans = collector.wait_for_spans(2, Duration::from_secs(10)).await;
@@ -360,12 +367,7 @@ async fn an_llm_answer_puts_its_model_and_tokens_on_the_request_span() {
 #[tokio::test]
 async fn a_collector_that_is_down_costs_requests_nothing_and_drops_are_counted() {
     let origin = ScriptedOrigin::start().await;
-    let sidecar = Sidecar::start(&format!(
-        "tracing: {{ otlp: \"{}\" }}\nupstreams:\n  - name: origin\n    url: http://{}\n",
-        stopped_endpoint(),
-        origin.addr
-    ))
-    .await;
+    let sidecar = traced_sidecar(&stopped_endpoint(), "", &origin, "").await;
     for _ in 0..100 {
         let app = AppContext::new();
         assert_eq!(
@@ -419,13 +421,7 @@ async fn a_request_pacing_held_shows_its_wait() {
             Answer::ok("second"),
         ],
     );
-    let sidecar = Sidecar::start(&format!(
-        "tracing: {{ otlp: \"{}\" }}\n\
-         upstreams:\n  - name: origin\n    url: http://{}\n    pace: {{ smooth: false }}\n",
-        collector.endpoint(),
-        origin.addr
-    ))
-    .await;
+    let sidecar = traced_sidecar(&collector.endpoint(), "", &origin, "pace: { smooth: false }").await;
     let (first, second) = (AppContext::new(), AppContext::new());
     assert_eq!(
         get(&sidecar, &origin.url("/limited"), &first.header("01"))
@@ -467,12 +463,7 @@ async fn an_h2c_request_gets_its_spans_too() {
         return;
     };
     let origin = ScriptedOrigin::start().await;
-    let sidecar = Sidecar::start(&format!(
-        "tracing: {{ otlp: \"{}\" }}\nupstreams:\n  - name: origin\n    url: http://{}\n",
-        collector.endpoint(),
-        origin.addr
-    ))
-    .await;
+    let sidecar = traced_sidecar(&collector.endpoint(), "", &origin, "").await;
     let (status, _) = h2c_get(sidecar.addr, &origin.url("/h2c")).await;
     assert_eq!(status, 200);
     let spans = collector.wait_for_spans(2, Duration::from_secs(10)).await;
@@ -509,12 +500,7 @@ async fn a_request_the_app_gives_up_on_still_ends_its_spans() {
         "/stuck",
         vec![Answer::ok("late").head_after(Duration::from_secs(30))],
     );
-    let sidecar = Sidecar::start(&format!(
-        "tracing: {{ otlp: \"{}\" }}\nupstreams:\n  - name: origin\n    url: http://{}\n",
-        collector.endpoint(),
-        origin.addr
-    ))
-    .await;
+    let sidecar = traced_sidecar(&collector.endpoint(), "", &origin, "").await;
     let app = AppContext::new();
     let mut client = RawClient::connect(sidecar.addr).await;
     let url = origin.url("/stuck");

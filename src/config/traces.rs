@@ -126,7 +126,7 @@ fn parse_otlp(text: &str) -> Result<OtlpUrl, String> {
     })
 }
 
-/// `tracing` under `prefix`, over `base`.
+/// An upstream's `tracing`, each key present replacing `base`'s.
 pub(super) fn merge_upstream_tracing(base: &UpstreamTracing, raw: &FileUpstreamTracing) -> UpstreamTracing {
     UpstreamTracing {
         propagate: raw.propagate.unwrap_or(base.propagate),

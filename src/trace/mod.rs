@@ -169,6 +169,7 @@ impl ServerSpan {
             admission_wait,
             ..
         } = self.traced;
+        fields.method = bounded(std::mem::take(&mut fields.method));
         fields.authority = bounded(std::mem::take(&mut fields.authority));
         fields.path = bounded(std::mem::take(&mut fields.path));
         let waited = admission_wait.load(Ordering::Relaxed);
@@ -273,7 +274,7 @@ impl ClientSpan {
         if !is_traced(req) {
             return None;
         }
-        let method = req.method().clone();
+        let method = bounded_method(req.method());
         let path = req.uri().path().to_owned();
         let traced = req.extensions_mut().get_mut::<Traced>()?;
         let span_id = traced.tracer.ids.span_id();
@@ -386,6 +387,18 @@ pub fn bounded(mut text: String) -> String {
         text.truncate(at);
     }
     text
+}
+
+/// `method`, cut to [`MAX_VALUE_BYTES`]: an extension method is as long as the head allows.
+fn bounded_method(method: &http::Method) -> http::Method {
+    let text = method.as_str().as_bytes();
+    match text.get(..MAX_VALUE_BYTES) {
+        // A method is token characters (ASCII): any cut of it is one too.
+        Some(cut) if text.len() > MAX_VALUE_BYTES => {
+            http::Method::from_bytes(cut).unwrap_or_else(|_| method.clone())
+        }
+        _ => method.clone(),
+    }
 }
 
 /// Notes on a traced request why its next attempt is made.

@@ -412,3 +412,10 @@ fn bounded_cuts_at_a_character_boundary() {
     assert!(cut.len() <= MAX_VALUE_BYTES && cut.len() >= MAX_VALUE_BYTES - 1);
     assert!(cut.chars().all(|c| c == 'é'));
 }
+
+#[test]
+fn a_long_extension_method_is_cut_in_the_span() {
+    let long = http::Method::from_bytes("X".repeat(3 * MAX_VALUE_BYTES).as_bytes()).unwrap();
+    assert_eq!(bounded_method(&long).as_str().len(), MAX_VALUE_BYTES);
+    assert_eq!(bounded_method(&http::Method::GET), http::Method::GET);
+}

@@ -87,16 +87,22 @@ pub async fn build_go(src: &str, name: &str) -> Option<std::path::PathBuf> {
     };
     let mut cmd = go_command(&dir);
     cmd.args(["build", "-o"]).arg(&out).arg(package);
-    let output = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+    run_go(&mut cmd, &format!("go build {src}"), Duration::from_secs(180)).await;
+    Some(out)
+}
+
+/// Runs `cmd` (a `go build` or `go install` from [`go_command`]) within `limit`; the test
+/// fails, with go's stderr, when it fails.
+pub async fn run_go(cmd: &mut tokio::process::Command, what: &str, limit: Duration) {
+    let output = tokio::time::timeout(limit, cmd.output())
         .await
-        .expect("go build took longer than 180s")
-        .expect("running go build");
+        .unwrap_or_else(|_| panic!("{what} took longer than {limit:?}"))
+        .unwrap_or_else(|e| panic!("running {what}: {e}"));
     assert!(
         output.status.success(),
-        "go build {src} failed:\n{}",
+        "{what} failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    Some(out)
 }
 
 // === TLS ===

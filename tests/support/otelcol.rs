@@ -257,15 +257,7 @@ async fn build() -> Option<PathBuf> {
     cmd.args(["build", "-o"]).arg(&staging).arg(".");
     // Cold (nothing in the Go build cache) the compile takes about two minutes on two cores;
     // .ci/run warms the cache with the same flags, so there it only links.
-    let output = tokio::time::timeout(Duration::from_secs(600), cmd.output())
-        .await
-        .expect("go build of the OpenTelemetry Collector took longer than 600 s")
-        .expect("running go build");
-    assert!(
-        output.status.success(),
-        "go build {MODULE} failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_go(&mut cmd, &format!("go build {MODULE}"), Duration::from_secs(600)).await;
     std::fs::rename(&staging, &bin).unwrap();
     Some(bin)
 }

@@ -72,15 +72,8 @@ async fn build_service_cmd() -> Option<PathBuf> {
         .arg(format!("{RATELIMIT_PACKAGE}@{RATELIMIT_VERSION}"))
         .env("GOBIN", &staging);
     // Cold (modules fetched, nothing cached) it takes a minute or two; .ci/run warms both.
-    let output = tokio::time::timeout(Duration::from_secs(600), cmd.output())
-        .await
-        .expect("go install of envoyproxy/ratelimit took longer than 600 s")
-        .expect("running go install");
-    assert!(
-        output.status.success(),
-        "go install {RATELIMIT_PACKAGE}@{RATELIMIT_VERSION} failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let what = format!("go install {RATELIMIT_PACKAGE}@{RATELIMIT_VERSION}");
+    super::machine::run_go(&mut cmd, &what, Duration::from_secs(600)).await;
     std::fs::rename(staging.join("service_cmd"), &bin).unwrap();
     let _ = std::fs::remove_dir_all(&staging);
     Some(bin)
