@@ -339,18 +339,23 @@ def kib(n):
     return f"{n / 1024:,.0f} KiB"
 
 
-async def idle_clients(pid, port, n, up_port=None):
-    """On a proxy (root pid) listening on port: warm up with 64 connections (one request each,
-    then closed), read RSS, open n connections with one GET / each (at most 4 in flight) and keep
-    them idle, wait 1 s, read RSS. Returns (the open connections, a result dict)."""
-    warm, _ = await open_clients(port, 64, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
-    await close_all(warm)
+async def idle_clients(pid, port, n, up_port=None, warm=64):
+    """On a proxy (root pid) listening on port: warm up with `warm` connections (one request
+    each, then closed; none: the first burst of a fresh process), read RSS, open n connections
+    with one GET / each (at most 4 in flight) and keep them idle, wait 1 s, read RSS. Returns
+    (the open connections, a result dict)."""
+    if warm:
+        warmed, _ = await open_clients(port, warm, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
+        await close_all(warmed)
     await settle()
     base, base_up = rss_bytes(pid), up_port and established(dport=up_port)
+    base_anon = rss_bytes(pid, "RssAnon")
     conns, failed = await open_clients(port, n, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
     await settle()
     after, held, after_up = rss_bytes(pid), established(sport=port), up_port and established(dport=up_port)
+    anon = (rss_bytes(pid, "RssAnon") - base_anon) / max(held, 1)
     return conns, {"base": base, "after": after, "held": held, "per": (after - base) / max(held, 1),
+                   "anon": anon,
                    "failed": len(failed), "first_failure": failed[0] if failed else "",
                    "base_up": base_up, "after_up": after_up}
 
@@ -358,12 +363,12 @@ async def idle_clients(pid, port, n, up_port=None):
 async def measure_downstream(name, start, args, up_port):
     proc, port = start(args, up_port)
     try:
-        conns, r = await idle_clients(proc.pid, port, args.downstream, up_port)
+        conns, r = await idle_clients(proc.pid, port, args.downstream, up_port, args.warm)
         await close_all(conns)
         print(
             f"{name:8} downstream: RSS {kib(r['base'])} -> {kib(r['after'])} with {r['held']} idle client "
             f"connections ({r['failed']} failed; upstream connections {r['base_up']} -> {r['after_up']}): "
-            f"{r['per']:,.0f} B per idle downstream connection",
+            f"{r['per']:,.0f} B per idle downstream connection, {r['anon']:,.0f} B of it anonymous",
             flush=True,
         )
         if r["failed"]:
@@ -437,17 +442,20 @@ def heap_in_use(pid, log):
 
 
 async def measure_tunnels(args, up_port, kind):
-    """RSS per idle tunnel of `kind` (see open_tunnels), on a fresh sidecar warmed with 64.
+    """RSS per idle tunnel of `kind` (see open_tunnels), on a fresh sidecar warmed with
+    `args.warm` tunnels (none: its first burst).
     With HEAP_STATS=1 in the environment (and gdb installed), also the live heap per tunnel."""
     proc, route = start_sidecar(args, up_port)
     heap_stats = os.environ.get("HEAP_STATS") == "1"
     log = os.path.join(args.tmp, "sidecar.log")
     try:
-        warm, failed = await open_tunnels(proc, route, up_port, 64, kind)
-        # Idle long enough to be parked (after 100 ms), then closed through the wake: the code
-        # the measured tunnels run is mapped in before the base reading, not counted per tunnel.
-        await asyncio.sleep(0.5)
-        await close_all(warm)
+        if args.warm:
+            warm, failed = await open_tunnels(proc, route, up_port, args.warm, kind)
+            # Idle long enough to be parked (after 100 ms), then closed through the wake: the
+            # code the measured tunnels run is mapped in before the base reading, not counted
+            # per tunnel.
+            await asyncio.sleep(0.5)
+            await close_all(warm)
         await settle()
         # First: gdb's call maps in libc's pages for printing, not to be counted per tunnel.
         base_heap = heap_in_use(proc.pid, log) if heap_stats else None
@@ -581,6 +589,8 @@ def main():
     m.add_argument("--downstream", type=int, default=5000)
     m.add_argument("--upstream", type=int, default=1000)
     m.add_argument("--tunnels", type=int, default=1000)
+    m.add_argument("--warm", type=int, default=64,
+                   help="connections and tunnels opened and closed before the base reading (0: none)")
     ic = sub.add_parser("idle-clients", help="RSS base and growth per idle client on a running proxy")
     ic.add_argument("--pid", type=int, required=True, help="the proxy's root pid (children counted)")
     ic.add_argument("--port", type=int, required=True, help="the proxy's listening port")

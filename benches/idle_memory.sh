@@ -17,6 +17,8 @@
 #
 # Usage (from the repo root):   benches/idle_memory.sh
 #   env: DOWNSTREAM (default 5000), UPSTREAM (default 1000), TUNNELS (default 1000),
+#        WARM (default 64: connections and tunnels opened and closed before each base reading;
+#        0: the base is the fresh process, and the figure is what its first burst keeps),
 #        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary),
 #        HEAP_STATS=1 (also the live heap per idle tunnel: glibc's malloc_stats through gdb).
 # Installs nginx with apt-get if missing. Configs and logs go to one mktemp directory, removed
@@ -27,6 +29,7 @@ set -euo pipefail
 DOWNSTREAM=${DOWNSTREAM:-5000}
 UPSTREAM=${UPSTREAM:-1000}
 TUNNELS=${TUNNELS:-1000}
+WARM=${WARM:-64}
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -64,7 +67,7 @@ trap 'exit 130' INT TERM
 # RLIMIT_NOFILE: the Python driver raises its soft limit to the hard one and the proxies inherit it.
 log "measuring: $DOWNSTREAM idle downstream, $UPSTREAM pooled upstream connections (sidecar, then nginx), $TUNNELS idle CONNECT and WebSocket tunnels (sidecar)"
 python3 "$REPO/benches/idle_memory.py" measure --sidecar "$BIN" --tmp "$TMP" \
-    --downstream "$DOWNSTREAM" --upstream "$UPSTREAM" --tunnels "$TUNNELS" &
+    --downstream "$DOWNSTREAM" --upstream "$UPSTREAM" --tunnels "$TUNNELS" --warm "$WARM" &
 PY_PID=$!
 wait "$PY_PID"
 PY_PID=

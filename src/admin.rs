@@ -1,7 +1,8 @@
 //! The admin listener: `/` (the status page, HTML for a browser: see [`status`]), `/healthz`
 //! (alive), `/readyz` (ready; 503 while draining), `/metrics` (Prometheus text),
-//! `/debug/pools` (JSON: the sidecar's version and uptime, each pool and each of its
-//! connections, each upstream's pace keys, and the memory budget), `/debug/clients` (JSON, per
+//! `/debug/pools` (JSON: the sidecar's version and uptime, the pools of a page (`?offset=&limit=`,
+//! 100 by default) with each of their connections and every pool summed, how many hosts met on
+//! the fly are live and remembered, each upstream's pace keys, and the memory budget), `/debug/clients` (JSON, per
 //! application source) and `/debug/usage` (JSON, what LLM answers spent by upstream, app and
 //! model, since start and over the last minute). Read-only: nothing on it changes state, and
 //! the status page only reads the three JSON endpoints.
@@ -26,8 +27,10 @@ use tokio::time::Instant;
 use crate::budget::{Budget, BudgetReport};
 use crate::clients::Clients;
 use crate::metrics::Metrics;
+use crate::metrics::PoolSource;
 use crate::pace;
 use crate::pool::{PoolReport, Registry};
+use crate::routing::on_the_fly;
 
 pub mod status;
 
@@ -36,7 +39,7 @@ pub async fn serve(
     listener: TcpListener,
     ready: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
-    (pools, paces): (Arc<Registry>, Arc<pace::Registry>),
+    (pools, paces, on_the_fly): (Arc<Registry>, Arc<pace::Registry>, Arc<on_the_fly::Table>),
     clients: Arc<Clients>,
     budget: Option<Arc<Budget>>,
     mut stop: watch::Receiver<bool>,
@@ -57,6 +60,7 @@ pub async fn serve(
             metrics: metrics.clone(),
             pools: pools.clone(),
             paces: paces.clone(),
+            on_the_fly: on_the_fly.clone(),
             clients: clients.clone(),
             budget: budget.clone(),
             started,
@@ -77,6 +81,7 @@ struct Admin {
     metrics: Arc<Metrics>,
     pools: Arc<Registry>,
     paces: Arc<pace::Registry>,
+    on_the_fly: Arc<on_the_fly::Table>,
     clients: Arc<Clients>,
     budget: Option<Arc<Budget>>,
     started: Instant,
@@ -92,11 +97,30 @@ impl Admin {
         }
     }
 
-    /// `/debug/pools`.
-    fn pools(&self) -> PoolsReport {
+    /// `/debug/pools`: the pools of `page`, and every pool summed.
+    fn pools(&self, page: Page) -> PoolsReport {
+        let live = self.pools.live();
+        let mut totals = PoolTotals {
+            pools: live.len(),
+            ..PoolTotals::default()
+        };
+        for pool in &live {
+            let counts = pool.counts();
+            totals.open += counts.open;
+            totals.idle += counts.idle;
+            totals.pending += counts.pending;
+        }
         PoolsReport {
             sidecar: self.sidecar(),
-            pools: self.pools.live().iter().map(|p| p.report()).collect(),
+            pools: live
+                .iter()
+                .skip(page.offset)
+                .take(page.limit)
+                .map(|p| p.report())
+                .collect(),
+            pools_offset: page.offset,
+            totals,
+            on_the_fly: self.on_the_fly.report(),
             pace: self.paces.report(),
             budget: self.budget.as_ref().map(|b| b.report(&self.metrics)),
         }
@@ -104,7 +128,7 @@ impl Admin {
 
     /// `GET /`: the status page, with the numbers of the three JSON endpoints in it.
     async fn status_page(&self) -> Response<Full<Bytes>> {
-        let pools = self.pools();
+        let pools = self.pools(Page::default());
         let clients = self.clients.report_attributed().await;
         let usage = self.metrics.usage();
         let page = status::page(&status::View {
@@ -137,13 +161,64 @@ impl Admin {
     }
 }
 
-/// `/debug/pools`: the sidecar, each pool, each upstream's pace keys, the memory budget.
+/// `/debug/pools`: the sidecar, the pools of a page and every pool summed, the upstreams met
+/// on the fly, each upstream's pace keys, the memory budget.
 #[derive(Debug, serde::Serialize)]
 struct PoolsReport {
     sidecar: status::SidecarReport,
     pools: Vec<PoolReport>,
+    /// Where `pools` starts among every pool, in the order they were made (configured
+    /// upstreams first).
+    pools_offset: usize,
+    totals: PoolTotals,
+    on_the_fly: on_the_fly::OnTheFlyReport,
     pace: Vec<pace::PaceReport>,
     budget: Option<BudgetReport>,
+}
+
+/// Every live pool, summed: what a page of `/debug/pools` leaves out still counts here.
+#[derive(Debug, Default, serde::Serialize)]
+struct PoolTotals {
+    pools: usize,
+    open: usize,
+    idle: usize,
+    pending: usize,
+}
+
+/// Which pools `/debug/pools` lists: `?offset=N&limit=M`. A forward proxy may hold thousands
+/// of pools, and listing them all made megabytes of JSON (4.5 MB for 5,000 hosts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Page {
+    offset: usize,
+    limit: usize,
+}
+
+impl Page {
+    /// Pools listed when the query names no `limit`.
+    const DEFAULT_LIMIT: usize = 100;
+
+    /// The page a query asks for; `None` when a value is not a number (the answer is 400).
+    fn parse(query: Option<&str>) -> Option<Page> {
+        let mut page = Page::default();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match name {
+                "offset" => page.offset = value.parse().ok()?,
+                "limit" => page.limit = value.parse().ok()?,
+                _ => {}
+            }
+        }
+        Some(page)
+    }
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Page {
+            offset: 0,
+            limit: Self::DEFAULT_LIMIT,
+        }
+    }
 }
 
 /// The status page loads nothing from anywhere (its style and script are inline) and fetches
@@ -160,7 +235,13 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         return Ok(json(&admin.clients.report_attributed().await));
     }
     if req.uri().path() == "/debug/pools" {
-        return Ok(json(&admin.pools()));
+        return Ok(match Page::parse(req.uri().query()) {
+            Some(page) => json(&admin.pools(page)),
+            None => plain(
+                StatusCode::BAD_REQUEST,
+                "offset and limit are numbers: /debug/pools?offset=100&limit=100\n",
+            ),
+        });
     }
     let Admin { ready, metrics, .. } = admin;
     if req.uri().path() == "/debug/usage" {
@@ -189,13 +270,17 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
              /debug/clients or /debug/usage\n",
         ),
     };
+    Ok(plain(status, body))
+}
+
+fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    Ok(resp)
+    resp
 }
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

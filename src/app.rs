@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 use crate::pool::Registry;
 use crate::proxy::Proxy;
 use crate::reload::{self, Summary};
-use crate::routing::{Arrival, Router};
+use crate::routing::{on_the_fly, Arrival, Router};
 use crate::trace::{self, Tracer};
 use crate::upstream::{Shared, Upstream};
 use crate::{admin, budget, clients, policy};
@@ -132,7 +132,11 @@ pub async fn run_with_reload(
         listeners.admin,
         ready.clone(),
         built.metrics.clone(),
-        (built.pools.clone(), built.paces.clone()),
+        (
+            built.pools.clone(),
+            built.paces.clone(),
+            built.ctx.proxy.router().on_the_fly(),
+        ),
         built.clients.clone(),
         built.budget.clone(),
         admin_stop_rx,
@@ -162,6 +166,24 @@ pub async fn run_with_reload(
     let _ = admin_task.await;
     drop(unix_file);
     tracing::info!("stopped");
+}
+
+/// Lets quiet upstreams met on the fly go and forgets unused ones, every
+/// [`on_the_fly::SWEEP_EVERY`], for the life of the accept loops.
+async fn sweep_on_the_fly(ctx: Arc<Context>) {
+    let mut every = tokio::time::interval(on_the_fly::SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let swept = ctx.proxy.router().sweep_on_the_fly(std::time::Instant::now());
+        if swept != on_the_fly::Swept::default() {
+            tracing::debug!(
+                released = swept.released,
+                forgotten = swept.forgotten,
+                "upstreams met on the fly swept"
+            );
+        }
+    }
 }
 
 /// What the request path and the services share, built once at start: the downstream context
@@ -283,9 +305,10 @@ impl Built {
         (tasks, unix_file)
     }
 
-    /// The services beside the request path: the memory budget's enforcement and reloading.
+    /// The services beside the request path: sweeping the upstreams met on the fly, the memory
+    /// budget's enforcement and reloading.
     fn services(&self, reload: Option<reload::Watcher>) -> Vec<JoinHandle<()>> {
-        let mut tasks = Vec::new();
+        let mut tasks = vec![tokio::spawn(sweep_on_the_fly(self.ctx.clone()))];
         if let Some(budget) = self.budget.clone() {
             tasks.push(tokio::spawn(budget::enforce(
                 budget,

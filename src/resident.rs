@@ -52,6 +52,15 @@ pub fn trim_heap() -> bool {
     }
 }
 
+/// Drops the dead handles of `list` (a weak handle keeps its value's allocation until it is
+/// dropped), and gives the list's room back when under a quarter of it is used.
+pub fn prune_weak<T: ?Sized>(list: &mut Vec<std::sync::Weak<T>>) {
+    list.retain(|weak| weak.strong_count() > 0);
+    if list.capacity() > 64 && list.len() < list.capacity() / 4 {
+        list.shrink_to_fit();
+    }
+}
+
 /// Runs [`trim_heap`] every [`TRIM_EVERY`], for the life of the runtime, and logs (debug)
 /// how much anonymous memory each trim that released some gave back. `before_each` runs
 /// first, on the same thread: what frees memory the allocator holds for it (`spare`'s

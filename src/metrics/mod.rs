@@ -646,13 +646,32 @@ impl Metrics {
         self.llm.ledger.report()
     }
 
-    /// Handles for one upstream named `name`.
+    /// Forgets the gauge sources of pools that are gone (their weak handles keep the pools'
+    /// memory until dropped).
+    pub fn prune_pool_sources(&self) {
+        let mut pools = self.sources.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.retain(|(_, weak)| weak.strong_count() > 0);
+        if pools.capacity() > 64 && pools.len() < pools.capacity() / 4 {
+            pools.shrink_to_fit();
+        }
+    }
+
+    /// Handles for one configured upstream named `name`, its series made at zero.
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
+        let upstream = self.upstream_met_on_the_fly(name);
+        upstream.start_at_zero();
+        upstream
+    }
+
+    /// Handles for one upstream met on the fly: its series are made by its traffic only. A
+    /// forward proxy meets hosts by the thousand, and each one's zero series (about 2 KB)
+    /// would stay while its label lasts (issue 47).
+    pub fn upstream_met_on_the_fly(&self, name: &str) -> UpstreamMetrics {
         let label = UpstreamLabel {
             upstream: self.label(name),
         };
         let f = &self.families;
-        let upstream = UpstreamMetrics {
+        UpstreamMetrics {
             opened: f.opened.get_or_create_owned(&label),
             reused: f.reused.get_or_create_owned(&label),
             retry_budget_exhausted: f.retry_budget_exhausted.get_or_create_owned(&label),
@@ -666,9 +685,7 @@ impl Metrics {
             label: label.upstream,
             codes: Arc::default(),
             ok: Arc::default(),
-        };
-        upstream.start_at_zero();
-        upstream
+        }
     }
 }
 

@@ -455,6 +455,12 @@ impl Pacer {
         self.set_remaining_gauges();
     }
 
+    /// Whether an answer ever carried a limit field: then this pacer holds what the upstream
+    /// said, which must outlive its connections.
+    pub fn was_told(&self) -> bool {
+        self.known.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// How long the key of `ticket` holds a retry of its request: a `Retry-After`, or no
     /// quota left; `None` when open.
     pub fn holds_for(&self, config: &PaceConfig, ticket: &Ticket) -> Option<Duration> {
@@ -571,6 +577,12 @@ impl Registry {
         let mut pacers = self.pacers.lock().unwrap_or_else(|e| e.into_inner());
         pacers.retain(|p| p.strong_count() > 0);
         pacers.push(Arc::downgrade(pacer));
+    }
+
+    /// Forgets pacers that are gone (a weak handle keeps a pacer's memory until dropped).
+    pub fn prune(&self) {
+        let mut pacers = self.pacers.lock().unwrap_or_else(|e| e.into_inner());
+        crate::resident::prune_weak(&mut pacers);
     }
 
     /// The live pacers that know of a key, by upstream.

@@ -156,6 +156,11 @@ impl IdleLearner {
         self.learned(now).map(|age| age - margin(age))
     }
 
+    /// Whether it holds nothing: no observation kept, no value learned.
+    pub fn is_empty(&self) -> bool {
+        self.recent.is_empty() && self.learned.is_none()
+    }
+
     /// Observations counted since the pool started.
     pub fn observations(&self) -> u64 {
         self.counted

@@ -261,6 +261,18 @@ impl Pool {
         self.lock().open
     }
 
+    /// What the pool learned of its upstream's idle timeout, taken (the pool starts learning
+    /// afresh), if anything: what a host met on the fly keeps once its upstream is let go.
+    pub fn take_learning(&self) -> Option<learn::IdleLearner> {
+        let mut st = self.lock();
+        (!st.learner.is_empty()).then(|| std::mem::take(&mut st.learner))
+    }
+
+    /// Learning carried over from the pool an on-the-fly upstream had before it was let go.
+    pub fn resume_learning(&self, learner: learn::IdleLearner) {
+        self.lock().learner = learner;
+    }
+
     /// The upstream's label.
     pub fn label(&self) -> &str {
         &self.label

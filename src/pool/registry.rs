@@ -18,6 +18,13 @@ impl Registry {
         pools.push(Arc::downgrade(pool));
     }
 
+    /// Forgets pools that are gone (a weak handle keeps a pool's memory until dropped), and
+    /// gives the list's room back when most of it is empty.
+    pub fn prune(&self) {
+        let mut pools = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        crate::resident::prune_weak(&mut pools);
+    }
+
     /// Every pool alive now, in the order they were made.
     pub fn live(&self) -> Vec<Arc<Pool>> {
         let pools = self.0.lock().unwrap_or_else(|p| p.into_inner());

@@ -45,6 +45,7 @@ use crate::global_rate_limit;
 use crate::metrics::{Metrics, PoolSource, UpstreamMetrics};
 use crate::pace::{self, Pacer, Ticket};
 use crate::policy::Guard;
+use crate::pool::learn::IdleLearner;
 use crate::pool::{self, Lease, Pool, PooledBody, SendError, ServedBy, UpstreamBody};
 use crate::wire::{KeptCopy, RequestBody};
 
@@ -185,8 +186,19 @@ impl Upstream {
     }
 
     /// An upstream met through an absolute-form request, with `defaults`.
-    pub fn dynamic(scheme: Scheme, authority: Authority, config: &Config, shared: &Shared) -> Self {
-        Self::new(Spec::dynamic(scheme, authority, config), shared, None)
+    /// `learned` is what the host's pool learned before it was let go, if anything.
+    pub fn dynamic(
+        scheme: Scheme,
+        authority: Authority,
+        config: &Config,
+        shared: &Shared,
+        learned: Option<IdleLearner>,
+    ) -> Self {
+        let up = Self::new(Spec::dynamic(scheme, authority, config), shared, None);
+        if let Some(learned) = learned {
+            up.pool.resume_learning(learned);
+        }
+        up
     }
 
     /// Builds the upstream `spec` describes. When `previous` has the same [`PoolKey`], its pool
@@ -201,8 +213,12 @@ impl Upstream {
             aliases,
             addresses,
             settings,
+            met_on_the_fly,
         } = spec;
-        let upstream_metrics = shared.metrics.upstream(&label);
+        let upstream_metrics = match met_on_the_fly {
+            true => shared.metrics.upstream_met_on_the_fly(&label),
+            false => shared.metrics.upstream(&label),
+        };
         let max_streams = settings.http2.max_streams_per_connection as usize;
         let pacer = match previous.filter(|p| p.label == label) {
             Some(previous) => {
@@ -450,6 +466,17 @@ impl Upstream {
     pub fn open_connections(&self) -> usize {
         let grpc = self.grpc.as_ref().and_then(GrpcPool::made);
         self.pool.open_connections() + grpc.map_or(0, |p| p.open_connections())
+    }
+
+    /// Whether a response ever told its pacer a limit: such an upstream must outlive its
+    /// connections (see `routing::on_the_fly`).
+    pub fn pacer_was_told(&self) -> bool {
+        self.pacer.was_told()
+    }
+
+    /// What the pool learned of the upstream's idle timeout, taken, if anything.
+    pub fn take_learning(&self) -> Option<IdleLearner> {
+        self.pool.take_learning()
     }
 
     /// Closes the pools: idle connections now, busy ones when their exchange ends.

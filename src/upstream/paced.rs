@@ -71,3 +71,18 @@ pub(super) fn limiter(shared: &Shared, label: &str, settings: &UpstreamSettings)
         .rate_limit_services
         .limiter(label, &settings.global_rate_limit, &shared.metrics)
 }
+
+#[cfg(test)]
+impl Upstream {
+    /// Admits a bodyless request and credits a `200` carrying `fields` to its pace key.
+    pub(crate) fn tell_pacer_for_test(&self, fields: &[(&'static str, &str)]) {
+        let req = Request::new(RequestBody::Empty);
+        let (ticket, _) = self.pace(&req, pace::Asked::default(), None);
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in fields {
+            headers.insert(*name, value.parse().unwrap());
+        }
+        self.pacer
+            .observe(&self.settings.pace, &ticket, 200, &headers, None);
+    }
+}

@@ -39,6 +39,9 @@ pub struct Spec {
     /// settings say (an upstream met on the fly once kept the defaults' client certificate
     /// in a second copy after its settings had dropped it).
     pub(super) settings: UpstreamSettings,
+    /// Met through an absolute-form request, not configured: its metric series are made by
+    /// its traffic only.
+    pub(super) met_on_the_fly: bool,
 }
 
 impl Spec {
@@ -51,6 +54,7 @@ impl Spec {
             aliases: cfg.aliases.clone(),
             addresses: cfg.addresses.clone(),
             settings: cfg.settings.clone(),
+            met_on_the_fly: false,
         }
     }
 
@@ -64,6 +68,7 @@ impl Spec {
             aliases: Vec::new(),
             addresses: Vec::new(),
             settings: dynamic_settings(config),
+            met_on_the_fly: true,
         }
     }
 

@@ -10,6 +10,9 @@
 //! endpoints, else the resolver; the parent proxy; the connect timeout; the policy guard), so
 //! that `proxy::connect` dials from it without asking the router again.
 //!
+//! Upstreams met on the fly live in [`on_the_fly::Table`]: a quiet one is let go, its host
+//! remembered there, and a host unused for 5 minutes is forgotten ([`Router::sweep_on_the_fly`]).
+//!
 //! A reload swaps the routing table whole ([`Router::reload`]); requests already routed finish
 //! on the upstream they were given.
 //!
@@ -17,9 +20,8 @@
 //! answering a CONNECT (`proxy::connect`), moving tunnel bytes (`tunnel`), when to reload
 //! (`reload`).
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Uri};
@@ -37,11 +39,9 @@ use crate::policy::Guard;
 use crate::redact;
 use crate::reload::Summary;
 use crate::upstream::{Shared, Spec, Upstream};
+use on_the_fly::Met;
 
-/// An on-the-fly upstream unused this long (and holding no connection) is forgotten.
-const DYNAMIC_UPSTREAM_TTL: Duration = Duration::from_secs(300);
-/// How many on-the-fly upstreams may exist before forgetting unused ones is attempted.
-const DYNAMIC_UPSTREAM_SWEEP_AT: usize = 1024;
+pub mod on_the_fly;
 
 /// Where a downstream request arrived.
 #[derive(Debug, Clone)]
@@ -153,10 +153,6 @@ pub struct Route {
     pub upstream: Arc<Upstream>,
 }
 
-type DynamicKey = (Scheme, Authority);
-/// An on-the-fly upstream and when a request last used it.
-type DynamicEntry = (Arc<Upstream>, Instant);
-
 /// The configured part of routing, replaced whole by a reload.
 #[derive(Debug)]
 struct Routes {
@@ -188,7 +184,8 @@ impl Routes {
 #[derive(Debug)]
 pub struct Router {
     routes: Live<Arc<Routes>>,
-    dynamic: Mutex<HashMap<DynamicKey, DynamicEntry>>,
+    /// The upstreams met on the fly.
+    on_the_fly: Arc<on_the_fly::Table>,
     /// The policy, metrics and pool registry every upstream is built with.
     shared: Shared,
 }
@@ -198,7 +195,7 @@ impl Router {
     pub fn new(config: Arc<Config>, upstreams: &[Arc<Upstream>], shared: Shared) -> Self {
         Router {
             routes: Live::new(Arc::new(Routes::new(config, upstreams))),
-            dynamic: Mutex::new(HashMap::new()),
+            on_the_fly: Arc::default(),
             shared,
         }
     }
@@ -241,9 +238,9 @@ impl Router {
         let routes = Arc::new(Routes::new(config, &upstreams));
         let mut unused: Vec<Arc<Upstream>> = Vec::new();
         {
-            let mut table = self.dynamic.lock().unwrap_or_else(|p| p.into_inner());
-            let entries: Vec<_> = table.drain().collect();
-            for ((scheme, authority), (up, used)) in entries {
+            let mut maps = self.on_the_fly.lock();
+            let entries: Vec<_> = maps.live.drain().collect();
+            for ((scheme, authority), Met { upstream: up, used }) in entries {
                 // Now a configured upstream, or denied: the pool closes.
                 if routes.by_authority.contains_key(&authority)
                     || check_policy(&routes.config, &authority).is_err()
@@ -256,7 +253,8 @@ impl Router {
                 if !Arc::ptr_eq(next.pool(), up.pool()) {
                     unused.push(up);
                 }
-                table.insert((scheme, authority), (Arc::new(next), used));
+                let upstream = Arc::new(next);
+                maps.live.insert((scheme, authority), Met { upstream, used });
             }
             self.shared.guard.set_policy(routes.config.policy.clone());
             self.shared.resolver.reconfigure(&routes.config.dns);
@@ -473,20 +471,35 @@ impl Router {
         } else {
             scheme
         };
-        let now = Instant::now();
-        let mut table = self.dynamic.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((up, used)) = table.get_mut(&(scheme, authority.clone())) {
-            *used = now;
-            return up.clone();
+        let key = (scheme, authority);
+        self.on_the_fly
+            .get_or_make(key, Instant::now(), |(scheme, authority), learned| {
+                Arc::new(Upstream::dynamic(
+                    *scheme,
+                    authority.clone(),
+                    config,
+                    &self.shared,
+                    learned,
+                ))
+            })
+    }
+
+    /// Lets quiet on-the-fly upstreams go and forgets unused hosts
+    /// ([`on_the_fly::Table::sweep`]); then drops what the registries still hold of the
+    /// upstreams that went, so their memory goes too.
+    pub fn sweep_on_the_fly(&self, now: Instant) -> on_the_fly::Swept {
+        let swept = self.on_the_fly.sweep(now);
+        if swept != on_the_fly::Swept::default() {
+            self.shared.pools.prune();
+            self.shared.paces.prune();
+            self.shared.metrics.prune_pool_sources();
         }
-        if table.len() >= DYNAMIC_UPSTREAM_SWEEP_AT {
-            table.retain(|_, (up, used)| {
-                now.duration_since(*used) < DYNAMIC_UPSTREAM_TTL || up.open_connections() > 0
-            });
-        }
-        let up = Arc::new(Upstream::dynamic(scheme, authority.clone(), config, &self.shared));
-        table.insert((scheme, authority), (up.clone(), now));
-        up
+        swept
+    }
+
+    /// The on-the-fly upstreams' table, for `/debug/pools`.
+    pub fn on_the_fly(&self) -> Arc<on_the_fly::Table> {
+        self.on_the_fly.clone()
     }
 }
 
@@ -518,7 +531,7 @@ fn check_policy(config: &Config, authority: &Authority) -> Result<(), ProxyError
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// What a CONNECT route says, to compare.
@@ -528,25 +541,27 @@ mod tests {
         Inspect(Authority),
     }
 
+    /// A router over `yaml`, its own listener 127.0.0.1:15080, no configured upstream.
+    pub(super) fn router(yaml: &str) -> Router {
+        let config = crate::config::parse(yaml, &Default::default()).unwrap();
+        let guard = Guard::new(vec!["127.0.0.1:15080".parse().unwrap()], config.policy.clone());
+        let resolver = Arc::new(crate::endpoint::dns::Resolver::new(&config.dns));
+        Router::new(
+            Arc::new(config),
+            &[],
+            Shared {
+                guard: Arc::new(guard),
+                metrics: Default::default(),
+                pools: Default::default(),
+                resolver,
+                paces: Default::default(),
+                rate_limit_services: Default::default(),
+            },
+        )
+    }
+
     #[test]
     fn connect_targets_are_checked_in_order() {
-        let router = |yaml: &str| {
-            let config = crate::config::parse(yaml, &Default::default()).unwrap();
-            let guard = Guard::new(vec!["127.0.0.1:15080".parse().unwrap()], config.policy.clone());
-            let resolver = Arc::new(crate::endpoint::dns::Resolver::new(&config.dns));
-            Router::new(
-                Arc::new(config),
-                &[],
-                Shared {
-                    guard: Arc::new(guard),
-                    metrics: Default::default(),
-                    pools: Default::default(),
-                    resolver,
-                    paces: Default::default(),
-                    rate_limit_services: Default::default(),
-                },
-            )
-        };
         // The route's kind and authority (an opaque one carries its dial too).
         let kind = |r: &Router, target: &str| {
             r.route_connect(target)
