@@ -572,7 +572,8 @@ issue47_report() {
                 "$W1 $row (ms, median)" "$W1 $row (ms, median)" nginx "<=" 1.0 "$who"
         done
         for row in "p99 latency" "p99.9 latency"; do
-            ratio_line "item 5, h2c upstream $row, $CONNECTIONS keep-alive clients, $(build_of "$who"), against HAProxy (nginx cannot use an h2 upstream; workload 4, second run)" \
+            ratio_line "item 5, h2c upstream $row, $CONNECTIONS keep-alive clients, $(build_of "$who"), against HAProxy
+  (nginx cannot use an h2 upstream; workload 4, second run)" \
                 "$W4L $row (ms)" "$W4L $row (ms)" haproxy "<=" 1.0 "$who"
         done
     done
@@ -580,7 +581,9 @@ issue47_report() {
 build_of() { if [[ $1 == sidecar ]]; then echo "image's build"; else echo "plain build"; fi; }
 
 report() {
-    local row t
+    local row t builds="sidecar = the image's build, sidecar-plain = the plain release build"
+    [[ -n $PLAIN_BIN ]] ||
+        builds="sidecar = the image's build; no SIDECAR_PLAIN_BIN, so no plain build: item 2 and its other lines are left out"
     cat <<EOF
 ## Comparison: egress-sidecar vs nginx vs HAProxy ($STARTED)
 
@@ -614,7 +617,7 @@ Issue 25 targets measured here (its memory targets are issue 6's above, and
 \`benches/idle_memory.sh\`'s tunnels):
 $(issue25_report)
 
-Issue 47 targets measured here (sidecar = the image's build$([[ -z $PLAIN_BIN ]] && echo "; no SIDECAR_PLAIN_BIN, so no plain build: item 2 and the plain build's lines are left out" || echo ", sidecar-plain = the plain release build")):
+Issue 47 targets measured here ($builds):
 $(issue47_report)
 
 CPU = utime+stime of the proxy (nginx: master + worker) during the measured run, per request.

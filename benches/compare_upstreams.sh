@@ -271,8 +271,9 @@ tls_rounds() { # h1|h2 workload-number upstream-port
     for t in "${TARGETS[@]}"; do
         if [[ $kind == h2 && $t == nginx ]]; then
             for each in "requests/s (median)" "p99 latency (ms, median)" "p99.9 latency (ms, median)" \
-                "errors (all rounds)" "proxy CPU µs/request (median)" "of which in the kernel (µs/request, median)" \
-                "in user space (µs/request, median)" "$BUSY" "upstream connections (max seen, median)"; do
+                "errors (all rounds)" "proxy CPU µs/request (median)" \
+                "of which in the kernel (µs/request, median)" "in user space (µs/request, median)" "$BUSY" \
+                "upstream connections (max seen, median)"; do
                 put "$w $each" nginx "n/a"
             done
             ((ROUNDS == 1)) || put "$w requests/s, each round" nginx "n/a"
@@ -285,7 +286,8 @@ tls_rounds() { # h1|h2 workload-number upstream-port
         put "$w p99.9 latency (ms, median)" "$t" "$(median %.2f ${TR[$n|p999|$t]})"
         put "$w errors (all rounds)" "$t" "${TR[$n|err|$t]}"
         if [[ $t == direct ]]; then
-            [[ $kind == h2 ]] || put "$w upstream TLS connections dialed per run (median)" "$t" "$(median %.0f ${TR[$n|dials|$t]})"
+            [[ $kind == h2 ]] ||
+                put "$w upstream TLS connections dialed per run (median)" "$t" "$(median %.0f ${TR[$n|dials|$t]})"
             [[ $kind == h1 ]] || put "$w upstream connections (max seen, median)" "$t" \
                 "$(( (CONNECTIONS + MAX_STREAMS - 1) / MAX_STREAMS )) (h2load -c)"
             continue
@@ -385,8 +387,15 @@ for k, v in out.items():
 PY
 }
 
+# "a · b · c" from field COLUMN of each non-empty "pools metrics" pair.
+sizes_cell() { # column pair...
+    local col=$1
+    shift
+    printf '%s\n' "$@" | awk -v c="$col" 'NF { printf "%s%s", s, $c; s = " · " }'
+}
+
 workload8() {
-    local w=$W8 t port pid forget out sfx=
+    local w=$W8 t port pid forget more out sfx=
     ((MANY_HOSTS_FORGET_WAIT == 0)) || sfx=" · forgotten"
     local m_start m_sent m_sent_s m_idle m_forget m_conns_idle m_adm_sent m_adm_idle m_adm_forget m_curve
     read -r port < <(free_ports 1)
@@ -397,7 +406,9 @@ workload8() {
     for t in "${PROXIES[@]}"; do
         forget=0
         [[ $t != sidecar* ]] || forget=$MANY_HOSTS_FORGET_WAIT
-        log "workload 8, $t: one request to each of $MANY_HOSTS hosts, then ${MANY_HOSTS_IDLE_WAIT}s idle$( ((forget)) && echo ", then ${forget}s more")"
+        more=
+        ((forget == 0)) || more=" and ${forget}s more"
+        log "workload 8, $t: one request to each of $MANY_HOSTS hosts, then ${MANY_HOSTS_IDLE_WAIT}s idle$more"
         start_forward_target "$t"
         # The warm-up host of many_hosts.py: no host more for the proxy to remember.
         check "$t" "http://127.0.0.2:$port/" -x "http://127.0.0.1:$T_PORT"
@@ -426,10 +437,8 @@ workload8() {
             fi
         fi
         if [[ -n $MH_ADMIN ]]; then
-            put "$w /debug/pools bytes: sent · idle$sfx" "$t" \
-                "$(printf '%s\n' "$m_adm_sent" "$m_adm_idle" "$m_adm_forget" | awk 'NF { printf "%s%s", s, $1; s = " · " }')"
-            put "$w /metrics bytes: sent · idle$sfx" "$t" \
-                "$(printf '%s\n' "$m_adm_sent" "$m_adm_idle" "$m_adm_forget" | awk 'NF { printf "%s%s", s, $2; s = " · " }')"
+            put "$w /debug/pools bytes: sent · idle$sfx" "$t" "$(sizes_cell 1 "$m_adm_sent" "$m_adm_idle" "$m_adm_forget")"
+            put "$w /metrics bytes: sent · idle$sfx" "$t" "$(sizes_cell 2 "$m_adm_sent" "$m_adm_idle" "$m_adm_forget")"
         else
             put "$w /debug/pools bytes: sent · idle$sfx" "$t" "n/a"
             put "$w /metrics bytes: sent · idle$sfx" "$t" "n/a"
