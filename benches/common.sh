@@ -55,9 +55,14 @@ cleanup() {
 
 # Stops one process started by the script, reaps it and drops it from PIDS.
 stop_pid() { # pid
-    local keep=() p
     kill -TERM "$1" 2>/dev/null || true
     wait "$1" 2>/dev/null || true
+    drop_pid "$1"
+}
+
+# Drops a process already reaped (by `wait`) from PIDS, so the cleanup signals no reused pid.
+drop_pid() { # pid
+    local keep=() p
     for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
     PIDS=("${keep[@]}")
 }
@@ -179,7 +184,8 @@ conn_cols() { # samples-file run-seconds
 # === load: wrk ===
 
 # $TMP/bench.lua: BENCH_PATH, when set, becomes the request target (an absolute URL gives
-# absolute-form); prints one machine-readable RESULT line.
+# absolute-form); prints one machine-readable RESULT line (p99.9 too: `wrk --latency` stops
+# at p99).
 write_wrk_script() {
     cat >"$TMP/bench.lua" <<'EOF'
 local path = os.getenv("BENCH_PATH")
@@ -187,9 +193,9 @@ if path and path ~= "" then wrk.path = path end
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    "RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d sock_errors=%d non2xx=%d\n",
+    "RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d p999_us=%d sock_errors=%d non2xx=%d\n",
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
-    e.connect + e.read + e.write + e.timeout, e.status))
+    latency:percentile(99.9), e.connect + e.read + e.write + e.timeout, e.status))
 end
 EOF
 }
@@ -199,8 +205,8 @@ wrk_warm() { # url connections duration [absolute-form target]
 }
 
 # One measured wrk run on LOAD_CPU (1 thread). Sets W_REQUESTS W_DURATION_US W_P50_US W_P99_US
-# W_ERRORS (socket errors + non-2xx), W_CPU (ticks of process PID and its children; 0 for "-")
-# and W_SYS (the part of them spent in the kernel),
+# W_P999_US W_ERRORS (socket errors + non-2xx), W_CPU (ticks of process PID and its children; 0
+# for "-") and W_SYS (the part of them spent in the kernel),
 # W_BUSY_PROXY / W_BUSY_LOAD (busy ticks of PROXY_CPU / LOAD_CPU), W_STEAL (PROXY_CPU's steal);
 # wrk's output goes to OUTFILE.
 wrk_measure() { # url connections duration pid(or -) outfile [absolute-form target]
@@ -214,9 +220,9 @@ wrk_measure() { # url connections duration pid(or -) outfile [absolute-form targ
     [[ $pid != - ]] && t1=$(cpu_ticks "$pid")
     echo "$out" >"$outfile"
     line=$(grep '^RESULT ' <<<"$out") || die "no wrk summary from $url: $out"
-    local requests duration_us p50_us p99_us sock_errors non2xx
+    local requests duration_us p50_us p99_us p999_us sock_errors non2xx
     eval "$(sed 's/^RESULT //; s/ /\n/g' <<<"$line" | sed 's/^/local /')"
-    W_REQUESTS=$requests W_DURATION_US=$duration_us W_P50_US=$p50_us W_P99_US=$p99_us
+    W_REQUESTS=$requests W_DURATION_US=$duration_us W_P50_US=$p50_us W_P99_US=$p99_us W_P999_US=$p999_us
     local u0 s0 u1 s1
     read -r u0 s0 <<<"$t0"
     read -r u1 s1 <<<"$t1"
@@ -390,18 +396,21 @@ PY
 }
 
 # The HTTP/2 upstream: nghttpd, h2c with prior knowledge, 1 worker, SETTINGS_MAX_CONCURRENT_STREAMS
-# STREAMS, serving a 3-byte file ("ok\n") as `/`, on LOAD_CPU. Sets NGHTTPD_PID.
-start_nghttpd() { # port streams
+# STREAMS, serving a 3-byte file ("ok\n") as `/`, on LOAD_CPU; with KEY and CERT (PEM files), h2
+# over TLS instead (ALPN h2). Sets NGHTTPD_PID.
+start_nghttpd() { # port streams [key cert]
+    local tls=(--no-tls) log=$TMP/nghttpd.log
+    [[ -z ${3:-} ]] || tls=() log=$TMP/nghttpd-tls.log
     mkdir -p "$TMP/www"
     printf 'ok\n' >"$TMP/www/index.html"
-    taskset -c "$LOAD_CPU" nghttpd --no-tls -a 127.0.0.1 -n 1 -m "$2" -d "$TMP/www" "$1" \
-        >"$TMP/nghttpd.log" 2>&1 &
+    taskset -c "$LOAD_CPU" nghttpd "${tls[@]}" -a 127.0.0.1 -n 1 -m "$2" -d "$TMP/www" \
+        "$1" ${3:+"$3" "$4"} >"$log" 2>&1 &
     NGHTTPD_PID=$!
     PIDS+=("$NGHTTPD_PID")
 }
 
 # One h2load run (1 thread, on LOAD_CPU) after a warm-up. Sets H_DONE, H_OK (2xx), H_P50_US,
-# H_P99_US (request times from its log); h2load's output goes to OUTFILE.
+# H_P99_US, H_P999_US (request times from its log); h2load's output goes to OUTFILE.
 h2load_measure() { # url connections streams duration warmup outfile
     local out
     out=$(taskset -c "$LOAD_CPU" h2load -t1 -c"$2" -m"$3" --warm-up-time="$5" -D "$4" \
@@ -411,10 +420,11 @@ h2load_measure() { # url connections streams duration warmup outfile
     H_DONE=$(awk '/^requests:/ { print $6 }' <<<"$out")
     H_OK=$(awk '/^status codes:/ { print $3 }' <<<"$out")
     [[ -n $H_DONE && -n $H_OK ]] || die "h2load: no summary: $out"
-    read -r H_P50_US H_P99_US < <(cut -f3 "$TMP/h2load.log" | sort -n |
-        awk '{ v[NR] = $1 } END { if (!NR) { print 0, 0; exit }
+    read -r H_P50_US H_P99_US H_P999_US < <(cut -f3 "$TMP/h2load.log" | sort -n |
+        awk '{ v[NR] = $1 } END { if (!NR) { print 0, 0, 0; exit }
              i = int(NR * 0.5); if (i < 1) i = 1; j = int(NR * 0.99); if (j < 1) j = 1
-             print v[i], v[j] }')
+             k = int(NR * 0.999); if (k < 1) k = 1
+             print v[i], v[j], v[k] }')
 }
 
 # The sidecar in front of the HTTP/1.1 upstream: route-mode listener, pool max_connections and
@@ -455,10 +465,11 @@ upstreams:
 EOF
 }
 
-# The sidecar with one worker thread and warn-level logs (nginx and HAProxy log nothing either).
-start_sidecar() { # config-file cpu -> sets SC_PID
+# The sidecar with one worker thread and warn-level logs (nginx and HAProxy log nothing either);
+# BINARY defaults to BIN.
+start_sidecar() { # config-file cpu [binary] -> sets SC_PID
     TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn taskset -c "$2" \
-        "$BIN" run --config "$1" 2>"${1%.yaml}.log" &
+        "${3:-$BIN}" run --config "$1" 2>"${1%.yaml}.log" &
     SC_PID=$!
     PIDS+=("$SC_PID")
 }

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# benches/compare.sh: egress-sidecar next to nginx and HAProxy (and the upstream directly), five
+# benches/compare.sh: egress-sidecar next to nginx and HAProxy (and the upstream directly), eight
 # workloads, one table, from one run on one machine.
 #
 # Question answered:
-#   Per request CPU and throughput, what a leaky client costs, and memory per idle client
-#   connection: where does the sidecar stand against nginx and HAProxy configured as equivalent
-#   egress proxies? (issue 6; its targets are printed as ratios under the table)
+#   Per request CPU and throughput, tail latency, what a leaky client costs, memory per idle
+#   client connection, HTTP/1.1 and h2 upstreams over TLS, and memory for many hosts met on the
+#   fly: where does the sidecar (the image's build and, given SIDECAR_PLAIN_BIN, the plain
+#   build) stand against nginx and HAProxy configured as equivalent egress proxies? (issues 6,
+#   25 and 47; their targets are printed as ratios and limits under the table)
 #
 # Targets (columns), each a fresh process per workload, alone on core PROXY_CPU (default 1):
 #   direct  : no proxy, the client talks to the upstream (a reference; there the load generator
 #             and the server share core LOAD_CPU).
-#   sidecar : release build, TOKIO_WORKER_THREADS=1, EGRESS_LOG=warn, route-mode listener
-#             (origin-form, like the peers' reverse proxies), pool max_connections = max_idle =
-#             POOL, downstream.idle_timeout and max_connections as below.
+#   sidecar : the image's build (deploy/pgo/build.sh, profile-guided; or SIDECAR_BIN),
+#             TOKIO_WORKER_THREADS=1, EGRESS_LOG=warn, route-mode listener (origin-form, like the
+#             peers' reverse proxies), pool max_connections = max_idle = POOL,
+#             downstream.idle_timeout and max_connections as below.
+#   sidecar-plain : only when SIDECAR_PLAIN_BIN is set: that binary (the plain
+#             `cargo build --release`), configured and run exactly as `sidecar`, in every
+#             workload the sidecar runs in, in the same rounds.
 #   nginx   : worker_processes 1 (master + worker counted), `upstream { server ... max_conns=POOL;
 #             keepalive POOL; }`, proxy_http_version 1.1, `Connection ""`, keepalive_timeout as
 #             the idle timeout, access_log off.
@@ -22,12 +28,14 @@
 #   Upstream for 1-3 and 5: nginx, 1 worker on LOAD_CPU (default 0), `return 200 "ok\n"`,
 #   keepalive_timeout 300s, stub_status on a second port (its `accepts` counts upstream dials).
 #
-# Workloads (the load generators run on LOAD_CPU):
+# Workloads (the load generators run on LOAD_CPU; WORKLOADS picks which run):
 #   1. keep-alive throughput: wrk -t1 -c$CONNECTIONS, WARMUP then DURATION, ROUNDS rounds (targets
-#      in turn, medians reported, and each round's value): requests/s, p99, and the
-#      proxy's CPU (utime+stime, /proc/PID/stat, process and children) per request; "busy" is
-#      the share of the run the proxy used its core, other processes used that core (competition:
-#      that column's req/s is then not comparable), and the load core was busy.
+#      in turn, medians reported, and each round's value): requests/s, p99 and p99.9 (wrk's
+#      histogram, printed by the wrk script's done() hook: --latency stops at p99), and the
+#      proxy's CPU (utime+stime, /proc/PID/stat, process and children) per request, split into
+#      kernel and user space; "busy" is the share of the run the proxy used its core, other
+#      processes used that core (competition: that column's req/s is then not comparable), and
+#      the load core was busy.
 #   2. leaky client: tests/leaky/main.go (a new Go http.Transport per request, sequential, so its
 #      concurrency is 1), LEAKY_REQUESTS requests, downstream idle timeout IDLE_TIMEOUT s for
 #      every proxy. Upstream connections dialed (upstream `accepts` delta), the client's
@@ -39,20 +47,69 @@
 #      held idle; RSS growth / connections held (ss). User-space RSS only (not kernel sockets).
 #   4. HTTP/2 upstream: nghttpd h2c (MAX_STREAMS streams per connection), wrk -c$H2_CLIENTS
 #      HTTP/1.1 through HAProxy (`proto h2`) and the sidecar (`protocol: http2`); direct = h2load
-#      with the same streams in flight. nginx cannot multiplex upstream h2 (n/a).
+#      with the same streams in flight. nginx cannot multiplex upstream h2 (n/a). Then, on the
+#      same processes, a second run for the tail under CONNECTIONS keep-alive clients (WARMUP,
+#      then DURATION): requests/s, p99, p99.9, errors, CPU per request; direct = h2load with
+#      CONNECTIONS streams in flight. Issue 47's h2c latency target compares with HAProxy's.
 #   5. memory return: RSS RETURN_WAIT s after workload 2's requests ended, against the same
-#      process's RSS before the storm.
+#      process's RSS before the storm. It reads workload 2's storm: selecting either runs both.
+#   6. HTTP/1.1 over TLS: the origin is nginx (1 worker on LOAD_CPU, `listen ... ssl`, `return
+#      200 "ok\n"`, keepalive_timeout 300s, TLS session cache, stub_status in plain HTTP on a
+#      second port) with a certificate for origin.bench and 127.0.0.1 (P-256) from a CA made
+#      with openssl for the run in the scratch dir. Every proxy dials 127.0.0.1, sends SNI
+#      origin.bench, verifies the certificate against that CA for that name, and pools POOL
+#      connections: the sidecar `url: https://127.0.0.1:PORT`, `tls: { ca_file, server_name }`,
+#      `protocol: http1`, pool max_connections = max_idle = POOL; nginx workload 1's pool with
+#      `proxy_pass https://`, `proxy_ssl_verify on`, `proxy_ssl_trusted_certificate`,
+#      `proxy_ssl_name`, `proxy_ssl_server_name on`, `proxy_ssl_session_reuse on`; HAProxy
+#      `server ... ssl verify required ca-file CA sni str(origin.bench) verifyhost origin.bench
+#      maxconn POOL pool-max-conn POOL`. Client idle timeout IDLE_TIMEOUT s. Run as workload 1
+#      (wrk -c$CONNECTIONS, WARMUP then DURATION, ROUNDS rounds, fresh processes, medians): the
+#      same figures, plus the TLS connections each run dialed (the origin's `accepts` delta
+#      over start, warm-up and run; direct: wrk's own).
+#   7. h2 over TLS: the origin is nghttpd with the same certificate (ALPN h2, MAX_STREAMS
+#      streams per connection, 1 worker on LOAD_CPU); the sidecar `protocol: http2` with
+#      workload 6's `tls` and workload 4's pool (max_pending 4096, pending_timeout 30s,
+#      max_connections = max_idle = POOL, MAX_STREAMS streams); HAProxy `server ... ssl verify
+#      required ca-file CA sni str(origin.bench) verifyhost origin.bench alpn h2 pool-max-conn
+#      POOL` and workload 4's stream cap; nginx n/a (it cannot multiplex to an h2 upstream).
+#      wrk -c$CONNECTIONS as workload 6 (ROUNDS rounds, medians, client idle timeout
+#      IDLE_TIMEOUT s for every proxy); direct = h2load with CONNECTIONS streams in flight.
+#      Workload 6's figures, the upstream connections counted as workload 4's (largest ss
+#      sample during the run) instead of dials.
+#   8. many hosts: benches/many_hosts.py sends one request to each of MANY_HOSTS distinct hosts
+#      (127.1.x.y: one upstream, listening on 0.0.0.0, on LOAD_CPU) in absolute form through a
+#      forward proxy, 8 keep-alive clients taking turns, after 64 requests to one warm-up host;
+#      RSS (process and children) at the start, every 500 hosts, every 10 s while the proxy's
+#      upstream connections idle out (MANY_HOSTS_IDLE_WAIT s: the sidecar's pool idle_timeout is
+#      30 s) and, for the sidecars only, MANY_HOSTS_FORGET_WAIT s more (on-the-fly upstreams are
+#      forgotten after 5 minutes unused). The sidecar: its forward listener and admin listener
+#      only, every other setting its default (no memory budget); /debug/pools and /metrics
+#      sizes after sending, after the idle-out and after forgetting, and its open upstream
+#      connections after the idle-out (/metrics). nginx: `proxy_pass http://$http_host` (a
+#      variable: no `upstream {}`, so no keep-alive pool, one upstream connection per request).
+#      HAProxy: `http-request set-dst url_ip`, `set-dst-port url_port`, `set-uri %[pathq]`,
+#      `server s 0.0.0.0:0`, `http-reuse always` (its idle connections, per destination, purged
+#      by pool-purge-delay). Rows: RSS at the start, after the hosts, after the idle-out, growth
+#      per host after the idle-out, after forgetting and its difference from the start; the
+#      RSS curve of each target (hosts, seconds, MiB) is listed under the table.
 #
 # Usage (from the repo root):   benches/compare.sh
-#   env: ROUNDS (3, of workload 1), DURATION (10s), WARMUP (2s), CONNECTIONS (64), POOL (64),
-#        LEAKY_REQUESTS (5000), IDLE_TIMEOUT (5, seconds), IDLE_CONNS (5000), H2_CLIENTS (400),
-#        H2_DURATION (10s), MAX_STREAMS (100), RETURN_WAIT (30, seconds), RESULTS
-#        (benches/RESULTS.md; empty: do not write it), PROXY_CPU (1), LOAD_CPU (0),
-#        CARGO_TARGET_DIR (target/bench), SIDECAR_BIN (skip the build, use this binary).
-# Installs nginx, haproxy, wrk, nghttp2-client (h2load), nghttp2-server (nghttpd) and golang-go
-# with apt-get if missing. Prints the table to stdout and replaces the section between the
-# compare.sh markers in RESULTS. Everything else it writes lives in one mktemp directory,
-# removed on exit with every process it started. Numbers are reported, not asserted.
+#   env: ROUNDS (3, of workloads 1, 6 and 7), DURATION (10s), WARMUP (2s), CONNECTIONS (64),
+#        POOL (64), LEAKY_REQUESTS (5000), IDLE_TIMEOUT (5, seconds), IDLE_CONNS (5000),
+#        H2_CLIENTS (400), H2_DURATION (10s), MAX_STREAMS (100), RETURN_WAIT (30, seconds),
+#        MANY_HOSTS (5000), MANY_HOSTS_IDLE_WAIT (40, seconds), MANY_HOSTS_FORGET_WAIT (330,
+#        seconds; 0 skips that phase), WORKLOADS (1,2,3,4,5,6,7,8: the workloads to run; rows of
+#        the others are absent), RESULTS (benches/RESULTS.md; empty: do not write it), PROXY_CPU
+#        (1), LOAD_CPU (0), CARGO_TARGET_DIR (target/bench), SIDECAR_BIN (skip the build, use
+#        this binary as the image's build), SIDECAR_PLAIN_BIN (the plain release build: adds the
+#        sidecar-plain column and issue 47's plain-build targets; unset: no such column).
+#   e.g.  SIDECAR_PLAIN_BIN=target/release/egress-sidecar WORKLOADS=6,7,8 benches/compare.sh
+# Installs nginx, haproxy, wrk, nghttp2-client (h2load), nghttp2-server (nghttpd), golang-go and
+# openssl with apt-get if missing. Prints the table to stdout and replaces the section between
+# the compare.sh markers in RESULTS. Everything else it writes (configs, the CA and keys, logs)
+# lives in one mktemp directory, removed on exit with every process it started. Numbers are
+# reported, not asserted. Workloads 6-8 live in benches/compare_upstreams.sh.
 
 set -euo pipefail
 
@@ -69,6 +126,11 @@ H2_CLIENTS=${H2_CLIENTS:-400}
 H2_DURATION=${H2_DURATION:-10s}
 MAX_STREAMS=${MAX_STREAMS:-100}
 RETURN_WAIT=${RETURN_WAIT:-30}
+MANY_HOSTS=${MANY_HOSTS:-5000}
+MANY_HOSTS_IDLE_WAIT=${MANY_HOSTS_IDLE_WAIT:-40}
+MANY_HOSTS_FORGET_WAIT=${MANY_HOSTS_FORGET_WAIT:-330}
+WORKLOADS=${WORKLOADS:-1,2,3,4,5,6,7,8}
+[[ $WORKLOADS =~ ^[1-8](,[1-8])*$ ]] || { echo "WORKLOADS: a comma-separated list of 1-8, not ${WORKLOADS@Q}" >&2; exit 2; }
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -76,9 +138,14 @@ RESULTS=${RESULTS-$REPO/benches/RESULTS.md}
 
 # shellcheck source=benches/common.sh
 source "$REPO/benches/common.sh"
+# shellcheck source=benches/compare_upstreams.sh
+source "$REPO/benches/compare_upstreams.sh"
+
+# Whether workload N is in WORKLOADS.
+wants() { [[ ,$WORKLOADS, == *,$1,* ]]; }
 
 ensure_tools nginx:nginx haproxy:haproxy wrk:wrk h2load:nghttp2-client nghttpd:nghttp2-server \
-    go:golang-go taskset:util-linux python3:python3 curl:curl ss:iproute2
+    go:golang-go taskset:util-linux python3:python3 curl:curl ss:iproute2 openssl:openssl
 ((EUID == 0)) || log "not root: ss -p cannot see other processes' sockets, connection counts will read 0"
 
 # Client connections any proxy must hold at once, and the file descriptors that takes.
@@ -87,16 +154,38 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 (( $(ulimit -n) >= 2 * MAXCONN + 256 )) || die "open-file limit $(ulimit -n) too low for $MAXCONN connections"
 
 build_sidecar
+PLAIN_BIN=${SIDECAR_PLAIN_BIN:-}
+[[ -z $PLAIN_BIN || -x $PLAIN_BIN ]] || die "no sidecar binary at SIDECAR_PLAIN_BIN=$PLAIN_BIN"
 make_scratch egress-compare
 
-log "building the leaky Go client (tests/leaky/main.go)"
-CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS= GOWORK=off go build -o "$TMP/leaky" tests/leaky/main.go
+if wants 2 || wants 5; then
+    log "building the leaky Go client (tests/leaky/main.go)"
+    CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS= GOWORK=off go build -o "$TMP/leaky" tests/leaky/main.go
+fi
 
 CLK_TCK=$(getconf CLK_TCK)
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 STARTED=$(date -u +%Y-%m-%dT%H:%MZ)
-TARGETS=(direct sidecar nginx haproxy)
+# sidecar: the image's build (BIN); sidecar-plain: SIDECAR_PLAIN_BIN's, when given.
+SIDECARS=(sidecar)
+[[ -z $PLAIN_BIN ]] || SIDECARS+=(sidecar-plain)
+PROXIES=("${SIDECARS[@]}" nginx haproxy)
+TARGETS=(direct "${PROXIES[@]}")
+sidecar_bin() { if [[ $1 == sidecar-plain ]]; then echo "$PLAIN_BIN"; else echo "$BIN"; fi; }
 write_wrk_script
+
+CURVES=() # workload 8's RSS curves, one line per target
+
+# Row labels, by workload (a row names its workload first: the table is sorted by it).
+W1="1 keep-alive, $CONNECTIONS conns:"
+W2="2 leaky client, $LEAKY_REQUESTS requests:"
+W3="3 idle memory, $IDLE_CONNS idle clients:"
+W4="4 h2 upstream, $H2_CLIENTS clients:"
+W4L="4 h2 upstream, $CONNECTIONS clients (a second run):"
+W5="5 memory return:"
+W6="6 h1 over TLS upstream, $CONNECTIONS conns:"
+W7="7 h2 over TLS upstream, $CONNECTIONS clients:"
+W8="8 many hosts, $MANY_HOSTS hosts:"
 
 # === the table: M[row|target] = cell, rows in ROWS order ===
 
@@ -115,10 +204,12 @@ sleep_until() { # epoch seconds (fractional)
 # === upstream (workloads 1-3, 5) ===
 
 read -r UP_PORT STATUS_PORT < <(free_ports 2)
-nginx_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
-start_nginx upstream "$LOAD_CPU"
-wait_port "$UP_PORT"
-check upstream "http://127.0.0.1:$UP_PORT/"
+if wants 1 || wants 2 || wants 3 || wants 5; then
+    nginx_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
+    start_nginx upstream "$LOAD_CPU"
+    wait_port "$UP_PORT"
+    check upstream "http://127.0.0.1:$UP_PORT/"
+fi
 
 # Connections the upstream has accepted so far (this query's own included).
 upstream_accepts() {
@@ -133,10 +224,10 @@ start_target() { # target idle-seconds
     local fwd admin
     case $1 in
     direct) T_PID=- T_PORT=$UP_PORT; return ;; # already checked, and no connection more to count
-    sidecar)
+    sidecar | sidecar-plain)
         read -r fwd admin T_PORT < <(free_ports 3)
-        sidecar_conf "$fwd" "$admin" "$T_PORT" "$UP_PORT" "$POOL" "${2}s" "$MAXCONN" "$IDLE_BOUND" >"$TMP/sidecar.yaml"
-        start_sidecar "$TMP/sidecar.yaml" "$PROXY_CPU"
+        sidecar_conf "$fwd" "$admin" "$T_PORT" "$UP_PORT" "$POOL" "${2}s" "$MAXCONN" "$IDLE_BOUND" >"$TMP/$1.yaml"
+        start_sidecar "$TMP/$1.yaml" "$PROXY_CPU" "$(sidecar_bin "$1")"
         T_PID=$SC_PID ;;
     nginx)
         read -r T_PORT < <(free_ports 1)
@@ -178,47 +269,50 @@ median() { # printf-format numbers...
 
 # ROUNDS rounds, the targets in turn within each (drift on a shared VM spreads over all of them);
 # each run on a fresh process. The table shows medians over the rounds and every round's value.
-W1="1 keep-alive, $CONNECTIONS conns:"
-declare -A RPS CPU SYS USR P99 ERR TICKS
-for ((round = 1; round <= ROUNDS; round++)); do
-    for t in "${TARGETS[@]}"; do
-        log "workload 1, round $round/$ROUNDS, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
-        start_target "$t" "$IDLE_TIMEOUT"
-        url="http://127.0.0.1:$T_PORT/"
-        wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
-        wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w1.$t.$round.txt"
-        secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
-        RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
-        CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-        SYS[$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
-        USR[$t]+=" $(calc "\"%.2f\", ($W_CPU - $W_SYS) / $CLK_TCK * 1e6 / $W_REQUESTS")"
-        P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
-        ERR[$t]=$(( ${ERR[$t]:-0} + W_ERRORS ))
-        read -r a b c d <<<"${TICKS[$t]:-0 0 0 0}"
-        TICKS[$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
-        stop_target
+if wants 1; then
+    declare -A RPS CPU SYS USR P99 P999 ERR TICKS
+    for ((round = 1; round <= ROUNDS; round++)); do
+        for t in "${TARGETS[@]}"; do
+            log "workload 1, round $round/$ROUNDS, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
+            start_target "$t" "$IDLE_TIMEOUT"
+            url="http://127.0.0.1:$T_PORT/"
+            wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
+            wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w1.$t.$round.txt"
+            secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
+            RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
+            CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+            SYS[$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
+            USR[$t]+=" $(calc "\"%.2f\", ($W_CPU - $W_SYS) / $CLK_TCK * 1e6 / $W_REQUESTS")"
+            P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
+            P999[$t]+=" $(calc "\"%.2f\", $W_P999_US / 1000")"
+            ERR[$t]=$(( ${ERR[$t]:-0} + W_ERRORS ))
+            read -r a b c d <<<"${TICKS[$t]:-0 0 0 0}"
+            TICKS[$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
+            stop_target
+        done
     done
-done
-for t in "${TARGETS[@]}"; do
-    # shellcheck disable=SC2086 # the per-round lists split into words on purpose
-    {
-        put "$W1 requests/s (median)" "$t" "$(median %.0f ${RPS[$t]})"
-        ((ROUNDS == 1)) || put "$W1 requests/s, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${RPS[$t]}")"
-        put "$W1 p99 latency (ms, median)" "$t" "$(median %.2f ${P99[$t]})"
-        put "$W1 errors (all rounds)" "$t" "${ERR[$t]}"
-        [[ $t != direct ]] || continue
-        put "$W1 proxy CPU µs/request (median)" "$t" "$(median %.1f ${CPU[$t]})"
-        ((ROUNDS == 1)) || put "$W1 proxy CPU µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${CPU[$t]}")"
-        # The kernel's part (stime): what trimming our own code cannot reach.
-        put "$W1 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${SYS[$t]})"
-        # User space, each round's own (not the difference of two rounded medians): the part
-        # that is ours to trim. The kernel splits a process's CPU time by sampling at its tick,
-        # so a 10 s round's figure is good to a few percent.
-        put "$W1 in user space (µs/request, median)" "$t" "$(median %.2f ${USR[$t]})"
-        ((ROUNDS == 1)) || put "$W1 in user space µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${USR[$t]}")"
-        put "$W1 $BUSY" "$t" "$(busy_cell ${TICKS[$t]})"
-    }
-done
+    for t in "${TARGETS[@]}"; do
+        # shellcheck disable=SC2086 # the per-round lists split into words on purpose
+        {
+            put "$W1 requests/s (median)" "$t" "$(median %.0f ${RPS[$t]})"
+            ((ROUNDS == 1)) || put "$W1 requests/s, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${RPS[$t]}")"
+            put "$W1 p99 latency (ms, median)" "$t" "$(median %.2f ${P99[$t]})"
+            put "$W1 p99.9 latency (ms, median)" "$t" "$(median %.2f ${P999[$t]})"
+            put "$W1 errors (all rounds)" "$t" "${ERR[$t]}"
+            [[ $t != direct ]] || continue
+            put "$W1 proxy CPU µs/request (median)" "$t" "$(median %.1f ${CPU[$t]})"
+            ((ROUNDS == 1)) || put "$W1 proxy CPU µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${CPU[$t]}")"
+            # The kernel's part (stime): what trimming our own code cannot reach.
+            put "$W1 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${SYS[$t]})"
+            # User space, each round's own (not the difference of two rounded medians): the part
+            # that is ours to trim. The kernel splits a process's CPU time by sampling at its tick,
+            # so a 10 s round's figure is good to a few percent.
+            put "$W1 in user space (µs/request, median)" "$t" "$(median %.2f ${USR[$t]})"
+            ((ROUNDS == 1)) || put "$W1 in user space µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${USR[$t]}")"
+            put "$W1 $BUSY" "$t" "$(busy_cell ${TICKS[$t]})"
+        }
+    done
+fi
 
 # === workloads 2 and 5: the leaky client, then memory return ===
 
@@ -230,122 +324,158 @@ for line in open(sys.argv[1]):
     if r["phase"] == sys.argv[2]: print(r.get(sys.argv[3], ""))' "$@"
 }
 
-W2="2 leaky client, $LEAKY_REQUESTS requests:"
-W5="5 memory return:"
-for t in "${TARGETS[@]}"; do
-    log "workload 2, $t: $LEAKY_REQUESTS requests from the leaky client, idle timeout ${IDLE_TIMEOUT}s"
-    # Counted from before the start: the connection the start's check dials is the proxy's too.
-    accepts0=$(upstream_accepts)
-    start_target "$t" "$IDLE_TIMEOUT"
-    [[ $t == direct ]] || rss_before=$(status_kib "$T_PID" VmRSS)
-    out="$TMP/leaky.$t.out"
-    taskset -c "$LOAD_CPU" "$TMP/leaky" -n "$LEAKY_REQUESTS" -url "http://127.0.0.1:$T_PORT/" \
-        -wait "$((IDLE_TIMEOUT + 3))s" >"$out" 2>"$TMP/leaky.$t.err" &
-    leaky_pid=$!
-    PIDS+=("$leaky_pid")
-    until grep -qs '"after_requests"' "$out"; do
-        kill -0 "$leaky_pid" 2>/dev/null || die "leaky client ($t) exited early: $(cat "$TMP/leaky.$t.err")"
-        sleep 0.1
+if wants 2 || wants 5; then
+    for t in "${TARGETS[@]}"; do
+        log "workload 2, $t: $LEAKY_REQUESTS requests from the leaky client, idle timeout ${IDLE_TIMEOUT}s"
+        # Counted from before the start: the connection the start's check dials is the proxy's too.
+        accepts0=$(upstream_accepts)
+        start_target "$t" "$IDLE_TIMEOUT"
+        [[ $t == direct ]] || rss_before=$(status_kib "$T_PID" VmRSS)
+        out="$TMP/leaky.$t.out"
+        taskset -c "$LOAD_CPU" "$TMP/leaky" -n "$LEAKY_REQUESTS" -url "http://127.0.0.1:$T_PORT/" \
+            -wait "$((IDLE_TIMEOUT + 3))s" >"$out" 2>"$TMP/leaky.$t.err" &
+        leaky_pid=$!
+        PIDS+=("$leaky_pid")
+        until grep -qs '"after_requests"' "$out"; do
+            kill -0 "$leaky_pid" 2>/dev/null || die "leaky client ($t) exited early: $(cat "$TMP/leaky.$t.err")"
+            sleep 0.1
+        done
+        ended=$(date +%s.%N)
+        open_end=$(established_by "$leaky_pid" "$T_PORT" | wc -l)
+        [[ $t == direct ]] || up_end=$(established_by "$T_PID" "$UP_PORT" | wc -l)
+        sleep_until "$(calc "\"%f\", $ended + $IDLE_TIMEOUT + 2")"
+        open_after=$(established_by "$leaky_pid" "$T_PORT" | wc -l)
+        accepts1=$(upstream_accepts)
+        put "$W2 requests ok / failed" "$t" \
+            "$(leaky_field "$out" after_requests ok) / $(leaky_field "$out" after_requests errors)"
+        put "$W2 storm duration (s)" "$t" "$(calc "\"%.1f\", $(leaky_field "$out" after_requests elapsed_ms) / 1000")"
+        # The second stub_status query is itself one accepted connection.
+        put "$W2 upstream connections dialed" "$t" $((accepts1 - accepts0 - 1))
+        put "$W2 client conns open at storm end" "$t" "$open_end"
+        put "$W2 client conns open ${IDLE_TIMEOUT}+2 s later" "$t" "$open_after"
+        [[ $t == direct ]] || put "$W2 upstream conns open at storm end" "$t" "$up_end"
+        stop_pid "$leaky_pid"
+        if [[ $t != direct ]]; then
+            put "$W2 proxy peak RSS (VmHWM, MiB)" "$t" "$(mib "$(status_kib "$T_PID" VmHWM)")"
+            sleep_until "$(calc "\"%f\", $ended + $RETURN_WAIT")"
+            rss_after=$(status_kib "$T_PID" VmRSS)
+            put "$W5 RSS before the storm (MiB)" "$t" "$(mib "$rss_before")"
+            put "$W5 RSS ${RETURN_WAIT} s after the storm (MiB)" "$t" "$(mib "$rss_after")"
+            put "$W5 after / before" "$t" "$(calc "\"%.2fx\", $rss_after / $rss_before")"
+        fi
+        stop_target
     done
-    ended=$(date +%s.%N)
-    open_end=$(established_by "$leaky_pid" "$T_PORT" | wc -l)
-    [[ $t == direct ]] || up_end=$(established_by "$T_PID" "$UP_PORT" | wc -l)
-    sleep_until "$(calc "\"%f\", $ended + $IDLE_TIMEOUT + 2")"
-    open_after=$(established_by "$leaky_pid" "$T_PORT" | wc -l)
-    accepts1=$(upstream_accepts)
-    put "$W2 requests ok / failed" "$t" \
-        "$(leaky_field "$out" after_requests ok) / $(leaky_field "$out" after_requests errors)"
-    put "$W2 storm duration (s)" "$t" "$(calc "\"%.1f\", $(leaky_field "$out" after_requests elapsed_ms) / 1000")"
-    # The second stub_status query is itself one accepted connection.
-    put "$W2 upstream connections dialed" "$t" $((accepts1 - accepts0 - 1))
-    put "$W2 client conns open at storm end" "$t" "$open_end"
-    put "$W2 client conns open ${IDLE_TIMEOUT}+2 s later" "$t" "$open_after"
-    [[ $t == direct ]] || put "$W2 upstream conns open at storm end" "$t" "$up_end"
-    stop_pid "$leaky_pid"
-    if [[ $t != direct ]]; then
-        put "$W2 proxy peak RSS (VmHWM, MiB)" "$t" "$(mib "$(status_kib "$T_PID" VmHWM)")"
-        sleep_until "$(calc "\"%f\", $ended + $RETURN_WAIT")"
-        rss_after=$(status_kib "$T_PID" VmRSS)
-        put "$W5 RSS before the storm (MiB)" "$t" "$(mib "$rss_before")"
-        put "$W5 RSS ${RETURN_WAIT} s after the storm (MiB)" "$t" "$(mib "$rss_after")"
-        put "$W5 after / before" "$t" "$(calc "\"%.2fx\", $rss_after / $rss_before")"
-    fi
-    stop_target
-done
+fi
 
 # === workload 3: idle memory ===
 
-W3="3 idle memory, $IDLE_CONNS idle clients:"
 # Measured per connection, so the sidecar keeps them all like its peers do: its default
 # max_idle_connections (1024) would close the rest, and its leak detector flags 5000 one-request
 # connections from one address and gives them leaky_idle_timeout (1 s). Workload 2 runs with
 # both defaults.
-IDLE_BOUND=$MAXCONN
-for t in sidecar nginx haproxy; do
-    log "workload 3, $t: $IDLE_CONNS idle keep-alive client connections on a fresh process"
-    start_target "$t" 300
-    line=$(taskset -c "$LOAD_CPU" python3 "$REPO/benches/idle_memory.py" idle-clients \
-        --pid "$T_PID" --port "$T_PORT" --count "$IDLE_CONNS" | grep '^RESULT ') || die "idle-clients ($t) failed"
-    eval "$(sed 's/^RESULT //; s/ /\n/g' <<<"$line" | sed 's/^/r_/')"
-    # shellcheck disable=SC2154 # r_* come from the eval above
-    put "$W3 RSS base (MiB)" "$t" "$(calc "\"%.1f\", $r_base / 1048576")"
-    put "$W3 RSS growth per idle client conn (B)" "$t" "$r_per"
-    put "$W3 idle client conns held / failed" "$t" "$r_held / $r_failed"
-    stop_target
-done
-IDLE_BOUND=
+if wants 3; then
+    IDLE_BOUND=$MAXCONN
+    for t in "${PROXIES[@]}"; do
+        log "workload 3, $t: $IDLE_CONNS idle keep-alive client connections on a fresh process"
+        start_target "$t" 300
+        line=$(taskset -c "$LOAD_CPU" python3 "$REPO/benches/idle_memory.py" idle-clients \
+            --pid "$T_PID" --port "$T_PORT" --count "$IDLE_CONNS" | grep '^RESULT ') || die "idle-clients ($t) failed"
+        eval "$(sed 's/^RESULT //; s/ /\n/g' <<<"$line" | sed 's/^/r_/')"
+        # shellcheck disable=SC2154 # r_* come from the eval above
+        put "$W3 RSS base (MiB)" "$t" "$(calc "\"%.1f\", $r_base / 1048576")"
+        put "$W3 RSS growth per idle client conn (B)" "$t" "$r_per"
+        put "$W3 idle client conns held / failed" "$t" "$r_held / $r_failed"
+        stop_target
+    done
+    IDLE_BOUND=
+fi
 
 # === workload 4: HTTP/2 upstream ===
 
-W4="4 h2 upstream, $H2_CLIENTS clients:"
-read -r H2_PORT < <(free_ports 1)
-start_nghttpd "$H2_PORT" "$MAX_STREAMS"
-wait_port "$H2_PORT"
-check nghttpd "http://127.0.0.1:$H2_PORT/" --http2-prior-knowledge
-h2_conns=$(( (H2_CLIENTS + MAX_STREAMS - 1) / MAX_STREAMS ))
-log "workload 4, direct: h2load -c$h2_conns -m$MAX_STREAMS, warm-up $WARMUP, then $H2_DURATION"
-h2load_measure "http://127.0.0.1:$H2_PORT/" "$h2_conns" "$MAX_STREAMS" "$H2_DURATION" "$WARMUP" "$TMP/h2load.txt"
-put "$W4 requests/s" direct "$(calc "\"%.0f\", $H_DONE / $(secs_of "$H2_DURATION")")"
-put "$W4 proxy CPU µs/request" direct -
-put "$W4 errors" direct $((H_DONE - H_OK))
-put "$W4 upstream connections (max seen)" direct "$h2_conns"
-hap_streams_kw=$(hap_streams_keyword)
-for t in sidecar nginx haproxy; do
-    if [[ $t == nginx ]]; then
-        for row in requests/s "proxy CPU µs/request" errors "$BUSY" "upstream connections (max seen)"; do
-            put "$W4 $row" nginx "n/a"
-        done
-        continue
-    fi
-    log "workload 4, $t: warm-up $WARMUP, then $H2_DURATION with $H2_CLIENTS connections"
-    if [[ $t == sidecar ]]; then
-        read -r fwd admin T_PORT < <(free_ports 3)
-        sidecar_h2_conf "$fwd" "$admin" "$T_PORT" "$H2_PORT" "$MAX_STREAMS" >"$TMP/sidecar-h2.yaml"
-        start_sidecar "$TMP/sidecar-h2.yaml" "$PROXY_CPU"
-        T_PID=$SC_PID
-    else
-        read -r T_PORT < <(free_ports 1)
-        haproxy_conf haproxy-h2 "$T_PORT" "$MAXCONN" 60s "127.0.0.1:$H2_PORT proto h2" \
-            "$hap_streams_kw $MAX_STREAMS" >"$TMP/haproxy-h2.cfg"
-        start_haproxy haproxy-h2 "$PROXY_CPU"
-        T_PID=$HAP_PID
-    fi
-    wait_port "$T_PORT"
-    check "$t" "http://127.0.0.1:$T_PORT/"
-    url="http://127.0.0.1:$T_PORT/"
-    wrk_warm "$url" "$H2_CLIENTS" "$WARMUP"
-    start_sampler "$T_PID" "$H2_PORT" "$TMP/h2conns.$t"
-    wrk_measure "$url" "$H2_CLIENTS" "$H2_DURATION" "$T_PID" "$TMP/w4.$t.txt"
-    stop_pid "$SAMPLER_PID"
-    secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
-    put "$W4 requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $secs")"
-    put "$W4 proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-    put "$W4 errors" "$t" "$W_ERRORS"
-    put "$W4 $BUSY" "$t" "$(busy_cell "$W_CPU" "$W_BUSY_PROXY" "$W_BUSY_LOAD" "$secs")"
-    put "$W4 upstream connections (max seen)" "$t" "$(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t")"
-    stop_target
-done
-stop_pid "$NGHTTPD_PID"
+if wants 4; then
+    read -r H2_PORT < <(free_ports 1)
+    start_nghttpd "$H2_PORT" "$MAX_STREAMS"
+    wait_port "$H2_PORT"
+    check nghttpd "http://127.0.0.1:$H2_PORT/" --http2-prior-knowledge
+    h2_conns=$(( (H2_CLIENTS + MAX_STREAMS - 1) / MAX_STREAMS ))
+    log "workload 4, direct: h2load -c$h2_conns -m$MAX_STREAMS, warm-up $WARMUP, then $H2_DURATION"
+    h2load_measure "http://127.0.0.1:$H2_PORT/" "$h2_conns" "$MAX_STREAMS" "$H2_DURATION" "$WARMUP" "$TMP/h2load.txt"
+    put "$W4 requests/s" direct "$(calc "\"%.0f\", $H_DONE / $(secs_of "$H2_DURATION")")"
+    put "$W4 proxy CPU µs/request" direct -
+    put "$W4 errors" direct $((H_DONE - H_OK))
+    put "$W4 upstream connections (max seen)" direct "$h2_conns"
+    # Put once the proxies' rows are in (rows keep the order they first appear in).
+    direct_p99=("$(calc "\"%.2f\", $H_P99_US / 1000")" "$(calc "\"%.2f\", $H_P999_US / 1000")")
+    # The tail under CONNECTIONS keep-alive clients (issue 47, item 5): a second run on the same
+    # processes, after the one above (whose figures it leaves as they were).
+    log "workload 4, direct, $CONNECTIONS clients: h2load, warm-up $WARMUP, then $DURATION"
+    h2_direct "http://127.0.0.1:$H2_PORT/" "$CONNECTIONS" "$DURATION" "$TMP/h2load-lat.txt"
+    direct_lat=("$(calc "\"%.0f\", $W_REQUESTS / $W_DURATION_US * 1e6")" "$(calc "\"%.2f\", $W_P99_US / 1000")" \
+        "$(calc "\"%.2f\", $W_P999_US / 1000")" "$W_ERRORS")
+    hap_streams_kw=$(hap_streams_keyword)
+    for t in "${PROXIES[@]}"; do
+        if [[ $t == nginx ]]; then
+            for row in requests/s "proxy CPU µs/request" errors "$BUSY" "upstream connections (max seen)" \
+                "p99 latency (ms)" "p99.9 latency (ms)"; do
+                put "$W4 $row" nginx "n/a"
+            done
+            for row in requests/s "p99 latency (ms)" "p99.9 latency (ms)" errors "proxy CPU µs/request"; do
+                put "$W4L $row" nginx "n/a"
+            done
+            continue
+        fi
+        log "workload 4, $t: warm-up $WARMUP, then $H2_DURATION with $H2_CLIENTS connections"
+        if [[ $t == sidecar* ]]; then
+            read -r fwd admin T_PORT < <(free_ports 3)
+            sidecar_h2_conf "$fwd" "$admin" "$T_PORT" "$H2_PORT" "$MAX_STREAMS" >"$TMP/$t-h2.yaml"
+            start_sidecar "$TMP/$t-h2.yaml" "$PROXY_CPU" "$(sidecar_bin "$t")"
+            T_PID=$SC_PID
+        else
+            read -r T_PORT < <(free_ports 1)
+            haproxy_conf haproxy-h2 "$T_PORT" "$MAXCONN" 60s "127.0.0.1:$H2_PORT proto h2" \
+                "$hap_streams_kw $MAX_STREAMS" >"$TMP/haproxy-h2.cfg"
+            start_haproxy haproxy-h2 "$PROXY_CPU"
+            T_PID=$HAP_PID
+        fi
+        wait_port "$T_PORT"
+        check "$t" "http://127.0.0.1:$T_PORT/"
+        url="http://127.0.0.1:$T_PORT/"
+        wrk_warm "$url" "$H2_CLIENTS" "$WARMUP"
+        start_sampler "$T_PID" "$H2_PORT" "$TMP/h2conns.$t"
+        wrk_measure "$url" "$H2_CLIENTS" "$H2_DURATION" "$T_PID" "$TMP/w4.$t.txt"
+        stop_pid "$SAMPLER_PID"
+        secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
+        put "$W4 requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $secs")"
+        put "$W4 proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+        put "$W4 errors" "$t" "$W_ERRORS"
+        put "$W4 $BUSY" "$t" "$(busy_cell "$W_CPU" "$W_BUSY_PROXY" "$W_BUSY_LOAD" "$secs")"
+        put "$W4 upstream connections (max seen)" "$t" "$(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t")"
+        put "$W4 p99 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P99_US / 1000")"
+        put "$W4 p99.9 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P999_US / 1000")"
+        log "workload 4, $t, $CONNECTIONS clients: warm-up $WARMUP, then $DURATION"
+        wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
+        wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w4lat.$t.txt"
+        put "$W4L requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $W_DURATION_US * 1e6")"
+        put "$W4L p99 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P99_US / 1000")"
+        put "$W4L p99.9 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P999_US / 1000")"
+        put "$W4L errors" "$t" "$W_ERRORS"
+        put "$W4L proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+        stop_target
+    done
+    put "$W4 p99 latency (ms)" direct "${direct_p99[0]}"
+    put "$W4 p99.9 latency (ms)" direct "${direct_p99[1]}"
+    put "$W4L requests/s" direct "${direct_lat[0]}"
+    put "$W4L p99 latency (ms)" direct "${direct_lat[1]}"
+    put "$W4L p99.9 latency (ms)" direct "${direct_lat[2]}"
+    put "$W4L errors" direct "${direct_lat[3]}"
+    stop_pid "$NGHTTPD_PID"
+fi
+
+# === workloads 6-8 (benches/compare_upstreams.sh) ===
+
+! wants 6 || workload6
+! wants 7 || workload7
+! wants 8 || workload8
 
 # === report ===
 
@@ -356,13 +486,19 @@ num() { sed 's/[^0-9.].*//' <<<"$(cell "$1" "$2")"; }
 verdict() { # text ok(1/0)
     if [[ $2 == 1 ]]; then echo "- met: $1"; else echo "- missed: $1"; fi
 }
-ratio_line() { # label row-of-sidecar row-of-peer peer op limit
-    local s p r ok
-    s=$(num "$2" sidecar); p=$(num "$3" "$4")
+ratio_line() { # label row-of-sidecar row-of-peer peer op limit [sidecar column]
+    local s p r ok who=${7:-sidecar}
+    s=$(num "$2" "$who"); p=$(num "$3" "$4")
     if [[ -z $s || -z $p || $p == 0 ]]; then echo "- not measured: $1"; return; fi
     r=$(calc "\"%.2f\", $s / $p")
     ok=$(awk -v r="$r" -v l="$6" -v op="$5" 'BEGIN { print (op == "<=" ? r <= l : r >= l) ? 1 : 0 }')
-    verdict "$1: sidecar $s vs $4 $p = ${r}x (target $5 $6x)" "$ok"
+    verdict "$1: $who $s vs $4 $p = ${r}x (target $5 $6x)" "$ok"
+}
+
+# A target on one figure: met when VALUE <= LIMIT; "not measured" when the value is absent.
+limit_line() { # label value limit text
+    if [[ -z $2 ]]; then echo "- not measured: $1"; return; fi
+    verdict "$1: $4" "$(awk -v v="$2" -v l="$3" 'BEGIN { print (v <= l) ? 1 : 0 }')"
 }
 
 targets_report() {
@@ -374,13 +510,13 @@ targets_report() {
         "$W3 RSS growth per idle client conn (B)" nginx "<=" 1.0
     local base back dialed
     base=$(num "$W3 RSS base (MiB)" sidecar)
-    verdict "RSS base (workload 3): ${base} MiB (target <= 5 MiB)" "$(awk -v b="$base" 'BEGIN { print (b != "" && b <= 5) }')"
+    limit_line "RSS base (workload 3)" "$base" 5 "${base} MiB (target <= 5 MiB)"
     back=$(num "$W5 after / before" sidecar)
-    verdict "RSS ${RETURN_WAIT} s after the leaky storm (workload 5): ${back}x the RSS before it (target <= 1.5x)" \
-        "$(awk -v b="$back" 'BEGIN { print (b != "" && b <= 1.5) }')"
+    limit_line "RSS ${RETURN_WAIT} s after the leaky storm (workload 5)" "$back" 1.5 \
+        "${back}x the RSS before it (target <= 1.5x)"
     dialed=$(num "$W2 upstream connections dialed" sidecar)
-    verdict "upstream connections in workload 2: $dialed for a client of concurrency 1 (target <= 1)" \
-        "$(awk -v d="$dialed" 'BEGIN { print (d != "" && d <= 1) }')"
+    limit_line "upstream connections in workload 2" "$dialed" 1 \
+        "$dialed for a client of concurrency 1 (target <= 1)"
 }
 
 # Issue 25's targets that this run measures: CPU per keep-alive request against the better
@@ -400,18 +536,66 @@ issue25_report() {
         "$W4 proxy CPU µs/request" haproxy "<=" 1.0
 }
 
+# Issue 47's targets that this run measures, for each sidecar column: sidecar = the image's
+# build (profile-guided), sidecar-plain = the plain release build (SIDECAR_PLAIN_BIN).
+issue47_report() {
+    local who lim cpu better grow back row
+    for who in "${SIDECARS[@]}"; do
+        if [[ $who == sidecar ]]; then lim=0.85; else lim=0.95; fi
+        ratio_line "item 1, CPU per request through an h2c upstream, $(build_of "$who") (workload 4)" \
+            "$W4 proxy CPU µs/request" "$W4 proxy CPU µs/request" haproxy "<=" "$lim" "$who"
+        ratio_line "item 1, CPU per request through an h2 upstream over TLS, $(build_of "$who") (workload 7, medians)" \
+            "$W7 proxy CPU µs/request (median)" "$W7 proxy CPU µs/request (median)" haproxy "<=" "$lim" "$who"
+    done
+    if [[ -n $PLAIN_BIN ]]; then
+        cpu="$W1 proxy CPU µs/request (median)"
+        better=$(awk -v n="$(num "$cpu" nginx)" -v h="$(num "$cpu" haproxy)" \
+            'BEGIN { print (h != "" && (n == "" || h < n)) ? "haproxy" : "nginx" }')
+        ratio_line "item 2, keep-alive CPU per request, plain build, against the better peer (workload 1, medians)" \
+            "$cpu" "$cpu" "$better" "<=" 0.95 sidecar-plain
+        ratio_line "item 2, keep-alive user-space CPU per request, plain build (workload 1, medians)" \
+            "$W1 in user space (µs/request, median)" "$W1 in user space (µs/request, median)" nginx "<=" 0.8 sidecar-plain
+    fi
+    for who in "${SIDECARS[@]}"; do
+        grow=$(num "$W8 growth per host after idle-out (B)" "$who")
+        limit_line "item 4, RSS growth per host once connections idled out, $(build_of "$who") (workload 8)" "$grow" 2048 \
+            "$grow B (target <= 2048 B)"
+        ((MANY_HOSTS_FORGET_WAIT)) || continue
+        back=$(cell "$W8 forgotten - start (MiB)" "$who")
+        [[ $back =~ ^-?[0-9.]+$ ]] || back=
+        limit_line "item 4, RSS once the hosts are forgotten, $(build_of "$who") (workload 8)" \
+            "$back" 2 "${back} MiB from the start (target within 2 MiB)"
+    done
+    for who in "${SIDECARS[@]}"; do
+        for row in "p99 latency" "p99.9 latency"; do
+            ratio_line "item 5, HTTP/1.1 upstream $row, $CONNECTIONS keep-alive clients, $(build_of "$who") (workload 1, medians)" \
+                "$W1 $row (ms, median)" "$W1 $row (ms, median)" nginx "<=" 1.0 "$who"
+        done
+        for row in "p99 latency" "p99.9 latency"; do
+            ratio_line "item 5, h2c upstream $row, $CONNECTIONS keep-alive clients, $(build_of "$who"), against HAProxy
+  (nginx cannot use an h2 upstream; workload 4, second run)" \
+                "$W4L $row (ms)" "$W4L $row (ms)" haproxy "<=" 1.0 "$who"
+        done
+    done
+}
+build_of() { if [[ $1 == sidecar ]]; then echo "image's build"; else echo "plain build"; fi; }
+
 report() {
-    local row t
+    local row t builds="sidecar = the image's build, sidecar-plain = the plain release build"
+    [[ -n $PLAIN_BIN ]] ||
+        builds="sidecar = the image's build; no SIDECAR_PLAIN_BIN, so no plain build: item 2 and its other lines are left out"
     cat <<EOF
 ## Comparison: egress-sidecar vs nginx vs HAProxy ($STARTED)
 
 Command: \`benches/compare.sh\` (ROUNDS=$ROUNDS DURATION=$DURATION WARMUP=$WARMUP CONNECTIONS=$CONNECTIONS POOL=$POOL
 LEAKY_REQUESTS=$LEAKY_REQUESTS IDLE_TIMEOUT=$IDLE_TIMEOUT IDLE_CONNS=$IDLE_CONNS H2_CLIENTS=$H2_CLIENTS
-H2_DURATION=$H2_DURATION MAX_STREAMS=$MAX_STREAMS RETURN_WAIT=$RETURN_WAIT)
+H2_DURATION=$H2_DURATION MAX_STREAMS=$MAX_STREAMS RETURN_WAIT=$RETURN_WAIT MANY_HOSTS=$MANY_HOSTS
+MANY_HOSTS_IDLE_WAIT=$MANY_HOSTS_IDLE_WAIT MANY_HOSTS_FORGET_WAIT=$MANY_HOSTS_FORGET_WAIT WORKLOADS=$WORKLOADS$([[ -z $PLAIN_BIN ]] || echo " SIDECAR_PLAIN_BIN=…"))
 
 - machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), kernel $(uname -r);
   load average before the run $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg)
-- sidecar: $("$BIN" --version), commit $(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock || echo " plus uncommitted changes"), $(rustc --version)
+- sidecar: $("$BIN" --version), commit $(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock || echo " plus uncommitted changes"), $(rustc --version)$([[ -z ${SIDECAR_BIN:-} ]] || echo "; binary $BIN")
+$([[ -z $PLAIN_BIN ]] || echo "- sidecar-plain (the plain release build): $("$PLAIN_BIN" --version), binary $PLAIN_BIN")
 - nginx: $(nginx -v 2>&1 | sed 's/^nginx version: //'); haproxy: $(haproxy -v | head -1 | sed 's/ - https.*//'); $(wrk -v 2>&1 | head -1 | awk '{print "wrk", $2}'); $(h2load --version | head -1); $(nghttpd --version | head -1); $(go version | awk '{print $3}') (leaky client)
 - placement: each proxy alone on core $PROXY_CPU; load generators and upstreams on core $LOAD_CPU
 
@@ -433,12 +617,30 @@ Issue 25 targets measured here (its memory targets are issue 6's above, and
 \`benches/idle_memory.sh\`'s tunnels):
 $(issue25_report)
 
+Issue 47 targets measured here ($builds):
+$(issue47_report)
+
 CPU = utime+stime of the proxy (nginx: master + worker) during the measured run, per request.
 RSS = VmRSS summed over the proxy's processes; peak = VmHWM, same sum. busy = share of the run
 that the proxy used its core / that other processes used it (above a few %: a shared machine, and
 that column's req/s is not comparable; CPU per request still roughly is) / that the load core
 (wrk and the upstream) was busy. Upstream dials are counted at the upstream (stub_status).
+p99.9: wrk's own histogram (its \`done()\` hook; \`--latency\` prints up to p99), h2load's
+request times for direct h2. nginx cannot send requests to an h2 upstream (workloads 4 and 7:
+n/a), so the h2 targets of issue 47 (items 1 and 5) compare against HAProxy. TLS (workloads 6
+and 7): a throwaway CA made for the run; every proxy verifies the origin's certificate for the
+name $ORIGIN (sent as SNI) and pools up to $POOL connections. Many hosts (workload 8): nginx
+proxies to a variable destination without any keep-alive pool (one upstream connection per
+request); the sidecars' hosts-forgotten phase is theirs alone.
+$(many_hosts_curves)
 EOF
+}
+
+# Workload 8's RSS curves: (hosts sent, seconds since the start, RSS MiB) per sample.
+many_hosts_curves() {
+    ((${#CURVES[@]})) || return 0
+    printf '\nWorkload 8 RSS curves, (hosts, s, MiB) at each sample:\n'
+    printf '%s\n' "${CURVES[@]}"
 }
 
 REPORT=$(report)
