@@ -82,7 +82,8 @@
 #      forward proxy, 8 keep-alive clients taking turns, after 64 requests to one warm-up host;
 #      RSS (process and children) at the start, every 500 hosts, every 10 s while the proxy's
 #      upstream connections idle out (MANY_HOSTS_IDLE_WAIT s: the sidecar's pool idle_timeout is
-#      30 s) and, for the sidecars only, MANY_HOSTS_FORGET_WAIT s more (on-the-fly upstreams are
+#      30 s, then a host met on the fly is let go 10 s after its last request by a sweep every
+#      5 s, and the heap is trimmed every 5 s) and, for the sidecars only, MANY_HOSTS_FORGET_WAIT s more (on-the-fly upstreams are
 #      forgotten after 5 minutes unused). The sidecar: its forward listener and admin listener
 #      only, every other setting its default (no memory budget); /debug/pools and /metrics
 #      sizes after sending, after the idle-out and after forgetting, and its open upstream
@@ -98,7 +99,7 @@
 #   env: ROUNDS (3, of workloads 1, 6 and 7), DURATION (10s), WARMUP (2s), CONNECTIONS (64),
 #        POOL (64), LEAKY_REQUESTS (5000), IDLE_TIMEOUT (5, seconds), IDLE_CONNS (5000),
 #        H2_CLIENTS (400), H2_DURATION (10s), MAX_STREAMS (100), RETURN_WAIT (30, seconds),
-#        MANY_HOSTS (5000), MANY_HOSTS_IDLE_WAIT (40, seconds), MANY_HOSTS_FORGET_WAIT (330,
+#        MANY_HOSTS (5000), MANY_HOSTS_IDLE_WAIT (60, seconds), MANY_HOSTS_FORGET_WAIT (330,
 #        seconds; 0 skips that phase), WORKLOADS (1,2,3,4,5,6,7,8: the workloads to run; rows of
 #        the others are absent), RESULTS (benches/RESULTS.md; empty: do not write it), PROXY_CPU
 #        (1), LOAD_CPU (0), CARGO_TARGET_DIR (target/bench), SIDECAR_BIN (skip the build, use
@@ -127,7 +128,7 @@ H2_DURATION=${H2_DURATION:-10s}
 MAX_STREAMS=${MAX_STREAMS:-100}
 RETURN_WAIT=${RETURN_WAIT:-30}
 MANY_HOSTS=${MANY_HOSTS:-5000}
-MANY_HOSTS_IDLE_WAIT=${MANY_HOSTS_IDLE_WAIT:-40}
+MANY_HOSTS_IDLE_WAIT=${MANY_HOSTS_IDLE_WAIT:-60}
 MANY_HOSTS_FORGET_WAIT=${MANY_HOSTS_FORGET_WAIT:-330}
 WORKLOADS=${WORKLOADS:-1,2,3,4,5,6,7,8}
 [[ $WORKLOADS =~ ^[1-8](,[1-8])*$ ]] || { echo "WORKLOADS: a comma-separated list of 1-8, not ${WORKLOADS@Q}" >&2; exit 2; }

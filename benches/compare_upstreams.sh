@@ -372,12 +372,13 @@ def sizes(key):
     a = r.get(key)
     return "" if a is None else f'{a.get("/debug/pools", "?")} {a.get("/metrics", "?")}'
 curve, prev = [], None
-for label, secs, hosts, kib in pts:
+for label, secs, hosts, kib, *_ in pts:
     curve.append(("" if label == prev else label + " ") + f"({hosts}, {secs:g}, {kib / 1024:.1f})")
     prev = label
 out = {
     "m_start": last("start", 3), "m_sent": last("sent", 3), "m_sent_s": last("sent", 1),
     "m_idle": last("idle", 3), "m_forget": last("forget", 3),
+    "m_anon": " · ".join(str(last(p, 4)) for p in ("start", "idle", "forget") if last(p, 4) != ""),
     "m_conns_idle": r.get("upstream_connections_after_idle", ""),
     "m_adm_sent": sizes("admin_after_sending"), "m_adm_idle": sizes("admin_after_idle"),
     "m_adm_forget": sizes("admin_after_forget"), "m_curve": " · ".join(curve),
@@ -397,7 +398,7 @@ sizes_cell() { # column pair...
 workload8() {
     local w=$W8 t port pid forget more out sfx=
     ((MANY_HOSTS_FORGET_WAIT == 0)) || sfx=" · forgotten"
-    local m_start m_sent m_sent_s m_idle m_forget m_conns_idle m_adm_sent m_adm_idle m_adm_forget m_curve
+    local m_start m_sent m_sent_s m_idle m_forget m_anon m_conns_idle m_adm_sent m_adm_idle m_adm_forget m_curve
     read -r port < <(free_ports 1)
     taskset -c "$LOAD_CPU" python3 "$REPO/benches/many_hosts.py" upstream "$port" >"$TMP/many-upstream.log" 2>&1 &
     local up_pid=$!
@@ -427,6 +428,7 @@ workload8() {
         put "$w RSS ${MANY_HOSTS_IDLE_WAIT} s later, connections idled out (MiB)" "$t" "$(mib "$m_idle")"
         put "$w growth per host after idle-out (B)" "$t" "$(calc "\"%.0f\", ($m_idle - $m_start) * 1024 / $MANY_HOSTS")"
         put "$w upstream conns open after idle-out (/metrics)" "$t" "${m_conns_idle:-n/a}"
+        put "$w of the RSS, anonymous (KiB): start · idle$sfx" "$t" "$m_anon"
         if ((MANY_HOSTS_FORGET_WAIT)); then
             if [[ -n $m_forget ]]; then
                 put "$w RSS ${MANY_HOSTS_FORGET_WAIT} s more, hosts forgotten (MiB)" "$t" "$(mib "$m_forget")"

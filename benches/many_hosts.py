@@ -17,7 +17,7 @@ Method (user-space memory: VmRSS of the proxy's pid and its children, from /proc
     upstream connections idle out (`--idle-wait`) and, with `--forget-wait`, until the hosts are
     forgotten. `/debug/pools` and `/metrics` sizes are read from the admin listener when given.
 
-Prints one JSON object: {"points": [[label, seconds, hosts, rss_kib], ...], "admin": {...}}.
+Prints one JSON object: {"points": [[label, seconds, hosts, rss_kib, anon_kib], ...], ...}.
 Run it through benches/compare.sh (the many-hosts workload) or by hand:
     benches/many_hosts.py --proxy 127.0.0.1:15080 --pid PID --admin 127.0.0.1:15081 --hosts 5000
 """
@@ -34,8 +34,9 @@ import urllib.request
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nok\n"
 
 
-def rss_kib(pid):
-    """VmRSS of pid and its descendants (nginx: master + workers), in KiB."""
+def rss_kib(pid, field="VmRSS"):
+    """`field` of /proc/PID/status (VmRSS; RssAnon: the part that is not file pages, such as
+    code faulted in) of pid and its descendants (nginx: master + workers), in KiB."""
     total = 0
     pids = [pid]
     while pids:
@@ -43,7 +44,7 @@ def rss_kib(pid):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(field + ":"):
                         total += int(line.split()[1])
             with open(f"/proc/{p}/task/{p}/children") as f:
                 pids.extend(int(c) for c in f.read().split())
@@ -148,7 +149,8 @@ def main():
     ap.add_argument("--hosts", type=int, default=5000)
     ap.add_argument("--step", type=int, default=500)
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--idle-wait", type=float, default=40, help="seconds for connections to idle out")
+    ap.add_argument("--idle-wait", type=float, default=60,
+                    help="seconds for connections to idle out (and the sidecar to let its hosts go)")
     ap.add_argument("--forget-wait", type=float, default=0, help="seconds more for hosts to be forgotten")
     ap.add_argument("--sample", type=float, default=10)
     args = ap.parse_args()
@@ -179,7 +181,8 @@ def main():
         t0 = time.monotonic()
 
         def point(label, hosts):
-            points.append([label, round(time.monotonic() - t0, 1), hosts, rss_kib(args.pid)])
+            points.append([label, round(time.monotonic() - t0, 1), hosts, rss_kib(args.pid),
+                           rss_kib(args.pid, "RssAnon")])
             print(json.dumps(points[-1]), file=sys.stderr)
 
         asyncio.run(send_all(args.proxy, port, ["127.0.0.2"] * 64, 1))
