@@ -298,7 +298,10 @@ chat_completion_sse() { # chunks
 
 # nginx as a keep-alive reverse proxy to 127.0.0.1:UPPORT: an `upstream {}` pool of
 # `keepalive POOL` connections (and `max_conns=POOL`), HTTP/1.1, `Connection ""`.
-nginx_proxy_conf() { # name listen-port upstream-port pool client-keepalive-timeout [worker_connections]
+# With TLS-LINES (proxy_ssl_* directives), the upstream is spoken to over TLS (https://).
+nginx_proxy_conf() { # name listen-port upstream-port pool client-keepalive-timeout [worker_connections] [tls-lines]
+    local scheme=http
+    [[ -z ${7:-} ]] || scheme=https
     nginx_common "$1" "${6:-}"
     echo "http {"
     nginx_http_common "$1" "$5"
@@ -312,9 +315,10 @@ nginx_proxy_conf() { # name listen-port upstream-port pool client-keepalive-time
     server {
         listen 127.0.0.1:$2 backlog=4096;
         location / {
-            proxy_pass http://bench;
+            proxy_pass $scheme://bench;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+${7:-}
         }
     }
 }

@@ -57,32 +57,12 @@ EOF
 # (`keepalive POOL`, `max_conns=POOL`, HTTP/1.1, `Connection ""`), the certificate verified
 # against CA for the name ORIGIN (sent as SNI), TLS sessions reused.
 nginx_tls_proxy_conf() { # name listen-port upstream-port pool client-keepalive-timeout worker_connections
-    nginx_common "$1" "$6"
-    echo "http {"
-    nginx_http_common "$1" "$5"
-    cat <<EOF
-    upstream origin {
-        server 127.0.0.1:$3 max_conns=$4;
-        keepalive $4;
-        keepalive_requests 1000000;
-        keepalive_timeout 60s;
-    }
-    server {
-        listen 127.0.0.1:$2 backlog=4096;
-        location / {
-            proxy_pass https://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_ssl_verify on;
+    nginx_proxy_conf "$1" "$2" "$3" "$4" "$5" "$6" "            proxy_ssl_verify on;
             proxy_ssl_verify_depth 2;
             proxy_ssl_trusted_certificate $CA;
             proxy_ssl_name $ORIGIN;
             proxy_ssl_server_name on;
-            proxy_ssl_session_reuse on;
-        }
-    }
-}
-EOF
+            proxy_ssl_session_reuse on;"
 }
 
 # The sidecar in front of the origin over TLS: route-mode listener, `tls: { ca_file, server_name }`,

@@ -31,26 +31,15 @@ import sys
 import time
 import urllib.request
 
+from idle_memory import rss_bytes  # the idle-memory bench's reading of /proc, children summed
+
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nok\n"
 
 
 def rss_kib(pid, field="VmRSS"):
     """`field` of /proc/PID/status (VmRSS; RssAnon: the part that is not file pages, such as
     code faulted in) of pid and its descendants (nginx: master + workers), in KiB."""
-    total = 0
-    pids = [pid]
-    while pids:
-        p = pids.pop()
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith(field + ":"):
-                        total += int(line.split()[1])
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                pids.extend(int(c) for c in f.read().split())
-        except FileNotFoundError:
-            pass
-    return total
+    return rss_bytes(pid, field) // 1024
 
 
 def host(i):

@@ -2,10 +2,10 @@
 //! long they took.
 
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use super::per_upstream::{by_upstream, UpstreamFamily};
 use super::UpstreamLabel;
 
 /// `upstream`, `result`.
@@ -15,7 +15,9 @@ struct ResultLabels {
     result: &'static str,
 }
 
-type SecondsFamily = Family<UpstreamLabel, Histogram, fn() -> Histogram>;
+by_upstream!(ResultLabels);
+
+type SecondsFamily = UpstreamFamily<UpstreamLabel, Histogram, fn() -> Histogram>;
 
 fn call_histogram() -> Histogram {
     // 0.1 ms .. ~3.3 s: a service on loopback answers in a fraction of a millisecond, a
@@ -26,20 +28,26 @@ fn call_histogram() -> Histogram {
 /// The global rate limit's families.
 #[derive(Debug)]
 pub(super) struct GlobalRateLimitFamilies {
-    calls: Family<ResultLabels, Counter>,
+    calls: UpstreamFamily<ResultLabels, Counter>,
     seconds: SecondsFamily,
 }
 
 impl Default for GlobalRateLimitFamilies {
     fn default() -> Self {
         GlobalRateLimitFamilies {
-            calls: Family::default(),
+            calls: UpstreamFamily::default(),
             seconds: SecondsFamily::new_with_constructor(call_histogram),
         }
     }
 }
 
 impl GlobalRateLimitFamilies {
+    /// Removes every series of the upstream labelled `upstream`.
+    pub(super) fn forget(&self, upstream: &str) {
+        self.calls.forget(upstream);
+        self.seconds.forget(upstream);
+    }
+
     pub(super) fn register(&self, registry: &mut Registry) {
         registry.register(
             "global_rate_limit_calls",

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rustc_hash::FxHashMap;
 
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use super::per_upstream::{by_upstream, UpstreamFamily};
 use crate::llm::ledger::{Entry, Ledger};
 use crate::llm::{Reason, Tokens};
 
@@ -45,7 +45,9 @@ struct ModelLabels {
     model: Arc<str>,
 }
 
-type FirstTokenFamily = Family<ModelLabels, Histogram, fn() -> Histogram>;
+by_upstream!(TokenLabels, AnswerLabels, UnreadableLabels, ModelLabels);
+
+type FirstTokenFamily = UpstreamFamily<ModelLabels, Histogram, fn() -> Histogram>;
 
 fn first_token_histogram() -> Histogram {
     // 5 ms .. ~80 s: a cached answer starts in milliseconds, a reasoning model may think for a
@@ -56,9 +58,9 @@ fn first_token_histogram() -> Histogram {
 /// The token-accounting families, and the ledger behind `/debug/usage`.
 #[derive(Debug)]
 pub(super) struct LlmFamilies {
-    tokens: Family<TokenLabels, Counter>,
-    requests: Family<AnswerLabels, Counter>,
-    unreadable: Family<UnreadableLabels, Counter>,
+    tokens: UpstreamFamily<TokenLabels, Counter>,
+    requests: UpstreamFamily<AnswerLabels, Counter>,
+    unreadable: UpstreamFamily<UnreadableLabels, Counter>,
     first_token: FirstTokenFamily,
     pub(super) ledger: Arc<Ledger>,
 }
@@ -66,9 +68,9 @@ pub(super) struct LlmFamilies {
 impl Default for LlmFamilies {
     fn default() -> Self {
         LlmFamilies {
-            tokens: Family::default(),
-            requests: Family::default(),
-            unreadable: Family::default(),
+            tokens: UpstreamFamily::default(),
+            requests: UpstreamFamily::default(),
+            unreadable: UpstreamFamily::default(),
             first_token: FirstTokenFamily::new_with_constructor(first_token_histogram),
             ledger: Arc::default(),
         }
@@ -76,6 +78,14 @@ impl Default for LlmFamilies {
 }
 
 impl LlmFamilies {
+    /// Removes every series of the upstream labelled `upstream` (`/debug/usage` keeps its rows).
+    pub(super) fn forget(&self, upstream: &str) {
+        self.tokens.forget(upstream);
+        self.requests.forget(upstream);
+        self.unreadable.forget(upstream);
+        self.first_token.forget(upstream);
+    }
+
     pub(super) fn register(&self, registry: &mut Registry) {
         registry.register(
             "llm_tokens",
@@ -217,7 +227,7 @@ impl LlmMetrics {
                     upstream: self.upstream.clone(),
                     model: row.model.clone(),
                 };
-                self.families.first_token.get_or_create(&labels).clone()
+                self.families.first_token.get_or_create_owned(&labels)
             });
             first_token.observe(seconds);
         }
@@ -238,7 +248,7 @@ impl LlmMetrics {
                             model: row.model.clone(),
                             r#type: kind,
                         };
-                        self.families.tokens.get_or_create(&labels).clone()
+                        self.families.tokens.get_or_create_owned(&labels)
                     })
                 });
                 for (counter, count) in counters.iter().zip(counts) {
@@ -252,7 +262,7 @@ impl LlmMetrics {
                         upstream: self.upstream.clone(),
                         reason: reason.as_str(),
                     };
-                    self.families.unreadable.get_or_create(&labels).inc();
+                    self.families.unreadable.get_or_create_owned(&labels).inc();
                 }
                 row.ledger.record(None);
             }
@@ -274,7 +284,7 @@ impl Row {
             model: self.model.clone(),
             status: status_label(status),
         };
-        let counter = families.requests.get_or_create(&labels).clone();
+        let counter = families.requests.get_or_create_owned(&labels);
         counter.inc();
         answers.push((status, counter));
     }

@@ -25,10 +25,12 @@ mod gauges;
 mod global_rate_limit;
 mod llm;
 mod pace;
+mod per_upstream;
 
 pub use global_rate_limit::GlobalRateLimitMetrics;
 pub use llm::LlmMetrics;
 pub use pace::{PaceMetrics, UnitLabels};
+use per_upstream::{by_upstream, UpstreamFamily};
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -69,6 +71,15 @@ pub struct ReasonLabels {
     /// Why.
     pub reason: &'static str,
 }
+
+by_upstream!(
+    UpstreamLabel,
+    CodeLabels,
+    ReasonLabels,
+    RetryLabels,
+    KindLabels,
+    HeaderLabels
+);
 
 /// `kind` of a tunnel: `connect` (an opaque CONNECT), `connect_http` and `connect_h2` (plain
 /// HTTP/1.x or h2c inside a CONNECT, served through the pool) or `upgrade` (a `101` switch such
@@ -164,26 +175,26 @@ fn requests_per_connection_histogram() -> Histogram {
     Histogram::new([1.0, 2.0, 5.0, 10.0, 100.0, 1000.0, 10000.0])
 }
 
-type LatencyFamily = Family<UpstreamLabel, Histogram, fn() -> Histogram>;
+type LatencyFamily = UpstreamFamily<UpstreamLabel, Histogram, fn() -> Histogram>;
 
 /// The families every upstream and downstream connection reports into.
 #[derive(Debug)]
 pub struct Families {
-    opened: Family<UpstreamLabel, Counter>,
-    closed: Family<ReasonLabels, Counter>,
-    requests: Family<CodeLabels, Counter>,
+    opened: UpstreamFamily<UpstreamLabel, Counter>,
+    closed: UpstreamFamily<ReasonLabels, Counter>,
+    requests: UpstreamFamily<CodeLabels, Counter>,
     duration: LatencyFamily,
     wait: LatencyFamily,
-    reused: Family<UpstreamLabel, Counter>,
-    rejected: Family<ReasonLabels, Counter>,
-    retries: Family<RetryLabels, Counter>,
-    errors: Family<KindLabels, Counter>,
-    retry_budget_exhausted: Family<UpstreamLabel, Counter>,
-    timeouts: Family<KindLabels, Counter>,
-    ejections: Family<UpstreamLabel, Counter>,
-    dns_refreshes: Family<UpstreamLabel, Counter>,
-    dns_failures: Family<UpstreamLabel, Counter>,
-    ignored_headers: Family<HeaderLabels, Counter>,
+    reused: UpstreamFamily<UpstreamLabel, Counter>,
+    rejected: UpstreamFamily<ReasonLabels, Counter>,
+    retries: UpstreamFamily<RetryLabels, Counter>,
+    errors: UpstreamFamily<KindLabels, Counter>,
+    retry_budget_exhausted: UpstreamFamily<UpstreamLabel, Counter>,
+    timeouts: UpstreamFamily<KindLabels, Counter>,
+    ejections: UpstreamFamily<UpstreamLabel, Counter>,
+    dns_refreshes: UpstreamFamily<UpstreamLabel, Counter>,
+    dns_failures: UpstreamFamily<UpstreamLabel, Counter>,
+    ignored_headers: UpstreamFamily<HeaderLabels, Counter>,
     /// Panics caught in a request's or a connection's task (`crate::caught`).
     pub panics: Counter,
     /// Downstream connections accepted.
@@ -220,21 +231,21 @@ impl Families {
     /// Every family empty, every counter and gauge at 0.
     fn new() -> Self {
         Families {
-            opened: Family::default(),
-            closed: Family::default(),
-            requests: Family::default(),
-            duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
-            wait: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
-            reused: Family::default(),
-            rejected: Family::default(),
-            retries: Family::default(),
-            errors: Family::default(),
-            retry_budget_exhausted: Family::default(),
-            timeouts: Family::default(),
-            ejections: Family::default(),
-            dns_refreshes: Family::default(),
-            dns_failures: Family::default(),
-            ignored_headers: Family::default(),
+            opened: UpstreamFamily::default(),
+            closed: UpstreamFamily::default(),
+            requests: UpstreamFamily::default(),
+            duration: UpstreamFamily::new_with_constructor(latency_histogram as fn() -> Histogram),
+            wait: UpstreamFamily::new_with_constructor(latency_histogram as fn() -> Histogram),
+            reused: UpstreamFamily::default(),
+            rejected: UpstreamFamily::default(),
+            retries: UpstreamFamily::default(),
+            errors: UpstreamFamily::default(),
+            retry_budget_exhausted: UpstreamFamily::default(),
+            timeouts: UpstreamFamily::default(),
+            ejections: UpstreamFamily::default(),
+            dns_refreshes: UpstreamFamily::default(),
+            dns_failures: UpstreamFamily::default(),
+            ignored_headers: UpstreamFamily::default(),
             panics: Counter::default(),
             access_log_dropped: Counter::default(),
             trace_spans_dropped: Family::default(),
@@ -253,6 +264,30 @@ impl Families {
             memory_usage: Gauge::default(),
             memory_sheds: Family::default(),
         }
+    }
+
+    /// Removes every series of the upstream labelled `upstream`.
+    fn forget(&self, upstream: &str) {
+        let families = [
+            &self.opened,
+            &self.reused,
+            &self.retry_budget_exhausted,
+            &self.ejections,
+            &self.dns_refreshes,
+            &self.dns_failures,
+        ];
+        for family in families {
+            family.forget(upstream);
+        }
+        self.duration.forget(upstream);
+        self.wait.forget(upstream);
+        self.closed.forget(upstream);
+        self.rejected.forget(upstream);
+        self.requests.forget(upstream);
+        self.retries.forget(upstream);
+        self.errors.forget(upstream);
+        self.timeouts.forget(upstream);
+        self.ignored_headers.forget(upstream);
     }
 
     /// Upstream connections and the requests they carry: opened, closed, sent, timed,
@@ -646,6 +681,26 @@ impl Metrics {
         self.llm.ledger.report()
     }
 
+    /// Removes every series labelled `upstream` and gives its place under the label cap back:
+    /// a host met on the fly has been forgotten. Not for `other`, which hosts past the cap
+    /// share.
+    pub fn forget_upstream(&self, upstream: &str) {
+        if upstream == OTHER {
+            return;
+        }
+        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        if !labels.remove(upstream) {
+            return;
+        }
+        self.families.forget(upstream);
+        self.pace.forget(upstream);
+        self.llm.forget(upstream);
+        self.global_rate_limit.forget(upstream);
+        if labels.capacity() > 64 && labels.len() < labels.capacity() / 4 {
+            labels.shrink_to_fit();
+        }
+    }
+
     /// Forgets the gauge sources of pools that are gone (their weak handles keep the pools'
     /// memory until dropped).
     pub fn prune_pool_sources(&self) {
@@ -720,6 +775,11 @@ pub struct UpstreamMetrics {
 }
 
 impl UpstreamMetrics {
+    /// The `upstream` label its series carry: the upstream's own, or `other` past the cap.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
     /// Makes the series a dashboard reads at zero, for the label values known before any
     /// traffic, so a quiet upstream shows 0 rather than no data. `code="200"` is the one status
     /// made: nearly every request ends with it, and no made-up status is ever shown.
@@ -764,7 +824,7 @@ impl UpstreamMetrics {
             upstream: self.label.clone(),
             reason,
         };
-        self.families.closed.get_or_create(&labels).inc();
+        self.families.closed.get_or_create_owned(&labels).inc();
     }
 
     /// Counts a request sent again for `reason`.
@@ -773,7 +833,7 @@ impl UpstreamMetrics {
             upstream: self.label.clone(),
             reason: reason.to_owned(),
         };
-        self.families.retries.get_or_create(&labels).inc();
+        self.families.retries.get_or_create_owned(&labels).inc();
     }
 
     /// Counts an exchange cut by a deadline of `kind`.
@@ -797,7 +857,7 @@ impl UpstreamMetrics {
             upstream: self.label.clone(),
             header,
         };
-        self.families.ignored_headers.get_or_create(&labels).inc() == 0
+        self.families.ignored_headers.get_or_create_owned(&labels).inc() == 0
     }
 
     /// Counts a request refused by the pool for `reason`.
@@ -806,7 +866,7 @@ impl UpstreamMetrics {
             upstream: self.label.clone(),
             reason,
         };
-        self.families.rejected.get_or_create(&labels).inc();
+        self.families.rejected.get_or_create_owned(&labels).inc();
     }
 
     /// Counts a request's final status.

@@ -2,11 +2,11 @@
 //! left, and limit fields that were ignored.
 
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use super::per_upstream::{by_upstream, UpstreamFamily};
 use super::{ReasonLabels, UpstreamLabel};
 
 /// `upstream`, `unit` (`requests` or `tokens`).
@@ -18,11 +18,13 @@ pub struct UnitLabels {
     pub unit: &'static str,
 }
 
+by_upstream!(UnitLabels);
+
 /// Why a pace key closes (`pace::key`): made at zero with an upstream's handles, so a quiet
 /// upstream's panel shows 0.
 const CLOSE_REASONS: [&str; 2] = ["retry_after", "remaining"];
 
-type WaitFamily = Family<UpstreamLabel, Histogram, fn() -> Histogram>;
+type WaitFamily = UpstreamFamily<UpstreamLabel, Histogram, fn() -> Histogram>;
 
 fn wait_histogram() -> Histogram {
     // 1 ms .. ~65 s: a window's smoothing spaces requests by milliseconds, a reset is seconds
@@ -33,28 +35,38 @@ fn wait_histogram() -> Histogram {
 /// The pacing families.
 #[derive(Debug)]
 pub(super) struct PaceFamilies {
-    waits: Family<UpstreamLabel, Counter>,
+    waits: UpstreamFamily<UpstreamLabel, Counter>,
     wait_seconds: WaitFamily,
-    rejected: Family<UpstreamLabel, Counter>,
-    closed: Family<ReasonLabels, Counter>,
-    remaining: Family<UnitLabels, Gauge>,
-    header_errors: Family<UpstreamLabel, Counter>,
+    rejected: UpstreamFamily<UpstreamLabel, Counter>,
+    closed: UpstreamFamily<ReasonLabels, Counter>,
+    remaining: UpstreamFamily<UnitLabels, Gauge>,
+    header_errors: UpstreamFamily<UpstreamLabel, Counter>,
 }
 
 impl Default for PaceFamilies {
     fn default() -> Self {
         PaceFamilies {
-            waits: Family::default(),
+            waits: UpstreamFamily::default(),
             wait_seconds: WaitFamily::new_with_constructor(wait_histogram),
-            rejected: Family::default(),
-            closed: Family::default(),
-            remaining: Family::default(),
-            header_errors: Family::default(),
+            rejected: UpstreamFamily::default(),
+            closed: UpstreamFamily::default(),
+            remaining: UpstreamFamily::default(),
+            header_errors: UpstreamFamily::default(),
         }
     }
 }
 
 impl PaceFamilies {
+    /// Removes every series of the upstream labelled `upstream`.
+    pub(super) fn forget(&self, upstream: &str) {
+        self.waits.forget(upstream);
+        self.wait_seconds.forget(upstream);
+        self.rejected.forget(upstream);
+        self.closed.forget(upstream);
+        self.remaining.forget(upstream);
+        self.header_errors.forget(upstream);
+    }
+
     pub(super) fn register(&self, registry: &mut Registry) {
         registry.register(
             "pace_waits",
@@ -142,6 +154,6 @@ impl PaceMetrics {
             upstream: self.upstream.clone(),
             reason,
         };
-        self.families.closed.get_or_create(&labels).inc();
+        self.families.closed.get_or_create_owned(&labels).inc();
     }
 }

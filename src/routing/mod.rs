@@ -488,7 +488,14 @@ impl Router {
     /// ([`on_the_fly::Table::sweep`]); then drops what the registries still hold of the
     /// upstreams that went, so their memory goes too.
     pub fn sweep_on_the_fly(&self, now: Instant) -> on_the_fly::Swept {
-        let swept = self.on_the_fly.sweep(now);
+        let routes = self.routes.get();
+        let metrics = &self.shared.metrics;
+        let swept = self.on_the_fly.sweep(now, |label| {
+            // A configured upstream may bear a host:port as its name.
+            if !routes.by_name.contains_key(label) {
+                metrics.forget_upstream(label);
+            }
+        });
         if swept != on_the_fly::Swept::default() {
             self.shared.pools.prune();
             self.shared.paces.prune();

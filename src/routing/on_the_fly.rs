@@ -16,8 +16,8 @@
 //! anything of the upstream's idle timeout, that learning; the next request makes the
 //! upstream again from the `defaults` in force, with that learning. Nothing else carries over:
 //! the endpoints' outlier state and latency averages, the retry budget and the pool's counters
-//! start afresh, as for a host met for the first time. Metric series stay (the `upstream`
-//! label is the same host:port).
+//! start afresh, as for a host met for the first time. Its metric series stay while it is
+//! remembered (the `upstream` label is the same host:port).
 //!
 //! The records are kept by a keyed 64-bit hash of the scheme and authority, inline in one
 //! table: no allocation per host. A record holding the host's name would be a small
@@ -25,13 +25,15 @@
 //! would pin the heap pages those upstreams freed. Two hosts of one hash (about one chance in
 //! 10^12 among 5,000) would share a learned idle timeout, nothing more.
 //!
-//! A host unused for [`FORGET`] (live with no connection open, or remembered) is forgotten.
+//! A host unused for [`FORGET`] (live with no connection open, or remembered) is forgotten,
+//! and with it the metric series of its label and its place under the label cap (256), unless
+//! another host in the table bears the same label (`http://` and `https://` to one host:port).
 //! [`Table::sweep`] does both, from a task that runs every [`SWEEP_EVERY`].
 //!
 //! Not handled here: which requests reach the table, and making an upstream (`routing`,
 //! `upstream`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -59,12 +61,15 @@ pub(super) struct Met {
     pub(super) used: Instant,
 }
 
-/// What a quiet upstream leaves: when it was last used, and what its pool learned of the
-/// upstream's idle timeout (`None` when nothing).
+/// What a quiet upstream leaves: when it was last used, what its pool learned of the
+/// upstream's idle timeout (`None` when nothing), and the `upstream` label of its metric series
+/// when it has one of its own (one of the first 256: `None` past the cap), so that forgetting
+/// the host removes them.
 #[derive(Debug)]
 struct Remembered {
     used: Instant,
     learned: Option<Box<IdleLearner>>,
+    label: Option<Box<str>>,
 }
 
 /// The table's maps, behind its lock.
@@ -139,10 +144,13 @@ impl Table {
     }
 
     /// Lets quiet upstreams go and forgets hosts unused for [`FORGET`]; gives back the
-    /// maps' room when most of it is empty.
-    pub fn sweep(&self, now: Instant) -> Swept {
+    /// maps' room when most of it is empty. `forget_label` is called, under the table's lock
+    /// (no upstream is made meanwhile), with each metric label a forgotten host had of its own
+    /// and no host left in the table has.
+    pub fn sweep(&self, now: Instant, mut forget_label: impl FnMut(&str)) -> Swept {
         let mut swept = Swept::default();
         let mut released = Vec::new();
+        let mut labels: Vec<Box<str>> = Vec::new();
         let mut maps = self.lock();
         maps.live.retain(|key, live| {
             let unused = now.saturating_duration_since(live.used);
@@ -153,27 +161,44 @@ impl Table {
             }
             if unused >= FORGET {
                 swept.forgotten += 1;
+                labels.extend(own_label(&live.upstream).map(Box::from));
                 return false;
             }
             if unused < QUIET || live.upstream.pacer_was_told() {
                 return true;
             }
             let learned = live.upstream.take_learning().map(Box::new);
+            let label = own_label(&live.upstream).map(Box::from);
             released.push((
                 self.fingerprint(key),
                 Remembered {
                     used: live.used,
                     learned,
+                    label,
                 },
             ));
             false
         });
         swept.released = released.len();
         let before = maps.remembered.len();
-        maps.remembered
-            .retain(|_, d| now.saturating_duration_since(d.used) < FORGET);
+        maps.remembered.retain(|_, r| {
+            let keep = now.saturating_duration_since(r.used) < FORGET;
+            if !keep {
+                labels.extend(r.label.take());
+            }
+            keep
+        });
         swept.forgotten += before - maps.remembered.len();
         maps.remembered.extend(released);
+        if !labels.is_empty() {
+            // http:// and https:// to one host:port are two hosts under one label.
+            let live = maps.live.values().filter_map(|m| own_label(&m.upstream));
+            let remembered = maps.remembered.values().filter_map(|r| r.label.as_deref());
+            let held: HashSet<&str> = live.chain(remembered).collect();
+            for label in labels.iter().filter(|l| !held.contains(&***l)) {
+                forget_label(label);
+            }
+        }
         shrink_if_sparse(&mut maps.live);
         shrink_if_sparse(&mut maps.remembered);
         swept
@@ -191,6 +216,12 @@ impl Table {
     fn fingerprint(&self, key: &Key) -> u64 {
         self.hasher.hash_one(key)
     }
+}
+
+/// The upstream's metric label when it is its own (not `other`, which hosts past the label
+/// cap share).
+fn own_label(upstream: &Upstream) -> Option<&str> {
+    Some(upstream.metrics_label()).filter(|label| *label != crate::metrics::OTHER)
 }
 
 /// Gives a map's room back once it holds under a quarter of it: a burst of hosts must not
@@ -319,6 +350,37 @@ mod tests {
                 forgotten: 1
             }
         );
+    }
+
+    #[test]
+    fn forgetting_a_host_removes_its_series_unless_another_host_bears_its_label() {
+        let router = router("");
+        let series = |label: &str| {
+            let needle = format!("upstream=\"{label}\"");
+            let text = router.shared.metrics.render();
+            text.lines().filter(|l| l.contains(&needle)).count()
+        };
+        drop(route(&router, "https://127.1.0.1:8443/"));
+        let plain = route(&router, "http://127.1.0.1:8443/");
+        let made = series("127.1.0.1:8443");
+        assert!(made > 0);
+        // The https host is let go, then forgotten; the http one, under the same label, is
+        // held by a request.
+        router.sweep_on_the_fly(Instant::now() + QUIET);
+        assert_eq!(counts(&router), (1, 1));
+        let swept = router.sweep_on_the_fly(Instant::now() + FORGET);
+        assert_eq!(
+            swept,
+            Swept {
+                released: 0,
+                forgotten: 1
+            }
+        );
+        assert_eq!(series("127.1.0.1:8443"), made, "still the label of a live host");
+        drop(plain);
+        router.sweep_on_the_fly(Instant::now() + FORGET);
+        assert_eq!(counts(&router), (0, 0));
+        assert_eq!(series("127.1.0.1:8443"), 0, "{}", router.shared.metrics.render());
     }
 
     #[test]

@@ -468,6 +468,11 @@ impl Upstream {
         self.pool.open_connections() + grpc.map_or(0, |p| p.open_connections())
     }
 
+    /// The `upstream` label of its metric series (its own, or `other` past the label cap).
+    pub fn metrics_label(&self) -> &str {
+        self.metrics.label()
+    }
+
     /// Whether a response ever told its pacer a limit: such an upstream must outlive its
     /// connections (see `routing::on_the_fly`).
     pub fn pacer_was_told(&self) -> bool {
