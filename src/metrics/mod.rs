@@ -72,14 +72,20 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
-by_upstream!(
-    UpstreamLabel,
-    CodeLabels,
-    ReasonLabels,
-    RetryLabels,
-    KindLabels,
-    HeaderLabels
-);
+by_upstream!(CodeLabels, ReasonLabels, RetryLabels, KindLabels, HeaderLabels);
+
+impl per_upstream::ByUpstream for UpstreamLabel {
+    const ALONE: bool = true;
+
+    fn upstream(&self) -> &str {
+        &self.upstream
+    }
+
+    fn alone(upstream: &str) -> Option<Self> {
+        let upstream = upstream.to_owned();
+        Some(UpstreamLabel { upstream })
+    }
+}
 
 /// `kind` of a tunnel: `connect` (an opaque CONNECT), `connect_http` and `connect_h2` (plain
 /// HTTP/1.x or h2c inside a CONNECT, served through the pool) or `upgrade` (a `101` switch such

@@ -5,7 +5,8 @@
 //! them, and a family such as `egress_upstream_requests_total` has one series per status code
 //! seen. So each family notes, by `upstream` value, the label sets it made; removing a value
 //! removes those. The note is taken when a series is made, never when an existing one is
-//! counted: the hot path reads the family as before.
+//! counted: the hot path reads the family as before. A family labelled by `upstream` alone
+//! (most of them) notes nothing: its one series per value is removed by the value.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,9 +18,18 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
 /// A label set with an `upstream` label.
-pub(super) trait ByUpstream {
+pub(super) trait ByUpstream: Sized {
+    /// The set has no label but `upstream`.
+    const ALONE: bool = false;
+
     /// The `upstream` label's value.
     fn upstream(&self) -> &str;
+
+    /// The label set of `upstream` alone, when the set has no other label: its series is
+    /// removed by it, and nothing needs noting.
+    fn alone(_upstream: &str) -> Option<Self> {
+        None
+    }
 }
 
 /// A [`Family`] that can drop every series of one `upstream` value.
@@ -75,6 +85,9 @@ where
             return series.clone();
         }
         let series = self.family.get_or_create_owned(labels);
+        if S::ALONE {
+            return series;
+        }
         let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
         let sets = made.entry(labels.upstream().into()).or_default();
         if !sets.contains(labels) {
@@ -85,6 +98,10 @@ where
 
     /// Removes every series whose `upstream` is `upstream`.
     pub(super) fn forget(&self, upstream: &str) {
+        if let Some(labels) = S::alone(upstream) {
+            self.family.remove(&labels);
+            return;
+        }
         let sets = self
             .made
             .lock()
@@ -136,7 +153,7 @@ mod tests {
     use prometheus_client::metrics::counter::Counter;
 
     use super::*;
-    use crate::metrics::{CodeLabels, Metrics, MAX_UPSTREAM_LABELS, OTHER};
+    use crate::metrics::{CodeLabels, Metrics, UpstreamLabel, MAX_UPSTREAM_LABELS, OTHER};
 
     #[test]
     fn forgetting_an_upstream_removes_its_series_only() {
@@ -156,6 +173,16 @@ mod tests {
         assert!(!family.made.lock().unwrap().contains_key("a"));
         // Made again from zero.
         assert_eq!(family.get_or_create_owned(&labels("a", 200)).get(), 0);
+    }
+
+    #[test]
+    fn a_family_by_upstream_alone_notes_nothing_and_still_forgets() {
+        let family: UpstreamFamily<UpstreamLabel, Counter> = UpstreamFamily::default();
+        let a = UpstreamLabel { upstream: "a".into() };
+        family.get_or_create_owned(&a).inc();
+        assert!(family.made.lock().unwrap().is_empty());
+        family.forget("a");
+        assert!(family.family.get(&a).is_none());
     }
 
     /// Lines of the exposition that carry `upstream="<name>"`.
