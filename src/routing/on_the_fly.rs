@@ -250,6 +250,10 @@ mod tests {
             .upstream
     }
 
+    fn swept(released: usize, forgotten: usize) -> Swept {
+        Swept { released, forgotten }
+    }
+
     fn counts(router: &Router) -> (usize, usize) {
         let r = router.on_the_fly().report();
         (r.live, r.remembered)
@@ -280,13 +284,7 @@ mod tests {
         // Not quiet long enough yet.
         assert_eq!(router.sweep_on_the_fly(Instant::now()), Swept::default());
         assert_eq!(counts(&router), (1, 0));
-        assert_eq!(
-            router.sweep_on_the_fly(at),
-            Swept {
-                released: 1,
-                forgotten: 0
-            }
-        );
+        assert_eq!(router.sweep_on_the_fly(at), swept(1, 0));
         assert_eq!(counts(&router), (0, 1));
         assert!(weak.upgrade().is_none(), "the upstream is dropped");
         assert!(router.shared.pools.live().is_empty(), "and its pool with it");
@@ -307,23 +305,10 @@ mod tests {
         let router = router("");
         drop(route(&router, "http://127.1.0.1:8080/"));
         drop(route(&router, "https://127.1.0.2:8443/"));
-        assert_eq!(
-            router.sweep_on_the_fly(Instant::now() + QUIET),
-            Swept {
-                released: 2,
-                forgotten: 0
-            }
-        );
+        assert_eq!(router.sweep_on_the_fly(Instant::now() + QUIET), swept(2, 0));
         drop(route(&router, "http://127.1.0.2:8443/"));
         assert_eq!(counts(&router), (1, 2), "http and https are two hosts");
-        let swept = router.sweep_on_the_fly(Instant::now() + FORGET);
-        assert_eq!(
-            swept,
-            Swept {
-                released: 0,
-                forgotten: 3
-            }
-        );
+        assert_eq!(router.sweep_on_the_fly(Instant::now() + FORGET), swept(0, 3));
         assert_eq!(counts(&router), (0, 0));
         // Forgotten, it is met afresh: nothing learned.
         let again = route(&router, "http://127.1.0.1:8080/");
@@ -342,14 +327,7 @@ mod tests {
         drop(up);
         assert_eq!(router.sweep_on_the_fly(Instant::now() + QUIET), Swept::default());
         assert_eq!(counts(&router), (1, 0));
-        let swept = router.sweep_on_the_fly(Instant::now() + FORGET);
-        assert_eq!(
-            swept,
-            Swept {
-                released: 0,
-                forgotten: 1
-            }
-        );
+        assert_eq!(router.sweep_on_the_fly(Instant::now() + FORGET), swept(0, 1));
     }
 
     #[test]
@@ -368,14 +346,7 @@ mod tests {
         // held by a request.
         router.sweep_on_the_fly(Instant::now() + QUIET);
         assert_eq!(counts(&router), (1, 1));
-        let swept = router.sweep_on_the_fly(Instant::now() + FORGET);
-        assert_eq!(
-            swept,
-            Swept {
-                released: 0,
-                forgotten: 1
-            }
-        );
+        assert_eq!(router.sweep_on_the_fly(Instant::now() + FORGET), swept(0, 1));
         assert_eq!(series("127.1.0.1:8443"), made, "still the label of a live host");
         drop(plain);
         router.sweep_on_the_fly(Instant::now() + FORGET);
