@@ -52,11 +52,18 @@ pub fn trim_heap() -> bool {
     }
 }
 
+/// Whether a collection holding `len` in room for `capacity` should give its room back: a
+/// burst (of hosts, pools, labels) must not leave its tables' size behind once it is gone.
+/// Under a quarter used, and past 64, so that a small one does not shrink and grow in turn.
+pub fn mostly_empty(len: usize, capacity: usize) -> bool {
+    capacity > 64 && len < capacity / 4
+}
+
 /// Drops the dead handles of `list` (a weak handle keeps its value's allocation until it is
-/// dropped), and gives the list's room back when under a quarter of it is used.
+/// dropped), and gives the list's room back when [`mostly_empty`].
 pub fn prune_weak<T: ?Sized>(list: &mut Vec<std::sync::Weak<T>>) {
     list.retain(|weak| weak.strong_count() > 0);
-    if list.capacity() > 64 && list.len() < list.capacity() / 4 {
+    if mostly_empty(list.len(), list.capacity()) {
         list.shrink_to_fit();
     }
 }

@@ -702,7 +702,7 @@ impl Metrics {
         self.pace.forget(upstream);
         self.llm.forget(upstream);
         self.global_rate_limit.forget(upstream);
-        if labels.capacity() > 64 && labels.len() < labels.capacity() / 4 {
+        if crate::resident::mostly_empty(labels.len(), labels.capacity()) {
             labels.shrink_to_fit();
         }
     }
@@ -712,7 +712,7 @@ impl Metrics {
     pub fn prune_pool_sources(&self) {
         let mut pools = self.sources.pools.lock().unwrap_or_else(|p| p.into_inner());
         pools.retain(|(_, weak)| weak.strong_count() > 0);
-        if pools.capacity() > 64 && pools.len() < pools.capacity() / 4 {
+        if crate::resident::mostly_empty(pools.len(), pools.capacity()) {
             pools.shrink_to_fit();
         }
     }

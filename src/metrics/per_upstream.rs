@@ -109,7 +109,7 @@ where
         let sets = {
             let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
             let sets = made.remove(upstream);
-            if made.capacity() > 64 && made.len() < made.capacity() / 4 {
+            if crate::resident::mostly_empty(made.len(), made.capacity()) {
                 made.shrink_to_fit();
             }
             sets

@@ -224,10 +224,9 @@ fn own_label(upstream: &Upstream) -> Option<&str> {
     Some(upstream.metrics_label()).filter(|label| *label != crate::metrics::OTHER)
 }
 
-/// Gives a map's room back once it holds under a quarter of it: a burst of hosts must not
-/// leave its table's size behind.
+/// Gives a map's room back once [`crate::resident::mostly_empty`].
 fn shrink_if_sparse<K: Eq + std::hash::Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
-    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+    if crate::resident::mostly_empty(map.len(), map.capacity()) {
         map.shrink_to_fit();
     }
 }
