@@ -274,6 +274,9 @@ fn on_runtime(main: impl std::future::Future<Output = ExitCode>) -> ExitCode {
     } else {
         tokio::runtime::Builder::new_multi_thread()
     };
+    // Each worker frees the buffers it keeps when the heap trim asks, as it goes idle: no
+    // other thread can reach them (`spare`).
+    builder.on_thread_park(egress_sidecar::spare::release_if_asked);
     match builder.enable_all().build() {
         Ok(runtime) => runtime.block_on(main),
         Err(e) => {

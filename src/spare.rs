@@ -11,16 +11,23 @@
 //! the start once that is gone, or allocates anew if it is not.
 //!
 //! A thread keeps as many as a busy pool has exchanges in flight (64 of each kind), so that
-//! 64 keep-alive connections allocate nothing per request; what a burst left beyond
-//! [`KEPT_WHEN_QUIET`] goes at the next heap trim ([`release_surplus`], every few seconds),
-//! on the thread that runs it. That holds on one worker thread (`current_thread` runtime),
-//! where every value given back returns to the thread that takes the next. On several, values
-//! drift to the threads that give them back and the trim reaches one of them: each thread
-//! there keeps at most [`KEPT_WHEN_QUIET`] (two threads: 50-100 B more per idle client
-//! connection with 64, `benches/RESULTS.md`).
+//! 64 keep-alive connections allocate nothing per request. That holds on one worker thread
+//! (`current_thread` runtime), where every value given back returns to the thread that takes
+//! the next. On several, values drift to the threads that give them back: each thread there
+//! keeps at most [`STEADY_KEPT`] (two threads: 50-100 B more per idle client connection
+//! with 64, `benches/RESULTS.md`).
+//!
+//! Every heap trim (every few seconds) asks each thread to release what it keeps
+//! ([`release_surplus`]): a thread that took a kept value since the last ask keeps
+//! [`STEADY_KEPT`] of each kind, what steady light traffic needs; one that took none keeps
+//! none, so that a quiet sidecar holds no buffers (two threads' worth was about 0.6 MiB of heap,
+//! and the pages it pinned, after a burst of idle connections or of hosts met once). Only a
+//! thread can reach what it keeps: each answers when it next parks ([`release_if_asked`], the
+//! runtime's `on_thread_park`), and the ask wakes the parked workers (see [`release_surplus`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::LocalKey;
 
 use bytes::BytesMut;
@@ -47,37 +54,89 @@ thread_local! {
     static WRITE_BUFS: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
     /// This thread's cap on each kind, worked out at its first keep (0: not yet; see the
     /// module doc).
-    static CAP: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static CAP: Cell<usize> = const { Cell::new(0) };
+    /// The last ask to release ([`ASKED`]) this thread answered.
+    static ANSWERED: Cell<u64> = const { Cell::new(0) };
+    /// Whether this thread asked for a kept value since it last answered.
+    static TOOK: Cell<bool> = const { Cell::new(false) };
 }
 
-/// What a thread keeps of each kind once [`release_surplus`] has run: what steady light traffic
-/// needs, and the most the sidecar kept before the caps were raised to 64.
-pub const KEPT_WHEN_QUIET: usize = 16;
+/// Asks to release, counted: each thread answers an ask once.
+static ASKED: AtomicU64 = AtomicU64::new(0);
 
-/// Frees what this thread keeps beyond [`KEPT_WHEN_QUIET`] of each kind: the surplus a burst
-/// left, which glibc cannot give back to the kernel while it is kept. The periodic heap trim
-/// calls it before trimming. Under a steady load of more exchanges, the next ones allocate
-/// them again (a few dozen mallocs every few seconds).
+/// What a thread that took kept values since the last trim keeps of each kind once it has
+/// answered the trim's ask: what steady light traffic needs, and the most the sidecar kept
+/// before the caps were raised to 64.
+pub const STEADY_KEPT: usize = 16;
+
+/// Asks every thread to release what it keeps (see the module doc), answers on this thread,
+/// and wakes the runtime's other workers so that they answer too. The periodic heap trim calls
+/// it before trimming; what the other threads free goes at the next trim. Under a steady load,
+/// the next exchanges allocate again what went (a few dozen mallocs every few seconds).
 pub fn release_surplus() {
-    fn truncate<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>) {
-        let surplus = kept
-            .try_with(|kept| {
-                let mut kept = kept.borrow_mut();
-                let floor = KEPT_WHEN_QUIET.min(kept.len());
-                kept.split_off(floor)
-            })
-            .unwrap_or_default();
-        // Freed once the borrow has ended.
-        drop(surplus);
+    ASKED.fetch_add(1, Ordering::Relaxed);
+    release_if_asked();
+    wake_workers();
+}
+
+/// Answers an ask to release (once each), on this thread: keeps [`STEADY_KEPT`] of each
+/// kind if it asked for a kept value since it last answered, else none. The runtime's
+/// `on_thread_park` hook: cheap when there is nothing to answer (a load and a compare).
+pub fn release_if_asked() {
+    let asked = ASKED.load(Ordering::Relaxed);
+    let Ok(answered) = ANSWERED.try_with(|answered| answered.replace(asked)) else {
+        return;
+    };
+    if answered == asked {
+        return;
     }
-    truncate(&REQUEST_HEADS);
-    truncate(&UPSTREAM_READS);
-    truncate(&HEADER_MAPS);
-    truncate(&WRITE_BUFS);
+    let busy = TOOK.try_with(|took| took.replace(false)).unwrap_or(false);
+    let keep = if busy { STEADY_KEPT } else { 0 };
+    truncate(&REQUEST_HEADS, keep);
+    truncate(&UPSTREAM_READS, keep);
+    truncate(&HEADER_MAPS, keep);
+    truncate(&WRITE_BUFS, keep);
+}
+
+/// Frees what this thread keeps of one kind beyond `keep`.
+fn truncate<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>, keep: usize) {
+    let surplus = kept
+        .try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            let floor = keep.min(kept.len());
+            let surplus = kept.split_off(floor);
+            if kept.is_empty() {
+                // The list's own room goes too: a quiet thread holds nothing.
+                *kept = Vec::new();
+            }
+            surplus
+        })
+        .unwrap_or_default();
+    // Freed once the borrow has ended.
+    drop(surplus);
+}
+
+/// Wakes the runtime's parked workers, so that each parks again and answers the ask. A worker
+/// with nothing to run stays parked (none wakes for a timer: one worker waits on the timers
+/// and sockets for all; on tokio 1.54 the other of two did not wake in 8 s of timers), so
+/// one empty task per worker is spawned: tokio wakes a parked worker
+/// to steal when a second task is queued behind the one a worker runs next. Outside a
+/// multi-threaded runtime there is no one else to wake.
+fn wake_workers() {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+        return;
+    }
+    for _ in 0..runtime.metrics().num_workers() {
+        runtime.spawn(async {});
+    }
 }
 
 /// One kept value of this thread's, if it has one.
 fn pop<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>) -> Option<T> {
+    let _ = TOOK.try_with(|took| took.set(true));
     kept.try_with(|kept| kept.borrow_mut().pop()).ok().flatten()
 }
 
@@ -93,17 +152,17 @@ fn keep<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>, value: T, most: us
 }
 
 /// How many of a kind this thread may keep: any number on a `current_thread` runtime's thread
-/// (or outside a runtime), [`KEPT_WHEN_QUIET`] on a multi-threaded runtime's worker.
+/// (or outside a runtime), [`STEADY_KEPT`] on a multi-threaded runtime's worker.
 fn thread_cap() -> usize {
     CAP.try_with(|cap| {
         if cap.get() == 0 {
             let several = tokio::runtime::Handle::try_current()
                 .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
-            cap.set(if several { KEPT_WHEN_QUIET } else { usize::MAX });
+            cap.set(if several { STEADY_KEPT } else { usize::MAX });
         }
         cap.get()
     })
-    .unwrap_or(KEPT_WHEN_QUIET)
+    .unwrap_or(STEADY_KEPT)
 }
 
 /// Header maps kept per thread. Each request parses two (its own head and the upstream's
@@ -257,6 +316,8 @@ impl Spares {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use bytes::Buf;
 
     use super::*;
@@ -346,27 +407,88 @@ mod tests {
             )
         };
         assert_eq!(counts(), (64, 64, 64, 1), "a burst's worth kept");
+        give_back_headers(header_map(4));
         release_surplus();
         assert_eq!(
             counts(),
-            (KEPT_WHEN_QUIET, KEPT_WHEN_QUIET, KEPT_WHEN_QUIET, 1),
-            "what steady light traffic needs stays"
+            (STEADY_KEPT, STEADY_KEPT, STEADY_KEPT, 1),
+            "a thread that took one since the last trim keeps what steady light traffic needs"
         );
+        UPSTREAM.give_back(UPSTREAM.take());
         release_surplus();
-        assert_eq!(counts(), (KEPT_WHEN_QUIET, KEPT_WHEN_QUIET, KEPT_WHEN_QUIET, 1));
+        assert_eq!(counts(), (STEADY_KEPT, STEADY_KEPT, STEADY_KEPT, 1));
+        release_surplus();
+        assert_eq!(counts(), (0, 0, 0, 0), "a quiet thread keeps none");
+        let room = UPSTREAM_READS.with(|kept| kept.borrow().capacity());
+        assert_eq!(room, 0, "nor the room to keep them");
     }
 
-    /// A multi-threaded runtime's worker keeps the quiet count: values drift between its
-    /// threads, and the trim reaches one.
+    /// A worker that is parked when the trim asks answers too: the runtime's other workers
+    /// are woken, and each releases what it keeps when it parks again.
     #[test]
-    fn a_worker_of_several_keeps_only_the_quiet_count() {
+    fn a_parked_worker_releases_what_it_keeps() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .on_thread_park(release_if_asked)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (giver, kept) = tokio::spawn(async {
+                for _ in 0..STEADY_KEPT {
+                    UPSTREAM.give_back(BytesMut::with_capacity(1024));
+                }
+                (std::thread::current().id(), UPSTREAM.kept())
+            })
+            .await
+            .unwrap();
+            assert_eq!(kept, STEADY_KEPT);
+            // The ask comes from the other worker, as the trim task's would, once the giver
+            // has parked with nothing to do (no timer or socket wakes it here).
+            let mut asked_from_the_other = false;
+            for _ in 0..100 {
+                let giver_ran = tokio::spawn(async move {
+                    let here = std::thread::current().id();
+                    if here != giver {
+                        std::thread::sleep(Duration::from_millis(50));
+                        release_surplus();
+                    }
+                    here == giver
+                });
+                if !giver_ran.await.unwrap() {
+                    asked_from_the_other = true;
+                    break;
+                }
+            }
+            assert!(asked_from_the_other, "a task ran on the other worker");
+            // Not the runtime's timer, which would wake the worker that waits on it.
+            std::thread::sleep(Duration::from_millis(500));
+            let mut seen = None;
+            for _ in 0..1000 {
+                let probe =
+                    tokio::spawn(
+                        async move { (std::thread::current().id() == giver).then(|| UPSTREAM.kept()) },
+                    );
+                if let Some(kept) = probe.await.unwrap() {
+                    seen = Some(kept);
+                    break;
+                }
+            }
+            assert_eq!(seen, Some(0), "the giver, quiet, released all it kept");
+        });
+    }
+
+    /// A multi-threaded runtime's worker keeps the steady count at most: values drift between
+    /// its threads.
+    #[test]
+    fn a_worker_of_several_keeps_only_the_steady_count() {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .build()
             .unwrap();
         let kept = runtime.block_on(async {
             tokio::spawn(async {
-                for _ in 0..KEPT_WHEN_QUIET * 2 {
+                for _ in 0..STEADY_KEPT * 2 {
                     UPSTREAM.give_back(BytesMut::with_capacity(1024));
                 }
                 UPSTREAM.kept()
@@ -374,7 +496,7 @@ mod tests {
             .await
             .unwrap()
         });
-        assert_eq!(kept, KEPT_WHEN_QUIET);
+        assert_eq!(kept, STEADY_KEPT);
     }
 
     #[test]
