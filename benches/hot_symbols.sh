@@ -27,6 +27,10 @@
 #   (a new one lands in the cold text, and the first time it runs maps a folio of its own).
 #   Names the build lacks are skipped, so a stale list costs only its benefit: the RSS base,
 #   and the RSS after workloads 3 and 5 of `benches/compare.sh`, show it.
+#   ADD=1 keeps the names listed and adds the given build's that are not, after them: run it
+#   on a plain release build (`cargo build --release`) after the profile-guided one, so that
+#   both builds find their request path listed (the plain build inlines other functions, and
+#   so runs functions of other names).
 # Installs valgrind, nginx and nghttp2-client (h2load) with apt-get if missing.
 
 set -euo pipefail
@@ -103,9 +107,18 @@ stop_pid "$vg"
 
 # Exclusive instructions per function of the executable (not libc's), from the callgrind
 # output's fn= blocks; a cost line right after calls= belongs to the call, not the function.
-python3 - "$(basename "$BIN")" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" >link/request-path.symbols <<'PY'
+listed=/dev/null
+if [ "${ADD:-0}" = 1 ]; then
+    cp link/request-path.symbols "$TMP/listed.symbols"
+    listed="$TMP/listed.symbols"
+fi
+python3 - "$(basename "$BIN")" "$listed" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" >link/request-path.symbols <<'PY'
 import collections, fileinput, sys
 binary = sys.argv.pop(1)
+listed = [l.rstrip("\n") for l in open(sys.argv.pop(1)) if l.strip()]
+for name in listed:
+    print(name)
+listed = set(listed)
 cost, fn, obj, call = collections.Counter(), None, None, False
 for line in fileinput.input():
     line = line.rstrip("\n")
@@ -122,7 +135,7 @@ for line in fileinput.input():
             cost[fn[1]] += int(line.split()[-1])
 for name, n in sorted(cost.items(), key=lambda kv: -kv[1]):
     # Functions without a symbol show as their address: nothing to order by.
-    if n > 0 and not name.startswith("0x"):
+    if n > 0 and not name.startswith("0x") and name not in listed:
         print(name)
 PY
 log "link/request-path.symbols: $(wc -l <link/request-path.symbols) functions"
