@@ -201,8 +201,13 @@ def established(sport=None, dport=None):
     return sum(1 for line in out.stdout.splitlines() if line.strip())
 
 
+# Seconds waited before each RSS reading (IDLE_SETTLE, default 1): past 10, the readings come
+# after the sidecar's heap trim has asked its threads to free the buffers they keep.
+SETTLE_S = float(os.environ.get("IDLE_SETTLE", "1"))
+
+
 async def settle():
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(SETTLE_S)
 
 
 def free_ports(n):

@@ -19,6 +19,8 @@
 #   env: DOWNSTREAM (default 5000), UPSTREAM (default 1000), TUNNELS (default 1000),
 #        WARM (default 64: connections and tunnels opened and closed before each base reading;
 #        0: the base is the fresh process, and the figure is what its first burst keeps),
+#        IDLE_SETTLE (default 1: seconds waited before each reading; 12 reads after the heap
+#        trim, every 5 s, has had the threads free the buffers they keep),
 #        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary),
 #        HEAP_STATS=1 (also the live heap per idle tunnel: glibc's malloc_stats through gdb).
 # Installs nginx with apt-get if missing. Configs and logs go to one mktemp directory, removed
