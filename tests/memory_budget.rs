@@ -228,7 +228,7 @@ fn assert_sheds_seen_and_counted(storm: &Storm) {
 /// connections and two Go clients on two cores) delay both sidecars' measurements and the
 /// clients' closes alike, and so move each other's peaks: the cgroup storm, run beside the
 /// others, held 18.4-21.3 MB against its 20.1 MB budget in three runs (2026-12-02), and
-/// 18.2-18.4 MB alone beside three busy loops.
+/// 18.4 MB alone beside two busy loops (three runs).
 /// (A test that fails holding it releases it as it unwinds; the next one still runs.)
 async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
