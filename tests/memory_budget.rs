@@ -538,20 +538,16 @@ async fn a_cgroup_limit_sizes_the_budget_and_the_storm_stays_under_it() {
     let (storm, held) = with_peak(|| cgroup.charged_less_cache(), storm).await;
     let (peak, failures) = cgroup.peak_and_failures();
     let peak_rss = sidecar.status_kib("VmHWM") * 1024;
+    let oom_kills = cgroup.oom_kills();
     let report = budget_report(&sidecar).await;
     println!(
         "cgroup v{} limit {LIMIT}, budget {budget}: peak charged {peak} (less page cache, sampled: \
-         {held}), peak RSS {peak_rss}, limit hit {failures} times, {} OOM kills, the client saw {} \
-         connections closed, {} counted shed, at most {} sockets open, {} in-flight requests ok; \
-         {report}",
-        cgroup.version,
-        cgroup.oom_kills(),
-        storm.client_saw_shed,
-        storm.counted_shed,
-        storm.sockets_peak,
-        storm.in_flight_ok
+         {held}), peak RSS {peak_rss}, limit hit {failures} times, {oom_kills} OOM kills, the client \
+         saw {} connections closed, {} counted shed, at most {} sockets open, {} in-flight requests \
+         ok; {report}",
+        cgroup.version, storm.client_saw_shed, storm.counted_shed, storm.sockets_peak, storm.in_flight_ok
     );
-    assert_eq!(cgroup.oom_kills(), 0, "nothing in the cgroup was killed");
+    assert_eq!(oom_kills, 0, "nothing in the cgroup was killed");
     assert!(
         held < budget,
         "the cgroup held {held} the kernel cannot reclaim at the peak, past the budget {budget}"
