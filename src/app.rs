@@ -126,6 +126,12 @@ pub async fn run_with_reload(
     }
     let mut built = Built::new(config, local, listeners.proxy_addrs());
 
+    tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %admin_addr, "forward proxy listening");
+    let (mut tasks, unix_file) = built.accept(listeners.proxy, listeners.unix, listeners.routes);
+    tasks.extend(built.services(reload));
+    let (export_stop, exporting) = built.export();
+    // The admin server last: once it answers, every task above is spawned, and `egress_runtime_tasks`
+    // read then is the count at rest (a test's or an operator's leak baseline).
     let ready = Arc::new(AtomicBool::new(true));
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let admin_task = tokio::spawn(admin::serve(
@@ -141,10 +147,6 @@ pub async fn run_with_reload(
         built.budget.clone(),
         admin_stop_rx,
     ));
-    tracing::info!(listen = %downstream::describe(&listeners.proxy), admin = %admin_addr, "forward proxy listening");
-    let (mut tasks, unix_file) = built.accept(listeners.proxy, listeners.unix, listeners.routes);
-    tasks.extend(built.services(reload));
-    let (export_stop, exporting) = built.export();
 
     shutdown.await;
     built.drain(&ready).await;
@@ -305,9 +307,11 @@ impl Built {
         (tasks, unix_file)
     }
 
-    /// The services beside the request path: sweeping the upstreams met on the fly, the memory
-    /// budget's enforcement and reloading.
+    /// The services beside the request path: waking parked connections, sweeping the upstreams
+    /// met on the fly, the memory budget's enforcement and reloading.
     fn services(&self, reload: Option<reload::Watcher>) -> Vec<JoinHandle<()>> {
+        // Ends itself when draining starts.
+        self.ctx.parking.start(&self.ctx);
         let mut tasks = vec![tokio::spawn(sweep_on_the_fly(self.ctx.clone()))];
         if let Some(budget) = self.budget.clone() {
             tasks.push(tokio::spawn(budget::enforce(

@@ -1,13 +1,14 @@
 //! Bounds on idle application connections, so a leaking client cannot push the sidecar over its
 //! memory limit: `downstream.max_idle_connections` closes the longest idle first, and sources the
-//! leak detector flags get `downstream.leaky_idle_timeout`.
+//! leak detector flags get `downstream.leaky_idle_timeout`. Parking one adds no task: the task
+//! that wakes parked connections runs from the start.
 
 mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::{scrape, value, FakeUpstream, RawClient, Sidecar};
+use support::{scrape, value, ChildSidecar, FakeUpstream, RawClient, Sidecar};
 
 /// A client connection from a chosen loopback address (the leak detector keys on the peer IP).
 async fn connect_from(ip: &str, sidecar: SocketAddr) -> RawClient {
@@ -95,5 +96,42 @@ async fn a_flagged_source_gets_the_short_idle_timeout() {
     assert!(
         !good.is_closed_within(Duration::from_secs(1)).await,
         "another source keeps idle_timeout"
+    );
+}
+
+/// A leak watch on `egress_runtime_tasks` (tests/soak.rs, an operator's alert) compares it to
+/// a count taken at rest. The first connection parked must not move that count: a task that
+/// started with it and stayed would read as a leak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_parked_connection_leaves_the_tasks_at_rest_where_they_were() {
+    let upstream = FakeUpstream::start().await;
+    // Debug logs say when the one-off task that releases the start-up pages has ended.
+    let sidecar = ChildSidecar::spawn_with_env("", &[("EGRESS_LOG", "info,egress_sidecar=debug")]).await;
+    let logs = sidecar.logs.clone();
+    let released = || logs.lock().unwrap().iter().any(|l| l.contains("start-up pages"));
+    assert!(
+        support::eventually(Duration::from_secs(5), released).await,
+        "start-up pages released"
+    );
+    let url = format!("http://{}/", upstream.addr);
+    let tasks = |m: &prometheus_parse::Scrape| value(m, "egress_runtime_tasks", &[]);
+    let open = |m: &prometheus_parse::Scrape| value(m, "egress_downstream_connections", &[]);
+    // At rest after a first exchange (its upstream connection stays in the pool), from a
+    // client that left at once and so never parked.
+    assert_eq!(RawClient::connect(sidecar.addr).await.get(&url).await.status, 200);
+    let m = support::scrape_until(sidecar.admin, Duration::from_secs(5), |m| open(m) == 0.0).await;
+    assert_eq!(open(&m), 0.0, "the first client's connection closed");
+    let at_rest = tasks(&m);
+
+    let mut client = RawClient::connect(sidecar.addr).await;
+    assert_eq!(client.get(&url).await.status, 200);
+    support::wait_parked(sidecar.admin, 1, Some(1)).await;
+    drop(client);
+    support::wait_parked(sidecar.admin, 0, Some(0)).await;
+    let m = support::scrape_until(sidecar.admin, Duration::from_secs(5), |m| tasks(m) == at_rest).await;
+    assert_eq!(
+        tasks(&m),
+        at_rest,
+        "runtime tasks at rest, before and after a parked connection"
     );
 }

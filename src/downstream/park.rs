@@ -6,7 +6,10 @@
 //! task ends, and what remains is its socket, registered with an epoll instance of this module's
 //! own, and a record of 80 bytes in the lot.
 //!
-//! One task, started with the first parked connection, wakes for all of them:
+//! One task wakes for all of them. The sidecar starts it with its listeners, so that its
+//! tasks at rest (`egress_runtime_tasks`) do not grow by one the first time a connection
+//! parks, which a leak watch would read as a leak; a context served without the app (unit
+//! tests) starts it with the first parked connection. What it does:
 //! - a readable socket (the next request, or the client closing) gets a fresh connection task;
 //! - an idle timeout that runs out closes the connection here, as does
 //!   `downstream.max_idle_connections` (longest idle first, as nginx reuses keep-alive
@@ -205,6 +208,14 @@ impl Parking {
         }
     }
 
+    /// Starts the task that wakes for parked connections, unless it runs already (or ran, and
+    /// draining ended it) or nothing can be parked.
+    pub fn start(&self, ctx: &Arc<Context>) {
+        if self.available() && self.lock().starts_task() {
+            tokio::spawn(run(ctx.clone()));
+        }
+    }
+
     /// Whether idle connections can be parked.
     pub(super) fn available(&self) -> bool {
         self.registry.is_some()
@@ -334,10 +345,7 @@ impl Parking {
     /// and tells it when the earliest deadline moved.
     fn watch(&self, mut lot: MutexGuard<'_, Lot>, key: (Deadline, u64), ctx: &Arc<Context>) {
         let earliest = lot.deadlines.first() == Some(&key);
-        let start = lot.task == TaskState::NotStarted;
-        if start {
-            lot.task = TaskState::Running;
-        }
+        let start = lot.starts_task();
         drop(lot);
         if start {
             tokio::spawn(run(ctx.clone()));
@@ -494,6 +502,15 @@ impl Parking {
 }
 
 impl Lot {
+    /// Whether the caller is to start the task (it then counts as running).
+    fn starts_task(&mut self) -> bool {
+        let start = self.task == TaskState::NotStarted;
+        if start {
+            self.task = TaskState::Running;
+        }
+        start
+    }
+
     fn insert(&mut self, seq: u64, parked: Parked) {
         self.deadlines.insert((parked.deadline, seq));
         self.parked.insert(seq, parked);
