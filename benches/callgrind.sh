@@ -20,7 +20,11 @@
 #        TOP_EXTRA (a top-level YAML line, such as 'access_log: { enabled: true, path: /tmp/a.log }'),
 #        CLIENTS (8: h2load's connections; 64 is compare.sh's workload 1), UPSTREAM (h1: nginx;
 #        h2c: nghttpd with 100 streams a connection and the sidecar's `protocol: http2`, the
-#        path of compare.sh's workload 4, with CLIENTS=32 as in benches/RESULTS.md),
+#        path of compare.sh's workload 4, with CLIENTS=32 as in benches/RESULTS.md; h1tls and
+#        h2tls: the origins of compare.sh's workloads 6 and 7, nginx and nghttpd over TLS with a
+#        certificate from a CA made for the run, which the sidecar verifies for origin.bench
+#        (`tls: { ca_file, server_name }`, pool 64; h2tls 100 streams a connection); the
+#        count then holds the TLS records' encryption both ways),
 #        DUMP_INSTR=1 (callgrind counts each instruction, for benches/cg_per_request.py),
 #        TRACE_SAMPLE (a ratio such as 1.0: `tracing` on, every root request traced, the spans
 #        posted as OTLP to the nginx upstream, which answers 200 as a collector would; the
@@ -66,7 +70,20 @@ case $UPSTREAM in
         ensure_tools nghttpd:nghttp2-server
         start_nghttpd "$UP_PORT" 100
         ;;
-    *) die "UPSTREAM: h1 or h2c, not $UPSTREAM" ;;
+    h1tls | h2tls)
+        ensure_tools openssl:openssl nghttpd:nghttp2-server
+        # shellcheck source=benches/compare_upstreams.sh
+        source "$REPO/benches/compare_upstreams.sh"
+        POOL=64 MAX_STREAMS=100
+        make_tls_material
+        if [[ $UPSTREAM == h1tls ]]; then
+            nginx_tls_upstream_conf upstream "$UP_PORT" "$STATUS_PORT" >"$TMP/upstream.conf"
+            start_nginx upstream "${LOAD_CPU:-0}"
+        else
+            start_nghttpd "$UP_PORT" "$MAX_STREAMS" "$TMP/tls/origin.key" "$TMP/tls/origin.pem"
+        fi
+        ;;
+    *) die "UPSTREAM: h1, h2c, h1tls or h2tls, not $UPSTREAM" ;;
 esac
 wait_port "$UP_PORT"
 
@@ -76,6 +93,8 @@ instructions_for() { # requests
     read -r fwd admin port < <(free_ports 3)
     if [[ $UPSTREAM == h2c ]]; then
         sidecar_h2_conf "$fwd" "$admin" "$port" "$UP_PORT" 100 >"$TMP/sidecar.yaml"
+    elif [[ $UPSTREAM == h[12]tls ]]; then
+        sidecar_tls_conf "$fwd" "$admin" "$port" "$UP_PORT" "http${UPSTREAM:1:1}" 5s 10000 >"$TMP/sidecar.yaml"
     else
         sidecar_conf "$fwd" "$admin" "$port" "$UP_PORT" 64 5s 10000 >"$TMP/sidecar.yaml"
     fi
