@@ -379,6 +379,19 @@ async fn page_checks(
         .await;
     assert_eq!(quick.read_response(false).await.unwrap().status, 200);
     drop(quick);
+    // The upstream connection those requests used goes back to the pool when the sidecar
+    // polls the end of the last answer's body, which can come just after the client has read
+    // the answer: wait until it is idle there, for the first held request to reuse.
+    let back = support::fetch_until(
+        Duration::from_secs(5),
+        || debug_pools(at.admin),
+        |p| p.get("held").is_some_and(|held| held[1] == 1),
+    )
+    .await;
+    assert_eq!(
+        back["held"][1], 1,
+        "the quick requests' connection idle: {back:?}"
+    );
 
     // From 127.0.0.3, the held requests: two on connections, three waiting for one.
     let held: Vec<_> = (0..HELD)
