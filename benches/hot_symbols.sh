@@ -14,7 +14,9 @@
 #   workload 2: the Go leaky client of tests/leaky, 5,000 requests each on a new connection,
 #   held past the idle timeout (parked, evicted past 1,024, closed by the leak detector). The
 #   storm runs paths the first workload misses: Notify's waiter path, and the blocking pool's
-#   queue growing; unlisted, they lie in the cold text, and the storm mapped 440 KiB of it.
+#   queue growing; unlisted, they lie in the cold text, and the storm mapped 440 KiB of it. A
+#   third sidecar carries 200 CONNECT and 200 WebSocket tunnels to benches/idle_memory.py's
+#   echoing upstream, idle and then closed, as benches/idle_memory.sh opens them.
 #   Every function of the binary with instructions counted from the zero on, in either run,
 #   is listed, by instructions, mangled: what runs after start-up, however rarely, is laid
 #   out together.
@@ -105,6 +107,52 @@ check sidecar "http://127.0.0.1:$port/"
 "$TMP/leaky" -n 5000 -url "http://127.0.0.1:$port/" -wait 8s >/dev/null
 stop_pid "$vg"
 
+# Tunnels, as benches/idle_memory.sh opens them (item 3 of issue 47 counts idle tunnels too):
+# CONNECT through the forward listener and WebSocket upgrades through the route listener, to
+# idle_memory.py's echoing upstream; each carries a few bytes, sits idle, some carry more, and
+# all close. Unlisted, their functions lie in the cold text: a fresh process's first 2,000
+# tunnels mapped 1.1 KB of code each.
+read -r TUP_PORT < <(free_ports 1)
+python3 benches/idle_memory.py upstream --port "$TUP_PORT" >"$TMP/tunnel-upstream.log" 2>&1 &
+PIDS+=("$!")
+wait_port "$TUP_PORT"
+read -r fwd admin port < <(free_ports 3)
+{
+    sidecar_conf "$fwd" "$admin" "$port" "$TUP_PORT" 64 5m 6000 6000
+    echo "policy: { connect_ports: [$TUP_PORT] }"
+} >"$TMP/tunnels.yaml"
+start_profiled "$TMP/tunnels.yaml" "$TMP/callgrind.tunnels.out"
+python3 - "$fwd" "$port" "$TUP_PORT" <<'PY'
+import socket, sys, time
+fwd, route, up = (int(a) for a in sys.argv[1:])
+heads = [(fwd, f"CONNECT 127.0.0.1:{up} HTTP/1.1\r\nHost: 127.0.0.1:{up}\r\n\r\n", b"200"),
+         (route, "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
+                 "Upgrade: websocket\r\n\r\n", b"101")]
+def carry(s):
+    s.sendall(b"hello")
+    got = b""
+    while len(got) < 5:
+        got += s.recv(5 - len(got))
+tunnels = []
+for port, head, status in heads:
+    for _ in range(200):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(head.encode())
+        answer = b""
+        while not answer.endswith(b"\r\n\r\n"):
+            answer += s.recv(1)
+        assert answer.split()[1] == status, answer
+        carry(s)
+        tunnels.append(s)
+time.sleep(3)
+for s in tunnels[::2]:
+    carry(s)
+for s in tunnels:
+    s.close()
+time.sleep(2)
+PY
+stop_pid "$vg"
+
 # Exclusive instructions per function of the executable (not libc's), from the callgrind
 # output's fn= blocks; a cost line right after calls= belongs to the call, not the function.
 listed=/dev/null
@@ -112,7 +160,8 @@ if [ "${ADD:-0}" = 1 ]; then
     cp link/request-path.symbols "$TMP/listed.symbols"
     listed="$TMP/listed.symbols"
 fi
-python3 - "$(basename "$BIN")" "$listed" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" >link/request-path.symbols <<'PY'
+python3 - "$(basename "$BIN")" "$listed" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" \
+    "$TMP/callgrind.tunnels.out" >link/request-path.symbols <<'PY'
 import collections, fileinput, sys
 binary = sys.argv.pop(1)
 listed = [l.rstrip("\n") for l in open(sys.argv.pop(1)) if l.strip()]
