@@ -111,7 +111,7 @@ stop_pid "$vg"
 # CONNECT through the forward listener and WebSocket upgrades through the route listener, to
 # idle_memory.py's echoing upstream; each carries a few bytes, sits idle, some carry more, and
 # all close. Unlisted, their functions lie in the cold text: a fresh process's first 2,000
-# tunnels mapped 1.1 KB of code each.
+# CONNECT tunnels mapped 0.8-1.2 KB of code each.
 read -r TUP_PORT < <(free_ports 1)
 python3 benches/idle_memory.py upstream --port "$TUP_PORT" >"$TMP/tunnel-upstream.log" 2>&1 &
 PIDS+=("$!")
