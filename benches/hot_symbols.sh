@@ -123,33 +123,27 @@ read -r fwd admin port < <(free_ports 3)
 } >"$TMP/tunnels.yaml"
 start_profiled "$TMP/tunnels.yaml" "$TMP/callgrind.tunnels.out"
 python3 - "$fwd" "$port" "$TUP_PORT" <<'PY'
-import socket, sys, time
+import asyncio, sys, types
+sys.path.insert(0, "benches")
+from idle_memory import HELLO, open_tunnels  # the tunnels idle_memory.sh measures, opened alike
 fwd, route, up = (int(a) for a in sys.argv[1:])
-heads = [(fwd, f"CONNECT 127.0.0.1:{up} HTTP/1.1\r\nHost: 127.0.0.1:{up}\r\n\r\n", b"200"),
-         (route, "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
-                 "Upgrade: websocket\r\n\r\n", b"101")]
-def carry(s):
-    s.sendall(b"hello")
-    got = b""
-    while len(got) < 5:
-        got += s.recv(5 - len(got))
-tunnels = []
-for port, head, status in heads:
-    for _ in range(200):
-        s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(head.encode())
-        answer = b""
-        while not answer.endswith(b"\r\n\r\n"):
-            answer += s.recv(1)
-        assert answer.split()[1] == status, answer
-        carry(s)
-        tunnels.append(s)
-time.sleep(3)
-for s in tunnels[::2]:
-    carry(s)
-for s in tunnels:
-    s.close()
-time.sleep(2)
+async def main():
+    writers = []
+    for kind in ("connect", "websocket"):
+        opened, failed = await open_tunnels(types.SimpleNamespace(forward=fwd), route, up, 200, kind)
+        if failed:
+            sys.exit(f"{kind} tunnels failed: {failed[:3]}")
+        writers += opened
+    await asyncio.sleep(3)
+    # More bytes on half of them, echoed back (left unread): carried both ways once idle.
+    for w in writers[::2]:
+        w.write(HELLO)
+    await asyncio.gather(*(w.drain() for w in writers[::2]))
+    await asyncio.sleep(1)
+    for w in writers:
+        w.close()
+    await asyncio.sleep(2)
+asyncio.run(main())
 PY
 stop_pid "$vg"
 
