@@ -38,6 +38,7 @@ pub const TARGETS: &[(&str, FuzzFn)] = &[
     ("duration", duration),
     ("limit_report", limit_report),
     ("llm_usage", llm_usage),
+    ("hpack", hpack),
 ];
 
 /// A request head as the downstream codec reads it, then its body as far as it arrived: a
@@ -316,6 +317,55 @@ pub fn llm_usage(data: &[u8]) {
                 );
             }
         }
+    }
+}
+
+/// Header blocks from an HTTP/2 peer, through one decoder as a connection would send them: the
+/// first byte times 32 is the table size we announce, then each block is a length byte and that
+/// many bytes. No table outgrows its maximum, and the fields of every block decoded (up to a
+/// list too large), coded again by our encoder, decode the same in a fresh decoder, which adds
+/// nothing to its table. Names are lowercased first, as the encoder takes only lowercase.
+pub fn hpack(data: &[u8]) {
+    use crate::wire::hpack::{DecodeError, Decoder, Encoder};
+    let Some((&size, mut rest)) = data.split_first() else {
+        return;
+    };
+    let announced = usize::from(size) * 32;
+    let mut decoder = Decoder::new(announced, 16 * 1024);
+    while let Some((&len, tail)) = rest.split_first() {
+        let (block, after) = tail.split_at(usize::from(len).min(tail.len()));
+        rest = after;
+        let mut fields = Vec::new();
+        let outcome = decoder.decode(block, |f| {
+            fields.push((f.name.to_ascii_lowercase(), f.value.to_vec()));
+            Ok::<_, std::convert::Infallible>(())
+        });
+        assert!(
+            decoder.table_size() <= decoder.table_max(),
+            "table past its maximum"
+        );
+        assert!(
+            decoder.table_max() <= announced,
+            "table maximum past the announced size"
+        );
+        if let Err(DecodeError::Block(_)) = outcome {
+            // The connection ends here.
+            return;
+        }
+        let mut again = BytesMut::new();
+        for (name, value) in &fields {
+            Encoder.encode(name, value, false, &mut again);
+        }
+        let mut fresh = Decoder::new(0, usize::MAX);
+        let mut decoded = Vec::new();
+        fresh
+            .decode(&again, |f| {
+                decoded.push((f.name.to_vec(), f.value.to_vec()));
+                Ok::<_, std::convert::Infallible>(())
+            })
+            .expect("our encoding decodes");
+        assert_eq!(decoded, fields, "fields changed through our encoder");
+        assert_eq!(fresh.table_size(), 0, "our encoding added to the table");
     }
 }
 
