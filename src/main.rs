@@ -145,6 +145,7 @@ impl RunArgs {
 fn main() -> ExitCode {
     // Before anything can load a library: only what is mapped now is released later.
     let startup = resident::StartupMappings::snapshot().unwrap_or_default();
+    resident::fix_mmap_threshold();
     let cli = Cli::parse();
     match cli.command {
         None => serve(&cli.run, startup),

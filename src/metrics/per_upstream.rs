@@ -1,25 +1,27 @@
 //! A metric family labelled by upstream whose series of one `upstream` value can be removed
 //! together: what forgetting a host met on the fly takes back (`Metrics::forget_upstream`).
 //!
-//! prometheus_client's `Family` removes a series only by its whole label set and cannot list
-//! them, and a family such as `egress_upstream_requests_total` has one series per status code
-//! seen. So each family notes, by `upstream` value, the label sets it made; removing a value
-//! removes those. The note is taken when a series is made, never when an existing one is
-//! counted: the hot path reads the family as before. A family labelled by `upstream` alone
-//! (most of them) notes nothing: its one series per value is removed by the value.
-//!
-//! A family's own table keeps its room once its series are removed (prometheus_client offers
-//! no shrink): the room for the 256 labels the cap allows, about 400 KB over all families
-//! once a forward proxy has met that many hosts, taken once.
+//! prometheus_client's `Family` removes a series only by its whole label set, cannot list
+//! them, and keeps its table's room once its series are removed: the room for the 256 labels
+//! the cap allows, about 400 KB over all families once a forward proxy has met that many hosts,
+//! stayed after they were all forgotten (issue 47, item 4). So the family here is a table of
+//! our own that encodes the way `Family` does (`MetricEncoder::encode_family` per series) and
+//! gives its room back when mostly empty. It also notes, by `upstream` value, the label sets it
+//! made (a family such as `egress_upstream_requests_total` has one series per status code seen);
+//! removing a value removes those. A family labelled by `upstream` alone (most of them) notes
+//! nothing: its one series per value is removed by the value. The table is read when a series
+//! is made, never when an existing one is counted: the hot path keeps its handles.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::{MetricType, TypedMetric};
+
+use crate::resident::mostly_empty;
 
 /// A label set with an `upstream` label.
 pub(super) trait ByUpstream: Sized {
@@ -36,34 +38,52 @@ pub(super) trait ByUpstream: Sized {
     }
 }
 
-/// A [`Family`] that can drop every series of one `upstream` value.
+/// A metric family, by label set, that can drop every series of one `upstream` value.
 pub(super) struct UpstreamFamily<S, M, C = fn() -> M> {
-    family: Family<S, M, C>,
-    /// The label sets made, by `upstream` value.
-    made: Arc<Mutex<HashMap<Box<str>, Vec<S>>>>,
+    table: Arc<Mutex<Table<S, M>>>,
+    constructor: C,
 }
 
-impl<S: Clone + Hash + Eq, M: Default> Default for UpstreamFamily<S, M> {
+/// The series of a family, and the label sets made by `upstream` value.
+struct Table<S, M> {
+    series: HashMap<S, M>,
+    made: HashMap<Box<str>, Vec<S>>,
+}
+
+impl<S, M: Default> Default for UpstreamFamily<S, M> {
     fn default() -> Self {
-        UpstreamFamily {
-            family: Family::default(),
-            made: Arc::default(),
-        }
+        UpstreamFamily::with(M::default)
     }
 }
 
 impl<S, M, C: Clone> Clone for UpstreamFamily<S, M, C> {
     fn clone(&self) -> Self {
         UpstreamFamily {
-            family: self.family.clone(),
-            made: self.made.clone(),
+            table: self.table.clone(),
+            constructor: self.constructor.clone(),
         }
     }
 }
 
 impl<S: fmt::Debug, M: fmt::Debug, C> fmt::Debug for UpstreamFamily<S, M, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.family.fmt(f)
+        f.debug_map().entries(self.lock().series.iter()).finish()
+    }
+}
+
+impl<S, M, C> UpstreamFamily<S, M, C> {
+    fn with(constructor: C) -> Self {
+        UpstreamFamily {
+            table: Arc::new(Mutex::new(Table {
+                series: HashMap::new(),
+                made: HashMap::new(),
+            })),
+            constructor,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table<S, M>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -74,10 +94,7 @@ where
 {
     /// A family whose series `constructor` makes (a histogram's buckets).
     pub(super) fn new_with_constructor(constructor: C) -> Self {
-        UpstreamFamily {
-            family: Family::new_with_constructor(constructor),
-            made: Arc::default(),
-        }
+        UpstreamFamily::with(constructor)
     }
 
     /// The series of `labels`, made if new (and noted under its `upstream` value).
@@ -85,37 +102,38 @@ where
     where
         M: Clone,
     {
-        if let Some(series) = self.family.get(labels) {
+        let mut table = self.lock();
+        if let Some(series) = table.series.get(labels) {
             return series.clone();
         }
-        let series = self.family.get_or_create_owned(labels);
-        if S::ALONE {
-            return series;
-        }
-        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-        let sets = made.entry(labels.upstream().into()).or_default();
-        if !sets.contains(labels) {
-            sets.push(labels.clone());
+        let series = self.constructor.new_metric();
+        table.series.insert(labels.clone(), series.clone());
+        if !S::ALONE {
+            let sets = table.made.entry(labels.upstream().into()).or_default();
+            if !sets.contains(labels) {
+                sets.push(labels.clone());
+            }
         }
         series
     }
 
-    /// Removes every series whose `upstream` is `upstream`.
+    /// Removes every series whose `upstream` is `upstream`, and gives the table's room back
+    /// once it is mostly empty.
     pub(super) fn forget(&self, upstream: &str) {
+        let mut table = self.lock();
         if let Some(labels) = S::alone(upstream) {
-            self.family.remove(&labels);
-            return;
-        }
-        let sets = {
-            let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-            let sets = made.remove(upstream);
-            if crate::resident::mostly_empty(made.len(), made.capacity()) {
-                made.shrink_to_fit();
+            table.series.remove(&labels);
+        } else if let Some(sets) = table.made.remove(upstream) {
+            for labels in &sets {
+                table.series.remove(labels);
             }
-            sets
-        };
-        for labels in sets.into_iter().flatten() {
-            self.family.remove(&labels);
+        }
+        let Table { series, made } = &mut *table;
+        if mostly_empty(series.len(), series.capacity()) {
+            series.shrink_to_fit();
+        }
+        if mostly_empty(made.len(), made.capacity()) {
+            made.shrink_to_fit();
         }
     }
 }
@@ -130,8 +148,11 @@ where
     M: EncodeMetric + TypedMetric,
     C: MetricConstructor<M>,
 {
-    fn encode(&self, encoder: MetricEncoder) -> Result<(), fmt::Error> {
-        self.family.encode(encoder)
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        for (labels, series) in &self.lock().series {
+            series.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
     }
 
     fn metric_type(&self) -> MetricType {
@@ -139,7 +160,7 @@ where
     }
 
     fn is_empty(&self) -> bool {
-        self.family.is_empty()
+        self.lock().series.is_empty()
     }
 }
 
@@ -174,10 +195,13 @@ mod tests {
         family.get_or_create_owned(&labels("a", 200)).inc();
         family.get_or_create_owned(&labels("b", 200)).inc();
         family.forget("a");
-        assert!(family.family.get(&labels("a", 200)).is_none());
-        assert!(family.family.get(&labels("a", 503)).is_none());
-        assert_eq!(family.family.get(&labels("b", 200)).unwrap().get(), 1);
-        assert!(!family.made.lock().unwrap().contains_key("a"));
+        {
+            let table = family.lock();
+            assert!(!table.series.contains_key(&labels("a", 200)));
+            assert!(!table.series.contains_key(&labels("a", 503)));
+            assert_eq!(table.series[&labels("b", 200)].get(), 1);
+            assert!(!table.made.contains_key("a"));
+        }
         // Made again from zero.
         assert_eq!(family.get_or_create_owned(&labels("a", 200)).get(), 0);
     }
@@ -187,9 +211,36 @@ mod tests {
         let family: UpstreamFamily<UpstreamLabel, Counter> = UpstreamFamily::default();
         let a = UpstreamLabel { upstream: "a".into() };
         family.get_or_create_owned(&a).inc();
-        assert!(family.made.lock().unwrap().is_empty());
+        assert!(family.lock().made.is_empty());
         family.forget("a");
-        assert!(family.family.get(&a).is_none());
+        assert!(family.lock().series.is_empty());
+    }
+
+    #[test]
+    fn a_family_gives_its_room_back_once_its_upstreams_are_forgotten() {
+        let family: UpstreamFamily<CodeLabels, Counter> = UpstreamFamily::default();
+        let name = |i: usize| format!("h{i}:80");
+        for i in 0..256 {
+            family
+                .get_or_create_owned(&CodeLabels {
+                    upstream: name(i),
+                    code: 200,
+                })
+                .inc();
+        }
+        let full = family.lock().series.capacity();
+        assert!(full >= 256, "{full}");
+        for i in 0..255 {
+            family.forget(&name(i));
+        }
+        let table = family.lock();
+        assert_eq!(table.series.len(), 1);
+        assert!(
+            table.series.capacity() < full / 4,
+            "{} of {full}",
+            table.series.capacity()
+        );
+        assert!(table.made.capacity() < 64, "{}", table.made.capacity());
     }
 
     /// Lines of the exposition that carry `upstream="<name>"`.
