@@ -344,36 +344,48 @@ def kib(n):
     return f"{n / 1024:,.0f} KiB"
 
 
-async def idle_clients(pid, port, n, up_port=None, warm=64):
+async def idle_clients(pid, port, n, up_port=None, warm=64, heap=None):
     """On a proxy (root pid) listening on port: warm up with `warm` connections (one request
     each, then closed; none: the first burst of a fresh process), read RSS, open n connections
     with one GET / each (at most 4 in flight) and keep them idle, wait 1 s, read RSS. Returns
-    (the open connections, a result dict)."""
+    (the open connections, a result dict). `heap`: reads the live heap in bytes (heap_in_use),
+    before and after, for the result's `live` per connection."""
     if warm:
         warmed, _ = await open_clients(port, warm, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
         await close_all(warmed)
     await settle()
+    # First: gdb's call maps in libc's pages for printing, not to be counted per connection.
+    base_heap = heap() if heap else None
     base, base_up = rss_bytes(pid), up_port and established(dport=up_port)
     base_anon = rss_bytes(pid, "RssAnon")
     conns, failed = await open_clients(port, n, "/", in_flight=DOWNSTREAM_IN_FLIGHT)
     await settle()
     after, held, after_up = rss_bytes(pid), established(sport=port), up_port and established(dport=up_port)
     anon = (rss_bytes(pid, "RssAnon") - base_anon) / max(held, 1)
+    after_heap = heap() if base_heap is not None else None
+    live = (after_heap - base_heap) / max(held, 1) if after_heap is not None else None
     return conns, {"base": base, "after": after, "held": held, "per": (after - base) / max(held, 1),
-                   "anon": anon,
+                   "anon": anon, "live": live,
                    "failed": len(failed), "first_failure": failed[0] if failed else "",
                    "base_up": base_up, "after_up": after_up}
 
 
 async def measure_downstream(name, start, args, up_port):
+    """RSS per idle client connection of the proxy `start` starts. With HEAP_STATS=1 in the
+    environment (and gdb installed), also the sidecar's live heap per connection."""
     proc, port = start(args, up_port)
+    heap = None
+    if name == "sidecar" and os.environ.get("HEAP_STATS") == "1":
+        log = os.path.join(args.tmp, "sidecar.log")
+        heap = lambda: heap_in_use(proc.pid, log)  # noqa: E731
     try:
-        conns, r = await idle_clients(proc.pid, port, args.downstream, up_port, args.warm)
+        conns, r = await idle_clients(proc.pid, port, args.downstream, up_port, args.warm, heap)
         await close_all(conns)
+        live = f", {r['live']:,.0f} B live heap" if r["live"] is not None else ""
         print(
             f"{name:8} downstream: RSS {kib(r['base'])} -> {kib(r['after'])} with {r['held']} idle client "
             f"connections ({r['failed']} failed; upstream connections {r['base_up']} -> {r['after_up']}): "
-            f"{r['per']:,.0f} B per idle downstream connection, {r['anon']:,.0f} B of it anonymous",
+            f"{r['per']:,.0f} B per idle downstream connection, {r['anon']:,.0f} B of it anonymous{live}",
             flush=True,
         )
         if r["failed"]:
@@ -431,16 +443,23 @@ async def open_tunnels(proc, route, up_port, n, kind):
 
 def heap_in_use(pid, log):
     """Bytes glibc's malloc has handed out and not had back, all arenas: `malloc_stats()` called
-    in the process through gdb, which prints to its stderr (the log). None without gdb."""
+    in the process through gdb, which prints to its stderr (the log). None without gdb, or if
+    the call printed nothing. gdb's exit status is not read: on some VMs it exits 1 after a
+    call that worked ("Couldn't write extended state status")."""
+    marker = "Total (incl. mmap):"
+    with open(log) as f:
+        printed = f.read().count(marker)
     try:
         subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "call (void)malloc_stats()"],
-                       capture_output=True, timeout=60, check=True)
+                       capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
+    time.sleep(0.2)
     with open(log) as f:
         text = f.read()
-    total = text[text.rfind("Total (incl. mmap):"):]
-    for line in total.splitlines():
+    if text.count(marker) <= printed:
+        return None
+    for line in text[text.rfind(marker):].splitlines():
         if line.startswith("in use bytes"):
             return int(line.split("=")[1])
     return None

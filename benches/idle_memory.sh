@@ -22,7 +22,8 @@
 #        IDLE_SETTLE (default 1: seconds waited before each reading; 12 reads after the heap
 #        trim, every 5 s, has had the threads free the buffers they keep),
 #        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary),
-#        HEAP_STATS=1 (also the live heap per idle tunnel: glibc's malloc_stats through gdb).
+#        HEAP_STATS=1 (also the live heap per idle client connection and tunnel: glibc's
+#        malloc_stats through gdb).
 # Installs nginx with apt-get if missing. Configs and logs go to one mktemp directory, removed
 # on exit with every process started. Numbers are reported, not asserted.
 
