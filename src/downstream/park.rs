@@ -37,7 +37,6 @@
 //!
 //! [`PARK_AFTER`]: super::PARK_AFTER
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -59,6 +58,9 @@ use crate::clients::Process;
 use crate::clients::Source;
 use crate::routing::Arrival;
 use crate::tunnel::Dormant;
+use order::{Deadlines, Slots};
+
+mod order;
 
 /// Readiness events taken from the epoll instance per call.
 const EVENTS: usize = 256;
@@ -78,19 +80,17 @@ pub struct Parking {
     resumed: AtomicU64,
 }
 
-/// The records, in two B-trees. A B-tree's leaves fill to 6 of their 11 entries when keys
-/// only grow (a full leaf splits 6 + 5), so each byte of a record costs about two in memory:
-/// the record and the deadline are kept small for it (`benches/compare.sh`, workload 3).
+/// The records, each kind in one buffer ([`order`]): the record and the deadline are kept
+/// small, as a leaking client leaves thousands (`benches/compare.sh`, workload 3).
 #[derive(Debug)]
 struct Lot {
     next: u64,
     /// By sequence number, which is the order they were parked in: longest idle first.
-    parked: BTreeMap<u64, Parked>,
-    /// Quiet tunnels by sequence number; boxed, as a tunnel's record is larger than a
-    /// connection's and B-tree nodes hold eleven.
-    tunnels: BTreeMap<u64, Box<ParkedTunnel>>,
-    /// (deadline, sequence number), of connections and tunnels.
-    deadlines: BTreeSet<(Deadline, u64)>,
+    parked: Slots<Parked>,
+    /// Quiet tunnels by sequence number.
+    tunnels: Slots<ParkedTunnel>,
+    /// Of connections and tunnels.
+    deadlines: Deadlines<Deadline>,
     /// The instant deadlines count from.
     epoch: Instant,
     /// `egress_downstream_parked_connections`, kept equal to `parked.len()`.
@@ -196,9 +196,9 @@ impl Parking {
             poll: Mutex::new(poll),
             lot: Mutex::new(Lot {
                 next: 0,
-                parked: BTreeMap::new(),
-                tunnels: BTreeMap::new(),
-                deadlines: BTreeSet::new(),
+                parked: Slots::default(),
+                tunnels: Slots::default(),
+                deadlines: Deadlines::default(),
                 epoch: Instant::now(),
                 counted,
                 task: TaskState::default(),
@@ -336,15 +336,15 @@ impl Parking {
         lot.next += 1;
         parked.deadline = lot.deadline(deadline);
         let key = (parked.deadline, seq);
-        lot.deadlines.insert(key);
-        lot.tunnels.insert(seq, Box::new(parked));
+        lot.deadlines.push(parked.deadline, seq);
+        lot.tunnels.push(seq, parked);
         self.watch(lot, key, ctx);
     }
 
     /// After a record went in under `key`: starts the parking task with the first record,
     /// and tells it when the earliest deadline moved.
     fn watch(&self, mut lot: MutexGuard<'_, Lot>, key: (Deadline, u64), ctx: &Arc<Context>) {
-        let earliest = lot.deadlines.first() == Some(&key);
+        let earliest = lot.first_deadline() == Some(key);
         let start = lot.starts_task();
         drop(lot);
         if start {
@@ -437,8 +437,8 @@ impl Parking {
             let (expired, tunnel) = {
                 let mut lot = self.lock();
                 let now = lot.deadline(now);
-                match lot.deadlines.first() {
-                    Some(&(deadline, seq)) if deadline <= now => (lot.remove(seq), lot.remove_tunnel(seq)),
+                match lot.first_deadline() {
+                    Some((deadline, seq)) if deadline <= now => (lot.remove(seq), lot.remove_tunnel(seq)),
                     _ => return,
                 }
             };
@@ -472,15 +472,17 @@ impl Parking {
             let mut lot = self.lock();
             lot.task = TaskState::Closed;
             lot.deadlines.clear();
-            let parked = std::mem::take(&mut lot.parked);
-            lot.counted.dec_by(parked.len() as i64);
-            let tunnels: Vec<_> = std::mem::take(&mut lot.tunnels)
-                .into_values()
-                .map(|tunnel| (lot.instant(tunnel.deadline), tunnel))
+            lot.counted.dec_by(lot.parked.len() as i64);
+            let parked: Vec<Parked> = lot.parked.take_all().collect();
+            let epoch = lot.epoch;
+            let tunnels: Vec<_> = lot
+                .tunnels
+                .take_all()
+                .map(|tunnel| (instant(epoch, tunnel.deadline), tunnel))
                 .collect();
             (parked, tunnels)
         };
-        for (_, parked) in parked {
+        for parked in parked {
             parked.close(ctx, false);
         }
         for (deadline, tunnel) in tunnels {
@@ -492,8 +494,8 @@ impl Parking {
     }
 
     fn earliest_deadline(&self) -> Option<Instant> {
-        let lot = self.lock();
-        lot.deadlines.first().map(|&(deadline, _)| lot.instant(deadline))
+        let mut lot = self.lock();
+        lot.first_deadline().map(|(deadline, _)| lot.instant(deadline))
     }
 
     fn lock(&self) -> MutexGuard<'_, Lot> {
@@ -512,22 +514,47 @@ impl Lot {
     }
 
     fn insert(&mut self, seq: u64, parked: Parked) {
-        self.deadlines.insert((parked.deadline, seq));
-        self.parked.insert(seq, parked);
+        self.deadlines.push(parked.deadline, seq);
+        self.parked.push(seq, parked);
         self.counted.inc();
     }
 
     fn remove(&mut self, seq: u64) -> Option<Parked> {
-        let parked = self.parked.remove(&seq)?;
-        self.deadlines.remove(&(parked.deadline, seq));
+        let parked = self.parked.remove(seq)?;
         self.counted.dec();
+        self.taken();
         Some(parked)
     }
 
-    fn remove_tunnel(&mut self, seq: u64) -> Option<Box<ParkedTunnel>> {
-        let tunnel = self.tunnels.remove(&seq)?;
-        self.deadlines.remove(&(tunnel.deadline, seq));
+    fn remove_tunnel(&mut self, seq: u64) -> Option<ParkedTunnel> {
+        let tunnel = self.tunnels.remove(seq)?;
+        self.taken();
         Some(tunnel)
+    }
+
+    /// The earliest deadline of a record still parked, and its sequence number.
+    fn first_deadline(&mut self) -> Option<(Deadline, u64)> {
+        let Lot {
+            parked,
+            tunnels,
+            deadlines,
+            ..
+        } = self;
+        deadlines.first(|seq| parked.get(seq).is_some() || tunnels.get(seq).is_some())
+    }
+
+    /// After a record was taken: its deadline entry goes in time.
+    fn taken(&mut self) {
+        let Lot {
+            parked,
+            tunnels,
+            deadlines,
+            ..
+        } = self;
+        let live = parked.len() + tunnels.len();
+        deadlines.taken(live, |seq| {
+            parked.get(seq).is_some() || tunnels.get(seq).is_some()
+        });
     }
 
     /// [`Lot::remove`], with the record's deadline as an instant.
@@ -538,9 +565,9 @@ impl Lot {
     }
 
     fn pop_first(&mut self) -> Option<Parked> {
-        let (seq, parked) = self.parked.pop_first()?;
-        self.deadlines.remove(&(parked.deadline, seq));
+        let (_, parked) = self.parked.pop_first()?;
         self.counted.dec();
+        self.taken();
         Some(parked)
     }
 
@@ -554,8 +581,13 @@ impl Lot {
     }
 
     fn instant(&self, deadline: Deadline) -> Instant {
-        self.epoch + Duration::from_nanos(deadline)
+        instant(self.epoch, deadline)
     }
+}
+
+/// `deadline` as an instant, counted from `epoch`.
+fn instant(epoch: Instant, deadline: Deadline) -> Instant {
+    epoch + Duration::from_nanos(deadline)
 }
 
 /// Whether a request (or any byte) waits on a socket whose client shut down its side: a

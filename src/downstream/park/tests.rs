@@ -24,25 +24,29 @@ async fn get(client: &mut tokio::net::TcpStream, upstream: std::net::SocketAddr)
     got
 }
 
-/// A parked connection costs this record plus its share of two B-tree nodes, about twice
-/// its size: keep it from creeping up unnoticed. 120 bytes until issue 25 (a 64-bit
-/// deadline, the requests and leak flag in one word, the gauge kept by the lot, an IPv4
-/// peer in 8 bytes).
+/// A parked connection costs its slot in the lot's buffer (its sequence number and this
+/// record; the buffer doubles as it grows) and a deadline entry: keep them from creeping up
+/// unnoticed. 120 bytes until issue 25 (a 64-bit deadline, the requests and leak flag in one
+/// word, the gauge kept by the lot, an IPv4 peer in 8 bytes).
 #[test]
 fn a_parked_connection_record_stays_small() {
     let size = std::mem::size_of::<super::Parked>();
     assert!(size <= 80, "a parked connection grew to {size} bytes");
+    let slot = std::mem::size_of::<(u64, Option<super::Parked>)>();
+    assert!(slot <= 88, "a parked connection's slot grew to {slot} bytes");
     let deadline = std::mem::size_of::<(super::Deadline, u64)>();
     assert!(deadline <= 16, "a deadline entry grew to {deadline} bytes");
 }
 
-/// A parked tunnel costs its boxed record, a pointer in a B-tree node and a deadline entry,
-/// where its task took about 1.8 KB with the two sockets' runtime registrations.
+/// A parked tunnel costs its slot and a deadline entry, where its task took about 1.8 KB
+/// with the two sockets' runtime registrations.
 #[test]
 fn a_parked_tunnel_record_stays_small() {
     let size = std::mem::size_of::<super::ParkedTunnel>();
     println!("a parked tunnel's record: {size} B");
     assert!(size <= 104, "a parked tunnel grew to {size} bytes");
+    let slot = std::mem::size_of::<(u64, Option<super::ParkedTunnel>)>();
+    assert!(slot <= 112, "a parked tunnel's slot grew to {slot} bytes");
 }
 
 #[test]
