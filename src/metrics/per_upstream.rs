@@ -241,6 +241,10 @@ mod tests {
             table.series.capacity()
         );
         assert!(table.made.capacity() < 64, "{}", table.made.capacity());
+        drop(table);
+        family.forget(&name(255));
+        let table = family.lock();
+        assert_eq!((table.series.capacity(), table.made.capacity()), (0, 0));
     }
 
     /// Lines of the exposition that carry `upstream="<name>"`.
