@@ -19,6 +19,7 @@ use http::{HeaderMap, HeaderValue, Request, Response};
 use crate::config::{self, canonical_host, Authority, HostPattern};
 use crate::proxy::headers;
 use crate::wire::codec::{self, BodyFraming, Decoder};
+use crate::wire::frame::{self, Frame, FrameError};
 
 const PROXY_CONNECTION: http::HeaderName = http::HeaderName::from_static("proxy-connection");
 const KEEP_ALIVE: http::HeaderName = http::HeaderName::from_static("keep-alive");
@@ -39,6 +40,7 @@ pub const TARGETS: &[(&str, FuzzFn)] = &[
     ("limit_report", limit_report),
     ("llm_usage", llm_usage),
     ("hpack", hpack),
+    ("frame", frame),
 ];
 
 /// A request head as the downstream codec reads it, then its body as far as it arrived: a
@@ -367,6 +369,134 @@ pub fn hpack(data: &[u8]) {
         assert_eq!(decoded, fields, "fields changed through our encoder");
         assert_eq!(fresh.table_size(), 0, "our encoding added to the table");
     }
+}
+
+/// HTTP/2 frames from a peer, as a connection reads them: the first byte times 64 is the
+/// `SETTINGS_MAX_FRAME_SIZE` we announce, the rest is what the socket gives. The bytes parsed
+/// all at once and arriving one at a time give the same frames and errors; a frame taken off the
+/// buffer is the length its header says and within the maximum, and a stream error takes its
+/// frame too; every frame of a type we also send comes back the same through our encoder.
+pub fn frame(data: &[u8]) {
+    let Some((&size, rest)) = data.split_first() else {
+        return;
+    };
+    let max = u32::from(size) * 64;
+    let whole = frames_arriving(rest, max, rest.len().max(1));
+    let trickled = frames_arriving(rest, max, 1);
+    assert_eq!(whole, trickled, "parsing depends on how the bytes arrive");
+    for frame in whole.iter().flatten() {
+        frame_encoded_again(frame);
+    }
+}
+
+/// What parsing `data` gives when it arrives `chunk` bytes at a time: each frame or error, up to
+/// a connection error or the end of `data`.
+fn frames_arriving(data: &[u8], max: u32, chunk: usize) -> Vec<Result<Frame, FrameError>> {
+    let mut arriving = data.chunks(chunk);
+    let mut buf = BytesMut::new();
+    let mut outcomes = Vec::new();
+    loop {
+        let before = buf.len();
+        let declared = buf
+            .first_chunk::<3>()
+            .map(|len| u32::from_be_bytes([0, len[0], len[1], len[2]]));
+        let outcome = match Frame::parse(&mut buf, max) {
+            Ok(None) => {
+                assert_eq!(buf.len(), before, "an incomplete frame took bytes");
+                let Some(more) = arriving.next() else {
+                    return outcomes;
+                };
+                buf.extend_from_slice(more);
+                continue;
+            }
+            Ok(Some(frame)) => Ok(frame),
+            Err(e) if e.is_connection() => {
+                outcomes.push(Err(e));
+                return outcomes;
+            }
+            Err(e) => Err(e),
+        };
+        let len = declared.expect("a frame has a header");
+        assert!(len <= max, "a frame of {len} bytes over the maximum {max}");
+        let taken = before - buf.len();
+        assert_eq!(taken, frame::HEADER_LEN + len as usize, "took {taken} bytes");
+        outcomes.push(outcome);
+    }
+}
+
+/// A frame of a type we send, encoded by us and parsed again, is the frame (less what we never
+/// send: padding, priority, a header block cut short of END_HEADERS).
+fn frame_encoded_again(frame: &Frame) {
+    use frame::encode;
+    let mut out = BytesMut::new();
+    let expected = match frame.clone() {
+        Frame::Settings { ack: false, settings } => {
+            encode::settings(&settings, &mut out);
+            frame.clone()
+        }
+        Frame::Settings { ack: true, .. } => {
+            encode::settings_ack(&mut out);
+            frame.clone()
+        }
+        Frame::Ping { ack, payload } => {
+            let ping = if ack { encode::ping_ack } else { encode::ping };
+            ping(payload, &mut out);
+            frame.clone()
+        }
+        Frame::RstStream {
+            stream_id,
+            error_code,
+        } => {
+            encode::rst_stream(stream_id, error_code, &mut out);
+            frame.clone()
+        }
+        Frame::GoAway {
+            last_stream_id,
+            error_code,
+            debug_data,
+        } if debug_data.len() <= frame::DEFAULT_MAX_FRAME_SIZE as usize - 8 => {
+            encode::goaway(last_stream_id, error_code, &debug_data, &mut out);
+            frame.clone()
+        }
+        Frame::WindowUpdate { stream_id, increment } => {
+            encode::window_update(stream_id, increment, &mut out);
+            frame.clone()
+        }
+        Frame::Data {
+            stream_id,
+            data,
+            end_stream,
+            ..
+        } => {
+            encode::data(stream_id, &data, end_stream, frame::MAX_MAX_FRAME_SIZE, &mut out);
+            let flow_len = data.len() as u32;
+            Frame::Data {
+                stream_id,
+                data,
+                end_stream,
+                flow_len,
+            }
+        }
+        Frame::Headers {
+            stream_id,
+            fragment,
+            end_stream,
+            ..
+        } => {
+            let max = frame::MAX_MAX_FRAME_SIZE;
+            encode::headers(stream_id, &fragment, end_stream, max, &mut out);
+            Frame::Headers {
+                stream_id,
+                fragment,
+                end_stream,
+                end_headers: true,
+            }
+        }
+        _ => return,
+    };
+    let again = Frame::parse(&mut out, frame::MAX_MAX_FRAME_SIZE);
+    assert_eq!(again, Ok(Some(expected)), "our encoding parses differently");
+    assert!(out.is_empty(), "our encoding left bytes over");
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! What both sides of the proxy share about HTTP messages: the HTTP/1.1 codec, the request body
 //! handed from the downstream connection to the upstream client, the error type of bodies, the
 //! common header names recognised by their bytes, a fast scan of plain heads, response fields
-//! passed on as their lines, which fields carry credentials, and HPACK, HTTP/2's header
-//! compression, for the upstream HTTP/2 client to come.
+//! passed on as their lines, which fields carry credentials, and, for the upstream HTTP/2 client
+//! to come, HPACK, HTTP/2's header compression, and HTTP/2's frames.
 //!
 //! These sit at the bottom of the request path because the downstream server, the request path,
 //! the pool and the upstream HTTP/1.1 client all speak them; none of them owns the format.
@@ -10,6 +10,7 @@
 pub mod body;
 pub mod codec;
 pub mod fields;
+pub mod frame;
 pub mod hpack;
 pub mod names;
 pub(crate) mod scan;
