@@ -14,7 +14,7 @@ use bytes::BytesMut;
 use http::header::{
     CONNECTION, CONTENT_LENGTH, EXPECT, HOST, PROXY_AUTHORIZATION, TE, TRANSFER_ENCODING, UPGRADE,
 };
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 
 use crate::config::{self, canonical_host, Authority, HostPattern};
 use crate::proxy::headers;
@@ -41,6 +41,7 @@ pub const TARGETS: &[(&str, FuzzFn)] = &[
     ("llm_usage", llm_usage),
     ("hpack", hpack),
     ("frame", frame),
+    ("h2client", h2client),
 ];
 
 /// A request head as the downstream codec reads it, then its body as far as it arrived: a
@@ -497,6 +498,101 @@ fn frame_encoded_again(frame: &Frame) {
     let again = Frame::parse(&mut out, frame::MAX_MAX_FRAME_SIZE);
     assert_eq!(again, Ok(Some(expected)), "our encoding parses differently");
     assert!(out.is_empty(), "our encoding left bytes over");
+}
+
+/// An upstream's bytes to our HTTP/2 client connection. The first byte says what is open before
+/// they arrive: its low two bits, how many GETs; bit 2, a POST whose body waits; bit 3, small
+/// receive windows (1,024 per stream), so that flow-control errors are reachable. The rest is
+/// what the socket gives. All at once or a byte at a time, the events, our output and the error
+/// are the same; a head's fields are valid HTTP/1.1 lines; everything we write parses as frames;
+/// after an error no stream is left open. Data is released, and the POST's body sent, at the end.
+pub fn h2client(data: &[u8]) {
+    let Some((&control, rest)) = data.split_first() else {
+        return;
+    };
+    let whole = h2client_run(control, rest, rest.len().max(1));
+    let trickled = h2client_run(control, rest, 1);
+    assert_eq!(whole, trickled, "the connection depends on how the bytes arrive");
+}
+
+type H2Outcome = (
+    Vec<crate::wire::h2client::Event>,
+    Vec<u8>,
+    Option<crate::wire::h2client::ConnError>,
+);
+
+fn h2client_run(control: u8, data: &[u8], chunk: usize) -> H2Outcome {
+    use crate::wire::h2client::{Config, Connection, Event, RequestHead};
+    let mut config = Config::default();
+    if control & 8 != 0 {
+        config.stream_window = 1_024;
+        config.connection_window = 65_535;
+    }
+    let mut conn = Connection::new(config);
+    let headers = HeaderMap::new();
+    let head = |method| RequestHead {
+        method,
+        scheme: "https",
+        authority: "api.example",
+        path: "/",
+        headers: &headers,
+    };
+    for _ in 0..control & 3 {
+        conn.open(&head(&http::Method::GET), true)
+            .expect("a fresh connection opens streams");
+    }
+    let post = (control & 4 != 0).then(|| conn.open(&head(&http::Method::POST), false).unwrap());
+    let (mut events, mut error) = (Vec::new(), None);
+    let mut buf = BytesMut::new();
+    for piece in data.chunks(chunk) {
+        buf.extend_from_slice(piece);
+        let result = conn.recv(&mut buf);
+        events.extend(std::iter::from_fn(|| conn.next_event()));
+        if let Err(e) = result {
+            assert_eq!(conn.open_streams(), 0, "a stream outlived its connection");
+            error = Some(e);
+            break;
+        }
+    }
+    for event in &events {
+        match event {
+            Event::Head { fields, .. } | Event::Trailers { fields, .. } => {
+                h2_lines_valid(fields.lines.lines())
+            }
+            Event::Data { stream_id, data, .. } => conn.release(*stream_id, data.len()),
+            _ => {}
+        }
+    }
+    if let Some(id) = post {
+        let _ = conn.send_data(id, &mut bytes::Bytes::from_static(&[0; 100_000]), true);
+    }
+    let out = conn.out().split();
+    h2_frames_valid(&out);
+    (events, out.to_vec(), error)
+}
+
+/// Each line `name: value` CRLF, the name a lowercase token, the value fit for a field.
+fn h2_lines_valid(lines: &[u8]) {
+    for line in lines.split_inclusive(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r\n").expect("a line ends in CRLF");
+        let colon = line.iter().position(|b| *b == b':').expect("a line has a colon");
+        let (name, value) = (&line[..colon], &line[colon + 2..]);
+        assert!(
+            HeaderName::from_bytes(name).is_ok_and(|n| n.as_str().as_bytes() == name),
+            "name {name:?}"
+        );
+        assert!(HeaderValue::from_bytes(value).is_ok(), "value {value:?}");
+    }
+}
+
+/// Our output: the preface, then whole, well-formed frames.
+fn h2_frames_valid(out: &[u8]) {
+    let mut out = BytesMut::from(out);
+    if out.starts_with(frame::PREFACE) {
+        let _ = out.split_to(frame::PREFACE.len());
+    }
+    while let Some(_frame) = Frame::parse(&mut out, frame::MAX_MAX_FRAME_SIZE).expect("our frames parse") {}
+    assert!(out.is_empty(), "a partial frame in our output");
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! handed from the downstream connection to the upstream client, the error type of bodies, the
 //! common header names recognised by their bytes, a fast scan of plain heads, response fields
 //! passed on as their lines, which fields carry credentials, and, for the upstream HTTP/2 client
-//! to come, HPACK, HTTP/2's header compression, and HTTP/2's frames.
+//! to come, HPACK, HTTP/2's header compression, HTTP/2's frames, and the client side of an HTTP/2
+//! connection as a state machine without I/O.
 //!
 //! These sit at the bottom of the request path because the downstream server, the request path,
 //! the pool and the upstream HTTP/1.1 client all speak them; none of them owns the format.
@@ -11,6 +12,7 @@ pub mod body;
 pub mod codec;
 pub mod fields;
 pub mod frame;
+pub mod h2client;
 pub mod hpack;
 pub mod names;
 pub(crate) mod scan;
