@@ -8,6 +8,7 @@
 //! code into a symbol by its offset from the first code of that length. A 256-entry table answers
 //! the codes of at most 8 bits (every letter, digit and common punctuation) in one lookup.
 
+#[cfg(test)]
 use bytes::{BufMut, BytesMut};
 
 /// How a Huffman-coded string breaks RFC 7541 §5.2. What follows the last whole symbol is
@@ -292,7 +293,9 @@ const CODES: [(u32, u8); 257] = [
     (0x3fffffff, 30), // EOS
 ];
 
-/// The code table for the encoder, indexed by byte.
+/// The code table for the encoder, indexed by byte. Only tests encode: our requests' strings go
+/// out as they are (see `hpack`'s module doc), and the tests code strings for the decoder.
+#[cfg(test)]
 static ENCODE: [(u32, u8); 257] = CODES;
 
 /// The decoding tables, derived from the code lengths at compile time.
@@ -476,12 +479,14 @@ fn padding(window: u32, bits: u32) -> Result<(), HuffmanError> {
 }
 
 /// The length of `src` Huffman-coded, in bytes.
+#[cfg(test)]
 pub(super) fn encoded_len(src: &[u8]) -> usize {
     let bits: usize = src.iter().map(|&b| usize::from(ENCODE[usize::from(b)].1)).sum();
     bits.div_ceil(8)
 }
 
 /// Appends `src` Huffman-coded: exactly [`encoded_len`] bytes, the last padded with ones.
+#[cfg(test)]
 pub(super) fn encode(src: &[u8], dst: &mut BytesMut) {
     // The pending bits are the low `bits` of `acc`, fewer than 32 between symbols.
     let mut acc = 0u64;

@@ -12,7 +12,9 @@
 //! The encoder never inserts into the peer's dynamic table. That costs bytes (a repeated
 //! `user-agent` goes out in full on every request) and saves an encoder table kept in step with
 //! the peer's SETTINGS; it also means no secret a request carries can be probed through the
-//! compression state.
+//! compression state. Nor does it Huffman-code strings: that took about 20 instructions per
+//! character, 2,500 of the 9,900 a whole exchange took through `h2client`
+//! (`benches/h2_frame.rs`), to save about a fifth of a head's bytes on the upstream's link.
 //!
 //! Not here: frames (the caller joins a HEADERS frame and its CONTINUATIONs, and bounds the
 //! block's length), whether a field is valid HTTP (lowercase names, pseudo-header order,
@@ -351,8 +353,8 @@ impl<'b> Cursor<'b> {
 impl Encoder {
     /// Appends one field: a whole static-table entry as its index, a static name by its index
     /// with the value literal, else name and value literal; never indexed when `sensitive`
-    /// (unless it is a whole static entry, which tells nothing). Each string is Huffman-coded
-    /// when that is shorter. `name` must be lowercase, as HTTP/2 requires.
+    /// (unless it is a whole static entry, which tells nothing). Strings go out as they are,
+    /// not Huffman-coded (see the module doc). `name` must be lowercase, as HTTP/2 requires.
     pub fn encode(&self, name: &[u8], value: &[u8], sensitive: bool, dst: &mut BytesMut) {
         debug_assert!(
             !name.iter().any(u8::is_ascii_uppercase),
@@ -395,16 +397,10 @@ fn put_integer(value: usize, prefix_bits: u32, flags: u8, dst: &mut BytesMut) {
     dst.put_u8(rest as u8);
 }
 
-/// Appends a string (§5.2), Huffman-coded when that is shorter.
+/// Appends a string (§5.2) as it is.
 fn put_string(text: &[u8], dst: &mut BytesMut) {
-    let coded = huffman::encoded_len(text);
-    if coded < text.len() {
-        put_integer(coded, 7, HUFFMAN, dst);
-        huffman::encode(text, dst);
-    } else {
-        put_integer(text.len(), 7, 0, dst);
-        dst.extend_from_slice(text);
-    }
+    put_integer(text.len(), 7, 0, dst);
+    dst.extend_from_slice(text);
 }
 
 #[cfg(test)]
