@@ -87,6 +87,23 @@ static TEXT: [bool; 256] = {
     out
 };
 
+/// A `tchar` that is not an uppercase letter: what an HTTP/2 field name may hold (RFC 9113
+/// §8.2.1).
+static LOWER_TOKEN: [bool; 256] = {
+    let mut out = TOKEN;
+    let mut b = b'A';
+    while b <= b'Z' {
+        out[b as usize] = false;
+        b += 1;
+    }
+    out
+};
+
+/// Whether `bytes` is a non-empty token without uppercase letters: an HTTP/2 field name.
+pub(crate) fn is_lower_token(bytes: &[u8]) -> bool {
+    !bytes.is_empty() && bytes.iter().all(|b| LOWER_TOKEN[usize::from(*b)])
+}
+
 /// Whether every byte of `bytes` may stand in a field value (what `HeaderValue` takes too).
 pub(crate) fn is_field_value(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| TEXT[usize::from(*b)])

@@ -3,7 +3,7 @@
 //! block checked (§8.1.1, §8.2, §8.3.2) and written out as HTTP/1.1 field lines
 //! ([`WireFields`]), which the HTTP/1.1 server sends as they are.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, BytesMut};
 use http::{HeaderMap, Method};
 
 use crate::wire::fields::{BodyType, WireFields};
@@ -121,27 +121,39 @@ fn is_connection_specific(name: &[u8]) -> bool {
     )
 }
 
-/// Reads one decoded response block (a head when `trailers` is false).
-pub(super) struct Reader {
+/// Room for the lines of this many typical heads, taken at once: heads split their lines off
+/// one buffer instead of allocating each.
+const LINES_CHUNK: usize = 4096;
+
+/// Reads one decoded response block (a head when `trailers` is false), writing its lines at
+/// the end of `lines`, a buffer the connection keeps.
+pub(super) struct Reader<'a> {
     trailers: bool,
     status: Option<u16>,
     regular_began: bool,
-    lines: BytesMut,
+    lines: &'a mut BytesMut,
     content_length: Option<u64>,
     hop_by_hop: bool,
     limit_fields: bool,
     body: BodyType,
 }
 
-impl Reader {
-    pub(super) fn new(trailers: bool, block_len: usize) -> Self {
+impl<'a> Reader<'a> {
+    /// A reader for a block of `block_len` bytes; `lines` must be empty.
+    pub(super) fn new(trailers: bool, block_len: usize, lines: &'a mut BytesMut) -> Self {
+        debug_assert!(lines.is_empty());
+        // Decoded lines run longer than the block: names and values come out of tables and
+        // Huffman codes, and each line gains ": " and CRLF. A fresh chunk when the room left
+        // may not do; the heads split off the old one keep it alive as long as they need it.
+        let room = block_len * 2 + 64;
+        if lines.capacity() < room {
+            *lines = BytesMut::with_capacity(room.max(LINES_CHUNK));
+        }
         Reader {
             trailers,
             status: None,
             regular_began: false,
-            // Decoded lines run longer than the block: names and values come out of tables
-            // and Huffman codes, and each line gains ": " and CRLF.
-            lines: BytesMut::with_capacity(block_len * 2 + 64),
+            lines,
             content_length: None,
             hop_by_hop: false,
             limit_fields: false,
@@ -156,7 +168,7 @@ impl Reader {
             return self.pseudo(pseudo, value);
         }
         self.regular_began = true;
-        if !is_lower_token(name) {
+        if !scan::is_lower_token(name) {
             return Err(Malformed::Name);
         }
         if !scan::is_field_value(value) {
@@ -219,7 +231,7 @@ impl Reader {
             (false, Some(status)) => status,
             (false, None) => return Err(Malformed::Status),
         };
-        let lines = WireFields::new(Bytes::from(self.lines), self.content_length.is_some())
+        let lines = WireFields::new(self.lines.split().freeze(), self.content_length.is_some())
             .with_limit_fields(self.limit_fields)
             .with_body_type(self.body);
         Ok(Fields {
@@ -229,14 +241,4 @@ impl Reader {
             hop_by_hop: self.hop_by_hop,
         })
     }
-}
-
-/// Whether `name` is a non-empty token (RFC 9110 §5.6.2) without uppercase letters.
-fn is_lower_token(name: &[u8]) -> bool {
-    !name.is_empty()
-        && name.iter().all(|b| {
-            matches!(b,
-                b'a'..=b'z' | b'0'..=b'9' | b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*'
-                | b'+' | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~')
-        })
 }

@@ -266,6 +266,10 @@ pub struct Connection {
     failed: Option<ConnError>,
     out: BytesMut,
     events: VecDeque<Event>,
+    /// Where requests' header blocks are coded before they are framed into `out`.
+    scratch: BytesMut,
+    /// Where responses' lines are written and split off (`head::Reader`).
+    lines: BytesMut,
 }
 
 // === impl Config ===
@@ -320,6 +324,8 @@ impl Connection {
             failed: None,
             out,
             events: VecDeque::new(),
+            scratch: BytesMut::new(),
+            lines: BytesMut::new(),
         }
     }
 
@@ -349,9 +355,15 @@ impl Connection {
         }
         let id = self.next_id;
         self.next_id += 2;
-        let mut block = BytesMut::with_capacity(256);
-        head::encode_request(head, &mut block);
-        encode::headers(id, &block, end_stream, self.peer.max_frame_size, &mut self.out);
+        self.scratch.clear();
+        head::encode_request(head, &mut self.scratch);
+        encode::headers(
+            id,
+            &self.scratch,
+            end_stream,
+            self.peer.max_frame_size,
+            &mut self.out,
+        );
         let head_request = head.method == http::Method::HEAD;
         let mut stream = Stream::new(
             id,
@@ -393,16 +405,12 @@ impl Connection {
         let stream = self.sending(stream_id)?;
         stream.local_closed = true;
         let done = stream.is_done();
-        let mut block = BytesMut::with_capacity(64);
+        self.scratch.clear();
         for (name, value) in trailers {
-            hpack::Encoder.encode(
-                name.as_str().as_bytes(),
-                value.as_bytes(),
-                value.is_sensitive(),
-                &mut block,
-            );
+            let (name, sensitive) = (name.as_str().as_bytes(), value.is_sensitive());
+            hpack::Encoder.encode(name, value.as_bytes(), sensitive, &mut self.scratch);
         }
-        encode::headers(stream_id, &block, true, max_frame_size, &mut self.out);
+        encode::headers(stream_id, &self.scratch, true, max_frame_size, &mut self.out);
         if done {
             self.streams.remove(stream_id);
         }

@@ -256,7 +256,7 @@ impl Connection {
             .streams
             .get_mut(stream_id)
             .is_some_and(|s| matches!(s.response, Response::Body { .. }));
-        let mut reader = Reader::new(trailers, block.len());
+        let mut reader = Reader::new(trailers, block.len(), &mut self.lines);
         let decoded = match self.decoder.decode(block, |field| reader.field(field)) {
             Ok(()) => reader.finish().map_err(StreamFault::Malformed),
             Err(DecodeError::Block(e)) => {
@@ -268,6 +268,8 @@ impl Connection {
             Err(DecodeError::ListTooLarge { .. }) => Err(StreamFault::ListTooLarge),
             Err(DecodeError::Field(m)) => Err(StreamFault::Malformed(m)),
         };
+        // What a refused block wrote before it was refused.
+        self.lines.clear();
         let Some(stream) = self.streams.get_mut(stream_id) else {
             return Ok(());
         };
