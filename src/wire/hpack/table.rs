@@ -91,12 +91,28 @@ pub(super) enum StaticMatch {
 /// The static table's index of `name`, and of `name` with `value` if that is an entry.
 pub(super) fn find_static(name: &[u8], value: &[u8]) -> Option<StaticMatch> {
     let first = static_name_index(name)?;
-    // Entries sharing a name are consecutive (`:status` has seven).
-    let same_name = STATIC[first - 1..].iter().take_while(|(n, _)| *n == name);
-    match same_name.zip(first..).find(|((_, v), _)| *v == value) {
-        Some((_, index)) => Some(StaticMatch::Field(index)),
-        None => Some(StaticMatch::Name(first)),
+    // Entries sharing a name are consecutive (`:status` has seven); their count is kept, so
+    // only values are compared.
+    let run = usize::from(NAME_RUNS[first]);
+    let index = (first..first + run).find(|index| STATIC[index - 1].1 == value);
+    Some(index.map_or(StaticMatch::Name(first), StaticMatch::Field))
+}
+
+/// At a name's first index, how many consecutive entries have that name; 0 elsewhere.
+static NAME_RUNS: [u8; STATIC_FIELDS.len() + 1] = name_runs();
+
+const fn name_runs() -> [u8; STATIC_FIELDS.len() + 1] {
+    let mut runs = [0u8; STATIC_FIELDS.len() + 1];
+    let mut first = 0;
+    let mut i = 0;
+    while i < STATIC_FIELDS.len() {
+        if i == 0 || !same_bytes(STATIC_FIELDS[i].0, STATIC_FIELDS[i - 1].0) {
+            first = i + 1;
+        }
+        runs[first] += 1;
+        i += 1;
     }
+    runs
 }
 
 /// Slots of the open-addressed set of static names: 52 distinct names in 128 slots keep probes

@@ -376,6 +376,10 @@ fn encode(name: &str, value: &[u8], sensitive: bool) -> Vec<u8> {
 fn a_whole_static_entry_is_one_byte() {
     assert_eq!(encode(":method", b"GET", false), [0x82]);
     assert_eq!(encode(":status", b"200", false), [0x88]);
+    // The last of a name's entries, and one in the middle.
+    assert_eq!(encode(":status", b"500", false), [0x80 | 14]);
+    assert_eq!(encode(":method", b"POST", false), [0x83]);
+    assert_eq!(encode(":path", b"/index.html", false), [0x85]);
     assert_eq!(encode("accept-encoding", b"gzip, deflate", false), [0x90]);
     assert_eq!(encode("www-authenticate", b"", false), [0x80 | 61]);
     // Its value is in the RFC: indexing it gives nothing away.
