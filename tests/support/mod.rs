@@ -5,7 +5,8 @@
 //! tests' Python app and rate-limited provider (`pace_app`, `provider`), the fleet-wide quota
 //! tests' Redis and rate-limit service (`ratelimit`), the trace tests' OpenTelemetry Collector
 //! (`otelcol`), the Grafana dashboard's queries and traffic (`dashboard`; all used by path), a
-//! Squid parent proxy, nginx as an origin and machine checks in submodules.
+//! Squid parent proxy, nginx as an origin, a grpc-go health server (`grpc`) and machine checks in
+//! submodules.
 //! Everything binds 127.0.0.1:0.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
@@ -13,6 +14,7 @@ mod child;
 mod client;
 pub mod dashboard;
 mod dns;
+pub mod grpc;
 mod line_client;
 pub mod llm_app;
 pub mod llm_provider;
