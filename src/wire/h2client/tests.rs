@@ -36,6 +36,16 @@ fn connected() -> Connection {
     connected_with(Config::default(), Settings::default())
 }
 
+/// A connection whose receive windows are `stream` and `connection` bytes.
+fn with_windows(stream: u32, connection: u32) -> Connection {
+    let config = Config {
+        stream_window: stream,
+        connection_window: connection,
+        ..Config::default()
+    };
+    connected_with(config, Settings::default())
+}
+
 /// Every frame in `out`, which is emptied.
 fn written(conn: &mut Connection) -> Vec<Frame> {
     let mut out = conn.out().split();
@@ -367,12 +377,7 @@ fn a_smaller_initial_window_can_take_a_streams_window_below_zero() {
 
 #[test]
 fn received_data_is_credited_back_only_as_the_caller_releases_it() {
-    let config = Config {
-        stream_window: 100,
-        connection_window: 65_535,
-        ..Config::default()
-    };
-    let mut conn = connected_with(config, Settings::default());
+    let mut conn = with_windows(100, 65_535);
     let id = get(&mut conn);
     written(&mut conn);
     let mut peer = peer_headers(id, &[(":status", "200")], false);
@@ -409,12 +414,7 @@ fn received_data_is_credited_back_only_as_the_caller_releases_it() {
 
 #[test]
 fn data_past_the_connection_window_ends_the_connection() {
-    let config = Config {
-        stream_window: 1 << 20,
-        connection_window: 65_535,
-        ..Config::default()
-    };
-    let mut conn = connected_with(config, Settings::default());
+    let mut conn = with_windows(1 << 20, 65_535);
     let id = get(&mut conn);
     let mut peer = peer_headers(id, &[(":status", "200")], false);
     for _ in 0..4 {
@@ -449,12 +449,7 @@ fn data_past_the_connection_window_ends_the_connection() {
 
 #[test]
 fn padding_is_credited_back_at_once() {
-    let config = Config {
-        stream_window: 100,
-        connection_window: 65_535,
-        ..Config::default()
-    };
-    let mut conn = connected_with(config, Settings::default());
+    let mut conn = with_windows(100, 65_535);
     let id = get(&mut conn);
     written(&mut conn);
     let mut peer = peer_headers(id, &[(":status", "200")], false);
@@ -777,11 +772,7 @@ fn pings_are_answered_and_answers_to_ours_come_back() {
 
 #[test]
 fn after_a_reset_late_frames_are_dropped_and_their_data_credited_to_the_connection() {
-    let config = Config {
-        connection_window: 65_535,
-        ..Config::default()
-    };
-    let mut conn = connected_with(config, Settings::default());
+    let mut conn = with_windows(Config::default().stream_window, 65_535);
     let ours = get(&mut conn);
     let theirs = get(&mut conn);
     conn.reset(ours, ErrorCode::CANCEL);
