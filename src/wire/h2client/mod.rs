@@ -228,7 +228,7 @@ pub struct NotOpen(pub u32);
 
 /// The peer's SETTINGS in force.
 #[derive(Debug, Clone, Copy)]
-struct Peer {
+struct PeerSettings {
     max_concurrent_streams: u32,
     initial_window_size: u32,
     max_frame_size: u32,
@@ -246,7 +246,7 @@ struct PendingBlock {
 #[derive(Debug)]
 pub struct Connection {
     config: Config,
-    peer: Peer,
+    peer: PeerSettings,
     decoder: hpack::Decoder,
     streams: Streams,
     /// The id the next stream gets.
@@ -306,7 +306,7 @@ impl Connection {
         }
         Connection {
             config,
-            peer: Peer {
+            peer: PeerSettings {
                 max_concurrent_streams: u32::MAX,
                 initial_window_size: DEFAULT_WINDOW,
                 max_frame_size: super::frame::DEFAULT_MAX_FRAME_SIZE,
