@@ -11,6 +11,7 @@
 
 pub mod dial;
 pub mod h1;
+pub mod h2conn;
 pub mod http2;
 pub mod parent;
 mod pinned;
