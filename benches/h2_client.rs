@@ -1,6 +1,6 @@
-//! What does a request cost through each of our two HTTP/2 clients: `connector::http2` (on the
-//! `h2` crate, on the request path today) and `connector::h2conn` (on our own `wire::h2client`,
-//! to replace it)?
+//! What does a request cost through our HTTP/2 client (`connector::http2`, on our own
+//! `wire::h2client`) and through hyper's (`hyper::client::conn::http2`, on the `h2` crate), the
+//! client most Rust proxies use?
 //!
 //! One process: an `h2`-crate server on a loopback socket answering each GET with a 38-byte
 //! body, and one client sending `REQUESTS` GETs one after another on one connection, reading
@@ -11,12 +11,12 @@
 //! wall time per request (noise on a shared machine). For instructions, count each client alone
 //! under callgrind with two request counts and take the difference:
 //! `H2_CLIENT=ours REQUESTS=1000 valgrind --tool=callgrind <bench binary>`, then `REQUESTS=11000`,
-//! (Ir(11,000) - Ir(1,000)) / 10,000; the same with `H2_CLIENT=h2`.
+//! (Ir(11,000) - Ir(1,000)) / 10,000; the same with `H2_CLIENT=hyper`.
 
 use std::time::Instant;
 
 use bytes::Bytes;
-use egress_sidecar::connector::{h2conn, http2};
+use egress_sidecar::connector::http2;
 use egress_sidecar::wire::RequestBody;
 use http::Request;
 use http_body_util::BodyExt;
@@ -27,10 +27,10 @@ const BODY: &[u8] = b"{\"id\":42,\"items\":[1,2,3],\"next\":null}\n";
 /// Which client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Client {
-    /// `connector::h2conn`.
+    /// `connector::http2`.
     Ours,
-    /// `connector::http2`, on the `h2` crate.
-    H2,
+    /// hyper's, on the `h2` crate.
+    Hyper,
 }
 
 /// Answers every stream with 200 and [`BODY`] until the client goes.
@@ -72,18 +72,24 @@ async fn run(client: Client, requests: usize) {
     let mut received = 0;
     match client {
         Client::Ours => {
-            let mut sender = h2conn::handshake(io, 100, None, |_| {});
+            let mut sender = http2::handshake(io, 100, None, |_| {});
             for _ in 0..requests {
                 let resp = sender.send(&mut request()).await.expect("a response");
                 received += resp.into_body().collect().await.expect("a body").to_bytes().len();
             }
         }
-        Client::H2 => {
-            let mut sender = http2::handshake(io, 100, None, |_| {})
-                .await
-                .expect("the handshake");
+        Client::Hyper => {
+            let (mut sender, conn) = hyper::client::conn::http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                hyper_util::rt::TokioIo::new(io),
+            )
+            .await
+            .expect("the handshake");
+            tokio::spawn(conn);
             for _ in 0..requests {
-                let resp = sender.send(&mut request()).await.expect("a response");
+                let (parts, _) = request().into_parts();
+                let req = Request::from_parts(parts, http_body_util::Empty::<Bytes>::new());
+                let resp = sender.send_request(req).await.expect("a response");
                 received += resp.into_body().collect().await.expect("a body").to_bytes().len();
             }
         }
@@ -99,7 +105,7 @@ fn main() {
         .expect("a runtime");
     let chosen = match std::env::var("H2_CLIENT").as_deref() {
         Ok("ours") => Some(Client::Ours),
-        Ok("h2") => Some(Client::H2),
+        Ok("hyper") => Some(Client::Hyper),
         _ => None,
     };
     if let Some(client) = chosen {
@@ -112,7 +118,7 @@ fn main() {
         return;
     }
     // `cargo bench` passes `--bench`; any run without H2_CLIENT times both.
-    for client in [Client::H2, Client::Ours] {
+    for client in [Client::Hyper, Client::Ours] {
         let requests = 20_000;
         let started = Instant::now();
         runtime.block_on(run(client, requests));

@@ -18,7 +18,7 @@
 //! | pacing | `pace/`, `global_rate_limit/` | an upstream's advertised rate limits read from its responses, per pace key (the upstream, a keyed hash of the credential, `x-egress-pace-key`); holding requests in order and by priority until the quota allows them; the fleet's rate limit a rate-limit service keeps (Envoy's protocol): the check before a request, the over-limit cache, token reports |
 //! | tunnel | `tunnel/` | a tunnel (a CONNECT or upgrade pair) after its `200` or `101`: splicing, going quiet, the dormant record a lot parks, waking, its end and access-log line; what it needs of its keeper (`tunnel::Keeper`) |
 //! | pool | `pool/` | cap, waiters, dial scheduling, the HTTP/1.1 idle list, HTTP/2 streams, leases, learning, reports, the registry of live pools |
-//! | connector | `connector/` | one connection: an endpoint to dial, the happy-eyeballs race, TLS, the HTTP/1.1 client side, the HTTP/2 client side (on the `h2` crate, and on our own `wire::h2client`: its task and streams, not on the request path yet), the byte stream to an upstream (`connector::Io`, which says whether it may park); no pool types (its place under the cap is an opaque guard) |
+//! | connector | `connector/` | one connection: an endpoint to dial, the happy-eyeballs race, TLS, the HTTP/1.1 client side, the HTTP/2 client side (on our own `wire::h2client`: its connection's task and streams), the byte stream to an upstream (`connector::Io`, which says whether it may park); no pool types (its place under the cap is an opaque guard) |
 //! | endpoints | `endpoint/` | an upstream's endpoints: balance, outlier ejection, the DNS answer refreshed by TTL and draining; the resolver |
 //! | services | `budget`, `reload` | the memory budget and hot reload, acting through handles the wiring gives them |
 //! | leaves | `access_log`, `policy`, `metrics/`, `clients/`, `wire/`, `config/`, `live`, `llm/`, `error`, `resident`, `spare`, `shutdown`, `watched`, `rng`, `duration`, `caught`, `redact`, `trace/` | the access log's lines and writer, egress rules, the metrics registry, per-source accounting, the HTTP/1.1 codec and bodies, HPACK, HTTP/2 frames, an HTTP/2 client connection without I/O, configuration, reloadable values, the usage an LLM API answer reports and the counts per app and model, errors, process memory, spare buffers, signals, files re-read when they change, random draws for spread, durations taken from outside, the net that catches a task's panic, userinfo kept out of every output, OpenTelemetry spans (sampling, W3C trace context, the export queue and exporter) |
@@ -40,7 +40,7 @@
 //!                                 │                                    │ connector::dial (resolve, connect, handshake)
 //!                                 ▼                                    ▼
 //!  application ◀──stream── PooledBody ◀── connector::h1 (HTTP/1.1, run by the request's task) ──▶ upstream
-//!                                        ◀── connector::http2 (streams on the h2 crate; connection task) ──▶ upstream
+//!                                        ◀── connector::http2 (streams on wire::h2client; connection task) ──▶ upstream
 //! ```
 //!
 //! CONNECT tunnels (`proxy::connect`) and protocol upgrades such as WebSocket (`proxy::upgrade`)

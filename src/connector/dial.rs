@@ -249,15 +249,23 @@ impl Connector {
             }
             drop(place);
         };
-        let sender = http2::handshake(io, unheard, keepalive, on_end)
-            .await
-            .map_err(|e| self.error(ErrorKind::ProtocolError, format!("HTTP/2 handshake: {e}")))?;
+        // The preface and our SETTINGS go out from the connection's task; a server that
+        // does not speak HTTP/2 fails the first stream, as one that broke the handshake did.
+        let sender = http2::handshake(io, unheard, keepalive, on_end);
         // The driver task applies the server's SETTINGS; wait here about one round trip for
         // the first value, checking every millisecond; a server that announces none (no limit)
         // costs this wait once. Afterwards the driver republishes the limit after every poll,
         // so the pool follows a server that changes it.
         let wait_until = deadline.min(Instant::now() + (rtt * 2).max(MIN_SETTINGS_WAIT));
         while sender.max_streams() == unheard && Instant::now() < wait_until {
+            if let Some(ended) = sender.ended() {
+                // An HTTP/1.1 server answers the preface with a 400 (not a frame) and closes.
+                let kind = match ended {
+                    http2::Ended::Protocol(_) => ErrorKind::ProtocolError,
+                    _ => ErrorKind::UpstreamReset,
+                };
+                return Err(self.error(kind, format!("HTTP/2 connection ended at its start: {ended}")));
+            }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(Dialed::Http2(sender))

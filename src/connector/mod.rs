@@ -11,7 +11,6 @@
 
 pub mod dial;
 pub mod h1;
-pub mod h2conn;
 pub mod http2;
 pub mod parent;
 mod pinned;

@@ -203,13 +203,16 @@ impl Channel {
         let url = self.url.clone();
         // The driver ends when the service closes the connection or every sender is dropped
         // (the channel with them).
-        http2::handshake(io, STREAMS_UNHEARD, Some(KEEPALIVE), move |ended| {
-            if let Some(e) = ended {
-                tracing::debug!(service = %url, error = %e, "rate-limit service connection ended");
-            }
-        })
-        .await
-        .map_err(|e| format!("HTTP/2 with {authority}: {e}"))
+        Ok(http2::handshake(
+            io,
+            STREAMS_UNHEARD,
+            Some(KEEPALIVE),
+            move |ended| {
+                if let Some(e) = ended {
+                    tracing::debug!(service = %url, error = %e, "rate-limit service connection ended");
+                }
+            },
+        ))
     }
 }
 

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::{past_lifetime, Grant, Pool, State, Tracker};
 use crate::config::PoolConfig;
+use crate::connector::http2::Status;
 use crate::connector::H2Sender;
 use crate::endpoint::Endpoint;
 
@@ -34,6 +35,22 @@ pub struct H2Stream {
 }
 
 impl H2Conn {
+    /// Whether the pool keeps this connection: not once it is gone; one the server sent GOAWAY
+    /// on drains, kept while its streams finish.
+    fn keep(&mut self) -> bool {
+        match self.sender.status() {
+            Status::Open => true,
+            Status::Gone => false,
+            Status::GoingAway => {
+                if !self.draining {
+                    self.track.set("goaway");
+                    self.draining = true;
+                }
+                self.in_flight > 0
+            }
+        }
+    }
+
     /// Streams this connection may carry now.
     pub(super) fn stream_limit(&self, max_streams: usize) -> usize {
         max_streams.min(self.sender.max_streams())
@@ -97,7 +114,7 @@ impl Pool {
         avoid: Option<&Arc<Endpoint>>,
         now: Instant,
     ) -> Option<H2Stream> {
-        st.h2.retain(|c| !c.sender.is_closed());
+        st.h2.retain_mut(H2Conn::keep);
         let (cfg, max_streams) = (st.config, st.max_streams);
         let to_avoid = |c: &H2Conn| match (avoid, c.track.endpoint()) {
             (Some(avoid), Some(e)) => Arc::ptr_eq(avoid, e),
@@ -174,7 +191,10 @@ impl Pool {
     pub(super) fn reap_h2(&self, st: &mut State, now: Instant) -> Option<Instant> {
         let cfg = st.config;
         let past_life = |c: &H2Conn| past_lifetime(&cfg, c.created, now);
-        st.h2.retain(|c| {
+        st.h2.retain_mut(|c| {
+            if !c.keep() {
+                return false;
+            }
             let idle_expired = c.in_flight == 0 && (c.idle_deadline(&cfg) <= now || c.draining);
             if idle_expired {
                 c.track.set(if past_life(c) {
@@ -183,7 +203,7 @@ impl Pool {
                     "idle_timeout"
                 });
             }
-            !(c.sender.is_closed() || idle_expired)
+            !idle_expired
         });
         for conn in st.h2.iter_mut().filter(|c| past_life(c)) {
             conn.track.set("max_lifetime");

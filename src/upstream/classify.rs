@@ -6,6 +6,8 @@
 use super::Upstream;
 use crate::connector::{h1, http2};
 use crate::error::{ErrorKind, ProxyError};
+use crate::wire::frame::ErrorCode;
+use crate::wire::h2client::Cause;
 
 impl Upstream {
     /// Counts `err` as an answer the sidecar made to a request for this upstream, whether it
@@ -60,44 +62,36 @@ impl Upstream {
     /// Maps an HTTP/2 stream error to the contract's kinds; `true` when the upstream refused
     /// the stream unprocessed (REFUSED_STREAM, or GOAWAY with a lower last stream id).
     pub(super) fn classify_h2(&self, e: &http2::Error) -> (ProxyError, bool) {
-        let err = match e {
-            http2::Error::Unsent(err) | http2::Error::Stream(err) => err,
+        match e {
             // Our request body failed: the application went away or sent a malformed body.
             http2::Error::RequestBody(why) => {
                 if why.contains(crate::wire::REQUEST_BODY_IDLE) {
                     self.cuts.body_idle.inc();
                 }
-                return (self.error(ErrorKind::BadRequest, e.to_string()), false);
-            }
-            http2::Error::Unanswered => {
-                let cause = format!("connection closed before a response: {e}");
-                return (self.error(ErrorKind::UpstreamReset, cause), false);
+                (self.error(ErrorKind::BadRequest, e.to_string()), false)
             }
             // Never on the wire: unprocessed, as a refused stream is.
-            http2::Error::NotOpened(_) => {
-                return (self.error(ErrorKind::UpstreamReset, format!("HTTP/2 {e}")), true);
+            http2::Error::Unsent(_) => (self.error(ErrorKind::UpstreamReset, format!("HTTP/2 {e}")), true),
+            http2::Error::Reset { code, cause } => {
+                let refused = *code == ErrorCode::REFUSED_STREAM || *cause == Cause::Unprocessed;
+                let kind = match cause {
+                    // We reset it for what the upstream sent on it.
+                    Cause::Fault(_) => ErrorKind::ProtocolError,
+                    _ if *code == ErrorCode::PROTOCOL_ERROR => ErrorKind::ProtocolError,
+                    _ => ErrorKind::UpstreamReset,
+                };
+                (self.error(kind, format!("HTTP/2 {e}")), refused)
             }
-        };
-        if err.reason() == Some(::h2::Reason::PROTOCOL_ERROR) {
-            return (
-                self.error(ErrorKind::ProtocolError, format!("HTTP/2: {err}")),
-                false,
-            );
+            http2::Error::Connection(ended) => {
+                let err = match ended {
+                    http2::Ended::Protocol(_) => self.error(ErrorKind::ProtocolError, format!("HTTP/2 {e}")),
+                    _ => self.error(
+                        ErrorKind::UpstreamReset,
+                        format!("connection closed before a response: {ended}"),
+                    ),
+                };
+                (err, false)
+            }
         }
-        if err.is_io() || err.reason().is_none() {
-            return (
-                self.error(
-                    ErrorKind::UpstreamReset,
-                    format!("connection closed before a response: {err}"),
-                ),
-                false,
-            );
-        }
-        let refused =
-            err.reason() == Some(::h2::Reason::REFUSED_STREAM) || (err.is_go_away() && err.is_remote());
-        (
-            self.error(ErrorKind::UpstreamReset, format!("HTTP/2 stream failed: {err}")),
-            refused,
-        )
     }
 }

@@ -10,8 +10,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
 
+use super::Keepalive;
 use super::{Ended, Error, Shared, State};
-use crate::connector::http2::Keepalive;
 use crate::wire::frame::ErrorCode;
 use crate::wire::h2client::Event;
 
@@ -58,7 +58,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Driver<T> {
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
         let mut wbuf = BytesMut::new();
         let ended = loop {
-            let (closing, streams_open) = {
+            let (closing, ping_due) = {
                 let mut state = shared.lock();
                 let closing = state.senders == 0 && state.slots.is_empty();
                 if closing {
@@ -66,13 +66,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Driver<T> {
                 }
                 wbuf.extend_from_slice(state.conn.out());
                 state.conn.out().clear();
-                (closing, !state.slots.is_empty())
+                let streams_open = !state.slots.is_empty();
+                let ping_due = pings.as_mut().is_some_and(|p| p.arm(streams_open));
+                // The timer must stop once the last stream ends.
+                state.wake_on_idle = ping_due;
+                (closing, ping_due)
             };
             if closing && wbuf.is_empty() {
                 let _ = wr.shutdown().await;
                 break Ended::Released;
             }
-            let ping_due = pings.as_mut().is_some_and(|p| p.arm(streams_open));
             let ping_timer = async {
                 match pings.as_mut() {
                     Some(p) if ping_due => (&mut p.timer).await,

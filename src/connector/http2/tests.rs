@@ -1,6 +1,6 @@
 //! Tests of the connection's task and its streams against an `h2`-crate server on a real socket:
-//! the cases `super::super::http2`'s tests pin, and what its task adds (closing once released,
-//! the stream limit, keepalive).
+//! closing once released, bodies both ways, abandoned and failing request bodies, the stream
+//! limit, keepalive.
 
 use std::time::Duration;
 
@@ -10,8 +10,7 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{handshake, Ended, Error, Sender};
-use crate::connector::http2::Keepalive;
+use super::{handshake, Ended, Error, Keepalive, Sender, Status};
 use crate::wire::RequestBody;
 
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -278,4 +277,122 @@ async fn an_unanswered_keepalive_ping_ends_the_connection() {
     );
     let why = ended.await.unwrap().expect("an error ended the connection");
     assert!(why.contains("keep-alive timed out"), "{why}");
+}
+
+/// Polls `cond` every 10 ms for up to [`PATIENCE`].
+async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !cond() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+/// Streams the connection still counts: (slots awaiting a reader, streams open on the wire).
+fn streams_held(sender: &Sender) -> (usize, usize) {
+    let state = sender.shared.lock();
+    (state.slots.len(), state.conn.open_streams())
+}
+
+/// The body ends with its last data frame, not at a poll after it: the pool frees the stream
+/// (and the downstream writer, which stops once it has the bytes it was told of, frees its
+/// lease) with the last byte.
+#[tokio::test]
+async fn a_body_ends_with_its_last_frame() {
+    let (mut sender, mut server) = connect().await;
+    let pooled = sender.clone();
+    let client = tokio::spawn(async move {
+        let resp = sender.send(&mut get("/whole")).await.unwrap();
+        let mut body = resp.into_body();
+        let frame = body.frame().await.unwrap().unwrap();
+        let ended = http_body::Body::is_end_stream(&body);
+        (frame.into_data().unwrap(), ended, body)
+    });
+    let (_request, mut respond) = server.accept().await.unwrap().unwrap();
+    let mut stream = respond.send_response(http::Response::new(()), false).unwrap();
+    stream.send_data(Bytes::from_static(b"all of it"), true).unwrap();
+    let serve = tokio::spawn(async move { while server.accept().await.is_some() {} });
+    let (data, ended, _body) = tokio::time::timeout(PATIENCE, client).await.unwrap().unwrap();
+    assert_eq!(data, "all of it");
+    assert!(ended, "the body ended with its last frame");
+    assert_eq!(
+        streams_held(&pooled),
+        (0, 0),
+        "(slots, open streams) with the body still held"
+    );
+    serve.abort();
+}
+
+/// A server may answer before it has read the whole request (a 413 mid-upload). Once that
+/// answer is read and dropped, the request body stops and its stream is reset: left
+/// half-open it would count against the server's stream limit for the connection's life.
+#[tokio::test]
+async fn a_response_ending_before_its_request_body_resets_the_stream() {
+    let (mut sender, mut server) = connect().await;
+    let pooled = sender.clone();
+    let (body, tx) = RequestBody::channel(None);
+    let mut req = post(body);
+    let client = tokio::spawn(async move {
+        let resp = sender.send(&mut req).await.unwrap();
+        assert_eq!(resp.status(), 413);
+        resp.into_body().collect().await.unwrap().to_bytes()
+    });
+    let (request, mut respond) = server.accept().await.unwrap().unwrap();
+    let mut received = request.into_body();
+    let mut early = http::Response::new(());
+    *early.status_mut() = http::StatusCode::PAYLOAD_TOO_LARGE;
+    let mut stream = respond.send_response(early, false).unwrap();
+    stream.send_data(Bytes::from_static(b"too large"), true).unwrap();
+    let next = tokio::select! {
+        data = received.data() => data,
+        _ = server.accept() => panic!("the connection ended"),
+        _ = tokio::time::sleep(PATIENCE) => panic!("the request's stream was left open"),
+    };
+    let reset = next.expect("reset, not ended").expect_err("reset, not more data");
+    assert_eq!(reset.reason(), Some(h2::Reason::CANCEL), "{reset}");
+    assert_eq!(client.await.unwrap(), "too large");
+    assert!(
+        eventually(|| tx.tx.is_closed() && streams_held(&pooled) == (0, 0)).await,
+        "(slots, open streams) {:?}, request body dropped {}",
+        streams_held(&pooled),
+        tx.tx.is_closed()
+    );
+}
+
+/// A GOAWAY that lets the open stream finish: the connection takes no new stream from then
+/// on (the pool drains it), and is gone once the server closes it.
+#[tokio::test]
+async fn a_graceful_goaway_finishes_the_open_stream_and_takes_no_new_one() {
+    let (mut sender, mut server) = connect().await;
+    let pooled = sender.clone();
+    let client = tokio::spawn(async move {
+        let resp = sender.send(&mut get("/last")).await.unwrap();
+        resp.into_body().collect().await.unwrap().to_bytes()
+    });
+    let (_request, mut respond) = server.accept().await.unwrap().unwrap();
+    server.graceful_shutdown();
+    let serve = tokio::spawn(async move { while server.accept().await.is_some() {} });
+    assert!(
+        eventually(|| pooled.status() == Status::GoingAway).await,
+        "status {:?} after GOAWAY",
+        pooled.status()
+    );
+    let mut stream = respond.send_response(http::Response::new(()), false).unwrap();
+    stream.send_data(Bytes::from_static(b"done"), true).unwrap();
+    assert_eq!(
+        tokio::time::timeout(PATIENCE, client).await.unwrap().unwrap(),
+        "done"
+    );
+    let mut late = pooled.clone();
+    let refused = late.send(&mut get("/late")).await.expect_err("no new stream");
+    assert!(matches!(refused, Error::Unsent(_)), "{refused:?}");
+    assert!(
+        eventually(|| pooled.status() == Status::Gone).await,
+        "status {:?} once the server closed",
+        pooled.status()
+    );
+    serve.abort();
 }

@@ -1,16 +1,25 @@
-//! The HTTP/2 client side of one upstream connection on our own protocol state
-//! ([`crate::wire::h2client`]) instead of the `h2` crate: the connection's task (socket reads and
-//! writes, PING keepalive, closing once the pool lets go) and a request's stream (its head, its
-//! body, its response), with the API of [`super::http2`], which it is to replace.
+//! The HTTP/2 client side of one upstream connection, on our own protocol state
+//! ([`crate::wire::h2client`]): the connection's task (socket reads and writes, PING keepalive,
+//! closing once the pool lets go) and a request's stream (its head, its body, its response).
+//!
+//! Why not hyper's client, or the `h2` crate under it: hyper runs every request through a
+//! dispatch channel to the connection's task, spawns a task per request to await the response
+//! and hands it back through a oneshot; `h2` Huffman-codes and indexes every field it sends and
+//! keeps its own stream store and buffers beside ours. A proxy's stream is simpler: the
+//! request's own task opens the stream and awaits the head, as it runs its HTTP/1.1 exchanges.
+//! Our first client, this same design on `h2`, cost 44,397 instructions per GET; this one costs
+//! 38,182 (`benches/h2_client.rs`, `benches/RESULTS.md`). Settings follow hyper's defaults (2 MiB
+//! stream and 5 MiB connection windows, 16 KiB header lists, no push).
 //!
 //! What the two sides share is one `Mutex<State>`: the protocol state and, per stream, what has
 //! come for it and who waits. A request's own task opens its stream, queues its HEADERS and
 //! awaits its head; the connection's task reads, hands events to the streams and wakes them, and
-//! writes whatever any side queued. A request with a body spawns a task to pump it, as
-//! `super::http2` does (a gRPC call sends and receives at once).
+//! writes whatever any side queued. Only a request with a body spawns a task, to pump the body
+//! while the response streams (a gRPC call sends and receives at once).
 //!
-//! Not on the request path yet; response fields come back as a header map for now (the lines
-//! are there, for the HTTP/1.1 server to write as they are, once the pool carries them).
+//! Keepalive: while streams are open, a PING goes out every `keepalive_interval`; one not
+//! acknowledged within `keepalive_timeout` ends the connection, and its streams fail. An idle
+//! connection is not pinged (hyper's `keep_alive_while_idle(false)`).
 
 mod driver;
 
@@ -26,10 +35,29 @@ use http_body::{Body as _, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{oneshot, Notify};
 
-use super::http2::Keepalive;
 use crate::wire::frame::ErrorCode;
 use crate::wire::h2client::{Cause, Config, Connection, Fields, OpenError, RequestHead};
 use crate::wire::{BoxError, RequestBody};
+
+/// PING keepalive settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Keepalive {
+    /// Between PINGs while streams are open.
+    pub interval: std::time::Duration,
+    /// For the acknowledgement.
+    pub timeout: std::time::Duration,
+}
+
+/// Whether a connection takes new streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// It does (perhaps once a stream ends, at the server's limit).
+    Open,
+    /// It will take none (a GOAWAY came, or the stream ids are spent); streams open finish.
+    GoingAway,
+    /// The connection ended.
+    Gone,
+}
 
 /// Why a stream gave no response, or its body failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -98,6 +126,8 @@ struct State {
     senders: usize,
     /// The connection is gone, and why.
     ended: Option<Ended>,
+    /// The task wants to hear when the last stream ends (its keepalive timer runs).
+    wake_on_idle: bool,
 }
 
 /// What has come for one stream, and who waits for it.
@@ -139,6 +169,7 @@ where
             waiting: Vec::new(),
             senders: 1,
             ended: None,
+            wake_on_idle: false,
         }),
         task: Notify::new(),
     });
@@ -183,12 +214,28 @@ impl State {
         Err(Ended::GoingAway(ErrorCode::NO_ERROR))
     }
 
+    /// Forgets stream `id`, whose response was read to its end (or failed); `true` when the
+    /// connection's task must hear it: it went idle, and the task closes it or stops pinging.
+    fn finish(&mut self, id: u32) -> bool {
+        self.slots.remove(&id);
+        self.slots.is_empty() && (self.senders == 0 || self.wake_on_idle)
+    }
+
     /// Wakes the senders waiting for room, unless there is still none (they would only wait
     /// again); those that cannot open at all learn it.
     fn wake_waiting(&mut self) {
         if !matches!(self.can_open(), Ok(false)) {
             self.waiting.drain(..).for_each(Waker::wake);
         }
+    }
+}
+
+// === impl Slot ===
+
+impl Slot {
+    /// Nothing more comes for the stream and nothing but its queued data is left to read.
+    fn is_finished(&self) -> bool {
+        self.done && self.data.is_empty() && self.trailers.is_none() && self.failed.is_none()
     }
 }
 
@@ -224,7 +271,22 @@ impl Sender {
 
     /// Whether the connection is gone, or will take no new stream.
     pub fn is_closed(&self) -> bool {
-        self.shared.lock().can_open().is_err()
+        self.status() != Status::Open
+    }
+
+    /// Why the connection ended, once it has.
+    pub fn ended(&self) -> Option<Ended> {
+        self.shared.lock().ended.clone()
+    }
+
+    /// Whether the connection takes new streams.
+    pub fn status(&self) -> Status {
+        let state = self.shared.lock();
+        match state.can_open() {
+            Ok(_) => Status::Open,
+            Err(_) if state.ended.is_some() => Status::Gone,
+            Err(_) => Status::GoingAway,
+        }
     }
 
     /// Waits until a stream may be opened.
@@ -384,10 +446,21 @@ impl Opened {
         // Lines the connection checked are valid fields: nothing is left out.
         let _ = head.lines.into_map(resp.headers_mut());
         self.handed_on = true;
+        // A response that ended with its head has nothing more to wait for on the connection.
+        let (done, wake_task) = {
+            let mut state = self.shared.lock();
+            match state.slots.get(&self.id).is_some_and(Slot::is_finished) {
+                true => (true, state.finish(self.id)),
+                false => (false, false),
+            }
+        };
+        if wake_task {
+            self.shared.task.notify_one();
+        }
         Ok(resp.map(|()| Body {
             shared: self.shared.clone(),
             id: self.id,
-            done: false,
+            done,
             exact,
             _pumping: pumping,
         }))
@@ -432,14 +505,23 @@ where
     tokio::spawn(async move {
         let piped = tokio::select! {
             biased;
-            _ = failed.closed() => return,
+            _ = failed.closed() => Ok(()),
             piped = work => piped,
         };
-        if let Err(why) = piped {
-            // The reason first: the reset fails the response, which then looks for it.
-            let _ = failed.send(why);
-            let mut state = shared.lock();
-            state.conn.reset(id, ErrorCode::INTERNAL_ERROR);
+        let code = match piped {
+            Err(why) => {
+                // The reason first: the reset fails the response, which then looks for it.
+                let _ = failed.send(why);
+                ErrorCode::INTERNAL_ERROR
+            }
+            Ok(()) => ErrorCode::CANCEL,
+        };
+        let mut state = shared.lock();
+        // A failed body resets its stream. So does one whose response nobody waits for any
+        // more (it ended, or was abandoned) while the request was still going out: its stream
+        // would otherwise stay open, and count against the server's limit, forever.
+        if code == ErrorCode::INTERNAL_ERROR || !state.slots.contains_key(&id) {
+            state.conn.reset(id, code);
             state.wake_waiting();
             drop(state);
             shared.task.notify_one();
@@ -525,25 +607,33 @@ impl http_body::Body for Body {
         }
         let id = self.id;
         let mut state = self.shared.lock();
-        let State { conn, slots, .. } = &mut *state;
-        let Some(slot) = slots.get_mut(&id) else {
+        let Some(slot) = state.slots.get_mut(&id) else {
             drop(state);
             self.done = true;
             return Poll::Ready(Some(Err(Error::Connection(Ended::Released))));
         };
         if let Some(data) = slot.data.pop_front() {
-            conn.release(id, data.len());
-            let credit = !conn.out().is_empty();
+            // The last frame ends the body with it: whoever holds the body may stop polling
+            // once it has the bytes it was told of, and the stream must not stay open (nor
+            // keepalive PINGs go out on an idle connection) until the body is dropped.
+            let last = slot.is_finished();
+            state.conn.release(id, data.len());
+            let idle = last && state.finish(id);
+            let wake_task = idle || !state.conn.out().is_empty();
             drop(state);
-            if credit {
+            self.done = last;
+            if wake_task {
                 self.shared.task.notify_one();
             }
             return Poll::Ready(Some(Ok(Frame::data(data))));
         }
         if let Some(failed) = slot.failed.clone() {
-            slots.remove(&id);
+            let wake_task = state.finish(id);
             drop(state);
             self.done = true;
+            if wake_task {
+                self.shared.task.notify_one();
+            }
             return Poll::Ready(Some(Err(failed)));
         }
         if !slot.done {
@@ -551,9 +641,12 @@ impl http_body::Body for Body {
             return Poll::Pending;
         }
         let trailers = slot.trailers.take();
-        slots.remove(&id);
+        let wake_task = state.finish(id);
         drop(state);
         self.done = true;
+        if wake_task {
+            self.shared.task.notify_one();
+        }
         Poll::Ready(trailers.map(|fields| {
             let mut map = HeaderMap::new();
             let _ = fields.lines.into_map(&mut map);
