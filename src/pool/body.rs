@@ -69,8 +69,11 @@ impl PooledBody {
     /// Ties `inner` to `lease`, which returns to the pool when the body ends.
     /// `served` is the lease's as it was before the request went out (a connection counts the
     /// request it carries, so reuse is read before).
-    pub fn new(inner: UpstreamBody, mut lease: Lease, info: ServedBy) -> Self {
-        let wire = lease.h1_mut().and_then(h1::Connection::take_wire_fields);
+    pub fn new(mut inner: UpstreamBody, mut lease: Lease, info: ServedBy) -> Self {
+        let wire = match &mut inner {
+            UpstreamBody::Http1(_) => lease.h1_mut().and_then(h1::Connection::take_wire_fields),
+            UpstreamBody::Http2(body) => body.take_wire_fields(),
+        };
         // A body that came whole with its head (or none) frees the connection at once.
         let lease = if inner.is_end_stream() {
             lease.release_with_head();

@@ -429,7 +429,7 @@ pub enum ResponseBody {
 }
 
 impl ResponseBody {
-    /// The fields of an HTTP/1.1 upstream's response as their lines, when its map was left
+    /// The fields of an upstream's response as their lines, when its map was left
     /// empty for them (`wire::fields`); taken once.
     pub fn take_wire_fields(&mut self) -> Option<WireFields> {
         match self {

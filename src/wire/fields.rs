@@ -6,7 +6,8 @@
 //! handles per field, then the walk back out), a tenth of all the sidecar spends on a request.
 //! When nothing on the way reads or changes the fields, the head's lines go out as they came:
 //! the upstream HTTP/1.1 client leaves the map empty and the lines ride in the response body
-//! (`connector::h1`), the HTTP/1.1 server writes them after the status line
+//! (`connector::h1`; the HTTP/2 client, `connector::http2`, does the same with the lines it
+//! decodes a head's fields to), the HTTP/1.1 server writes them after the status line
 //! (`downstream::respond`), and whoever needs a map (the h2c server, a retry reading
 //! `Retry-After`) asks for one with [`WireFields::into_map`].
 //!

@@ -180,7 +180,11 @@ fn dispatch(state: &mut State, event: Event, pings: &mut Option<Pings>) {
             cause,
         } => {
             if let Some(slot) = slots.get_mut(&stream_id) {
-                slot.failed = Some(Error::Reset { code, cause });
+                // A server that answered in full before reading the whole request may reset
+                // the stream to stop the upload (NO_ERROR, RFC 9113 §8.1); the response stands.
+                if !slot.done {
+                    slot.failed = Some(Error::Reset { code, cause });
+                }
                 wake(&mut slot.recv);
                 wake(&mut slot.send);
             }

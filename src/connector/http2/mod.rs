@@ -37,7 +37,7 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::wire::frame::ErrorCode;
 use crate::wire::h2client::{Cause, Config, Connection, Fields, OpenError, RequestHead};
-use crate::wire::{BoxError, RequestBody};
+use crate::wire::{BoxError, RequestBody, WireFields};
 
 /// PING keepalive settings.
 #[derive(Debug, Clone, Copy)]
@@ -307,7 +307,8 @@ impl Sender {
 
     /// Opens a stream for `req` and waits for the response head. `req` is taken only once its
     /// stream is open: on [`Error::Unsent`] it is left as it was (a `Content-Length` its body
-    /// states may have been added).
+    /// states may have been added). The head's map is left empty when its fields can go to an
+    /// HTTP/1.1 client as the lines they were decoded to ([`Body::take_wire_fields`]).
     pub async fn send(&mut self, req: &mut Request<RequestBody>) -> Result<Response<Body>, Error> {
         let end = req.body().is_end_stream();
         if let Some(len) = req.body().size_hint().exact() {
@@ -324,11 +325,12 @@ impl Sender {
             let shared = stream.shared.clone();
             pump(&stream.shared, stream.id, pipe(body, shared, stream.id))
         });
-        stream.response(pumping).await
+        stream.response(pumping, true).await
     }
 
     /// Sends `head` with `body`, whole and in hand, and waits for the response head; the body
-    /// goes out as the windows allow, with no task of its own when it fits them at once.
+    /// goes out as the windows allow, with no task of its own when it fits them at once. The
+    /// response's fields are in its map.
     pub async fn send_whole(&mut self, head: Request<()>, body: Bytes) -> Result<Response<Body>, Error> {
         self.ready().await?;
         let stream = self.open(&head, false).await?;
@@ -345,7 +347,7 @@ impl Sender {
                 Ok(())
             })
         });
-        stream.response(pumping).await
+        stream.response(pumping, false).await
     }
 
     /// Queues the stream's HEADERS once there is room for it; the returned handle resets the
@@ -401,9 +403,12 @@ struct Opened {
 }
 
 impl Opened {
+    /// Awaits the response head; `keep_lines`: its fields stay lines, unless one must be
+    /// rewritten (a hop-by-hop field), rather than going into its map.
     async fn response(
         mut self,
         mut pumping: Option<oneshot::Receiver<String>>,
+        keep_lines: bool,
     ) -> Result<Response<Body>, Error> {
         let head = poll_fn(|cx| {
             let mut state = self.shared.lock();
@@ -443,8 +448,13 @@ impl Opened {
             )),
         })?;
         let exact = head.content_length;
-        // Lines the connection checked are valid fields: nothing is left out.
-        let _ = head.lines.into_map(resp.headers_mut());
+        let wire = if keep_lines && !head.hop_by_hop {
+            Some(head.lines)
+        } else {
+            // Lines the connection checked are valid fields: nothing is left out.
+            let _ = head.lines.into_map(resp.headers_mut());
+            None
+        };
         self.handed_on = true;
         // A response that ended with its head has nothing more to wait for on the connection.
         let (done, wake_task) = {
@@ -462,6 +472,7 @@ impl Opened {
             id: self.id,
             done,
             exact,
+            wire,
             _pumping: pumping,
         }))
     }
@@ -535,7 +546,20 @@ where
 async fn pipe(mut body: RequestBody, shared: Arc<Shared>, id: u32) -> Result<(), String> {
     let shared = &*shared;
     loop {
-        let frame = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let frame = poll_fn(|cx| {
+            // A stream reset meanwhile (the server stopped the upload, or failed it) takes
+            // no more: the body is left unread.
+            if !stream_takes_data(shared, id, cx) {
+                return Poll::Ready(None::<Option<Result<Frame<Bytes>, BoxError>>>);
+            }
+            Pin::new(&mut body)
+                .poll_frame(cx)
+                .map(|f| Some(f.map(|f| f.map_err(Into::into))))
+        })
+        .await;
+        let Some(frame) = frame else {
+            return Ok(());
+        };
         match frame {
             None => {
                 send(shared, id, Bytes::new(), true).await;
@@ -559,6 +583,19 @@ async fn pipe(mut body: RequestBody, shared: Arc<Shared>, id: u32) -> Result<(),
             },
         }
     }
+}
+
+/// Whether stream `id` still takes request data; while it does, `cx` is woken when that may
+/// change (the stream's reset wakes its sender).
+fn stream_takes_data(shared: &Shared, id: u32, cx: &Context<'_>) -> bool {
+    let mut state = shared.lock();
+    if !state.conn.is_sending(id) {
+        return false;
+    }
+    if let Some(slot) = state.slots.get_mut(&id) {
+        slot.send = Some(cx.waker().clone());
+    }
+    true
 }
 
 /// Sends `data` as the windows allow; `false` once the stream is gone.
@@ -590,8 +627,18 @@ pub struct Body {
     id: u32,
     done: bool,
     exact: Option<u64>,
+    /// The head's fields, when its map was left empty for them.
+    wire: Option<WireFields>,
     /// The request body's pump, if it runs: it stops when this goes.
     _pumping: Option<oneshot::Receiver<String>>,
+}
+
+impl Body {
+    /// The response's fields as HTTP/1.1 lines, when its head's map was left empty for them
+    /// (see `wire::fields`); taken once.
+    pub fn take_wire_fields(&mut self) -> Option<WireFields> {
+        self.wire.take()
+    }
 }
 
 impl http_body::Body for Body {

@@ -81,9 +81,12 @@ async fn requests_get_their_responses_on_one_connection() {
     let client = tokio::spawn(async move {
         let mut bodies = Vec::new();
         for path in ["/a", "/b"] {
-            let resp = sender.send(&mut get(path)).await.unwrap();
+            let mut resp = sender.send(&mut get(path)).await.unwrap();
             assert_eq!(resp.status(), 200);
-            assert_eq!(resp.headers()["x-path"], path);
+            // The fields come as the lines an HTTP/1.1 client gets, the map left empty.
+            assert!(resp.headers().is_empty(), "{:?}", resp.headers());
+            let wire = resp.body_mut().take_wire_fields().expect("the lines");
+            assert_eq!(wire.lines(), format!("x-path: {path}\r\n").as_bytes());
             bodies.push(resp.into_body().collect().await.unwrap().to_bytes());
         }
         bodies
@@ -394,5 +397,68 @@ async fn a_graceful_goaway_finishes_the_open_stream_and_takes_no_new_one() {
         "status {:?} once the server closed",
         pooled.status()
     );
+    serve.abort();
+}
+
+/// A head with a field the proxy must rewrite (`Proxy-Authenticate`, hop-by-hop in HTTP/1.1)
+/// comes as a map, which the proxy's rewrite reads, not as lines written as they are.
+#[tokio::test]
+async fn a_head_with_a_hop_by_hop_field_comes_as_a_map() {
+    let (mut sender, mut server) = connect().await;
+    let client = tokio::spawn(async move {
+        let mut resp = sender.send(&mut get("/auth")).await.unwrap();
+        let wire = resp.body_mut().take_wire_fields();
+        (resp.headers().clone(), wire)
+    });
+    let (_request, mut respond) = server.accept().await.unwrap().unwrap();
+    let response = http::Response::builder()
+        .status(407)
+        .header("proxy-authenticate", "Basic realm=\"upstream\"")
+        .header("x-kept", "1")
+        .body(())
+        .unwrap();
+    respond.send_response(response, true).unwrap();
+    let serve = tokio::spawn(async move { while server.accept().await.is_some() {} });
+    let (headers, wire) = tokio::time::timeout(PATIENCE, client).await.unwrap().unwrap();
+    assert!(wire.is_none(), "{wire:?}");
+    assert_eq!(headers["proxy-authenticate"], "Basic realm=\"upstream\"");
+    assert_eq!(headers["x-kept"], "1");
+    serve.abort();
+}
+
+/// A server that sent its whole response may reset the stream with NO_ERROR to stop the
+/// upload (RFC 9113 §8.1: the client must not discard the response for it).
+#[tokio::test]
+async fn a_reset_with_no_error_after_the_whole_response_keeps_the_response() {
+    let (mut sender, mut server) = connect().await;
+    let pooled = sender.clone();
+    let (body, tx) = RequestBody::channel(None);
+    let mut req = post(body);
+    let (head_tx, head_rx) = tokio::sync::oneshot::channel();
+    let (read_tx, read_rx) = tokio::sync::oneshot::channel::<()>();
+    let client = tokio::spawn(async move {
+        let resp = sender.send(&mut req).await.unwrap();
+        let _ = head_tx.send(());
+        read_rx.await.unwrap();
+        resp.into_body().collect().await.map(|c| c.to_bytes())
+    });
+    let (_request, mut respond) = server.accept().await.unwrap().unwrap();
+    let mut stream = respond.send_response(http::Response::new(()), false).unwrap();
+    stream.send_data(Bytes::from_static(b"answered"), true).unwrap();
+    let serve = tokio::spawn(async move { while server.accept().await.is_some() {} });
+    tokio::time::timeout(PATIENCE, head_rx).await.unwrap().unwrap();
+    // The whole response is in (its END_STREAM came with the data); now the reset.
+    assert!(
+        eventually(|| pooled.shared.lock().slots.values().all(|slot| slot.done)).await,
+        "the response's end came"
+    );
+    stream.send_reset(h2::Reason::NO_ERROR);
+    assert!(
+        eventually(|| tx.tx.is_closed()).await,
+        "the reset stopped the request body"
+    );
+    read_tx.send(()).unwrap();
+    let read = tokio::time::timeout(PATIENCE, client).await.unwrap().unwrap();
+    assert_eq!(read.expect("the whole response, not the reset"), "answered");
     serve.abort();
 }

@@ -424,6 +424,11 @@ impl Connection {
             .ok_or(NotOpen(stream_id))
     }
 
+    /// Whether the stream still takes request data (not ended by us, not reset, not gone).
+    pub fn is_sending(&mut self, stream_id: u32) -> bool {
+        self.sending(stream_id).is_ok()
+    }
+
     /// What [`Self::send_data`] could send on the stream now.
     pub fn send_capacity(&mut self, stream_id: u32) -> usize {
         let connection = self.send_window;
