@@ -50,7 +50,8 @@
 #      with the same streams in flight. nginx cannot multiplex upstream h2 (n/a). Then, on the
 #      same processes, a second run for the tail under CONNECTIONS keep-alive clients (WARMUP,
 #      then DURATION): requests/s, p99, p99.9, errors, CPU per request; direct = h2load with
-#      CONNECTIONS streams in flight. Issue 47's h2c latency target compares with HAProxy's.
+#      CONNECTIONS streams in flight. The proxies run ROUNDS rounds (fresh processes, medians,
+#      CPU per request of each round, kernel and user space at H2_CLIENTS); direct runs once. Issue 47's h2c latency target compares with HAProxy's.
 #   5. memory return: RSS RETURN_WAIT s after workload 2's requests ended, against the same
 #      process's RSS before the storm. It reads workload 2's storm: selecting either runs both.
 #   6. HTTP/1.1 over TLS: the origin is nginx (1 worker on LOAD_CPU, `listen ... ssl`, `return
@@ -96,7 +97,7 @@
 #      RSS curve of each target (hosts, seconds, MiB) is listed under the table.
 #
 # Usage (from the repo root):   benches/compare.sh
-#   env: ROUNDS (3, of workloads 1, 6 and 7), DURATION (10s), WARMUP (2s), CONNECTIONS (64),
+#   env: ROUNDS (3, of workloads 1, 4, 6 and 7), DURATION (10s), WARMUP (2s), CONNECTIONS (64),
 #        POOL (64), LEAKY_REQUESTS (5000), IDLE_TIMEOUT (5, seconds), IDLE_CONNS (5000),
 #        H2_CLIENTS (400), H2_DURATION (10s), MAX_STREAMS (100), RETURN_WAIT (30, seconds),
 #        MANY_HOSTS (5000), MANY_HOSTS_IDLE_WAIT (60, seconds), MANY_HOSTS_FORGET_WAIT (330,
@@ -414,55 +415,91 @@ if wants 4; then
     direct_lat=("$(calc "\"%.0f\", $W_REQUESTS / $W_DURATION_US * 1e6")" "$(calc "\"%.2f\", $W_P99_US / 1000")" \
         "$(calc "\"%.2f\", $W_P999_US / 1000")" "$W_ERRORS")
     hap_streams_kw=$(hap_streams_keyword)
+    h2_targets=()
     for t in "${PROXIES[@]}"; do
-        if [[ $t == nginx ]]; then
-            for row in requests/s "proxy CPU µs/request" errors "$BUSY" "upstream connections (max seen)" \
-                "p99 latency (ms)" "p99.9 latency (ms)"; do
-                put "$W4 $row" nginx "n/a"
-            done
-            for row in requests/s "p99 latency (ms)" "p99.9 latency (ms)" errors "proxy CPU µs/request"; do
-                put "$W4L $row" nginx "n/a"
-            done
-            continue
-        fi
-        log "workload 4, $t: warm-up $WARMUP, then $H2_DURATION with $H2_CLIENTS connections"
-        if [[ $t == sidecar* ]]; then
-            read -r fwd admin T_PORT < <(free_ports 3)
-            sidecar_h2_conf "$fwd" "$admin" "$T_PORT" "$H2_PORT" "$MAX_STREAMS" >"$TMP/$t-h2.yaml"
-            start_sidecar "$TMP/$t-h2.yaml" "$PROXY_CPU" "$(sidecar_bin "$t")"
-            T_PID=$SC_PID
-        else
-            read -r T_PORT < <(free_ports 1)
-            haproxy_conf haproxy-h2 "$T_PORT" "$MAXCONN" 60s "127.0.0.1:$H2_PORT proto h2" \
-                "$hap_streams_kw $MAX_STREAMS" >"$TMP/haproxy-h2.cfg"
-            start_haproxy haproxy-h2 "$PROXY_CPU"
-            T_PID=$HAP_PID
-        fi
-        wait_port "$T_PORT"
-        check "$t" "http://127.0.0.1:$T_PORT/"
-        url="http://127.0.0.1:$T_PORT/"
-        wrk_warm "$url" "$H2_CLIENTS" "$WARMUP"
-        start_sampler "$T_PID" "$H2_PORT" "$TMP/h2conns.$t"
-        wrk_measure "$url" "$H2_CLIENTS" "$H2_DURATION" "$T_PID" "$TMP/w4.$t.txt"
-        stop_pid "$SAMPLER_PID"
-        secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
-        put "$W4 requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $secs")"
-        put "$W4 proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-        put "$W4 errors" "$t" "$W_ERRORS"
-        put "$W4 $BUSY" "$t" "$(busy_cell "$W_CPU" "$W_BUSY_PROXY" "$W_BUSY_LOAD" "$secs")"
-        put "$W4 upstream connections (max seen)" "$t" "$(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t")"
-        put "$W4 p99 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P99_US / 1000")"
-        put "$W4 p99.9 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P999_US / 1000")"
-        log "workload 4, $t, $CONNECTIONS clients: warm-up $WARMUP, then $DURATION"
-        wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
-        wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w4lat.$t.txt"
-        put "$W4L requests/s" "$t" "$(calc "\"%.0f\", $W_REQUESTS / $W_DURATION_US * 1e6")"
-        put "$W4L p99 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P99_US / 1000")"
-        put "$W4L p99.9 latency (ms)" "$t" "$(calc "\"%.2f\", $W_P999_US / 1000")"
-        put "$W4L errors" "$t" "$W_ERRORS"
-        put "$W4L proxy CPU µs/request" "$t" "$(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-        stop_target
+        [[ $t == nginx ]] || h2_targets+=("$t")
     done
+    # ROUNDS rounds, the proxies in turn within each, a fresh process each time, as workload 1:
+    # one run of a few seconds on a shared VM moved a proxy's CPU per request by 20%.
+    declare -A H_RPS H_CPU H_SYS H_USR H_P99 H_P999 H_ERR H_CONNS H_TICKS L_RPS L_CPU L_P99 L_P999 L_ERR
+    for ((round = 1; round <= ROUNDS; round++)); do
+        for t in "${h2_targets[@]}"; do
+            log "workload 4, round $round/$ROUNDS, $t: warm-up $WARMUP, then $H2_DURATION with $H2_CLIENTS connections"
+            if [[ $t == sidecar* ]]; then
+                read -r fwd admin T_PORT < <(free_ports 3)
+                sidecar_h2_conf "$fwd" "$admin" "$T_PORT" "$H2_PORT" "$MAX_STREAMS" >"$TMP/$t-h2.yaml"
+                start_sidecar "$TMP/$t-h2.yaml" "$PROXY_CPU" "$(sidecar_bin "$t")"
+                T_PID=$SC_PID
+            else
+                read -r T_PORT < <(free_ports 1)
+                haproxy_conf haproxy-h2 "$T_PORT" "$MAXCONN" 60s "127.0.0.1:$H2_PORT proto h2" \
+                    "$hap_streams_kw $MAX_STREAMS" >"$TMP/haproxy-h2.cfg"
+                start_haproxy haproxy-h2 "$PROXY_CPU"
+                T_PID=$HAP_PID
+            fi
+            wait_port "$T_PORT"
+            check "$t" "http://127.0.0.1:$T_PORT/"
+            url="http://127.0.0.1:$T_PORT/"
+            wrk_warm "$url" "$H2_CLIENTS" "$WARMUP"
+            start_sampler "$T_PID" "$H2_PORT" "$TMP/h2conns.$t.$round"
+            wrk_measure "$url" "$H2_CLIENTS" "$H2_DURATION" "$T_PID" "$TMP/w4.$t.$round.txt"
+            stop_pid "$SAMPLER_PID"
+            secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
+            H_RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
+            H_CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+            H_SYS[$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
+            H_USR[$t]+=" $(calc "\"%.2f\", ($W_CPU - $W_SYS) / $CLK_TCK * 1e6 / $W_REQUESTS")"
+            H_P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
+            H_P999[$t]+=" $(calc "\"%.2f\", $W_P999_US / 1000")"
+            H_ERR[$t]=$(( ${H_ERR[$t]:-0} + W_ERRORS ))
+            H_CONNS[$t]+=" $(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t.$round")"
+            read -r a b c d <<<"${H_TICKS[$t]:-0 0 0 0}"
+            H_TICKS[$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
+            log "workload 4, round $round/$ROUNDS, $t, $CONNECTIONS clients: warm-up $WARMUP, then $DURATION"
+            wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
+            wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w4lat.$t.$round.txt"
+            L_RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $W_DURATION_US * 1e6")"
+            L_CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+            L_P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
+            L_P999[$t]+=" $(calc "\"%.2f\", $W_P999_US / 1000")"
+            L_ERR[$t]=$(( ${L_ERR[$t]:-0} + W_ERRORS ))
+            stop_target
+        done
+    done
+    # Medians under the rows' old names (the targets below read them), each round's value beside.
+    each() { sed 's/^ //; s/ / · /g' <<<"$1"; }
+    for t in "${h2_targets[@]}"; do
+        # shellcheck disable=SC2086 # the per-round lists split into words on purpose
+        {
+            put "$W4 requests/s" "$t" "$(median %.0f ${H_RPS[$t]})"
+            put "$W4 proxy CPU µs/request" "$t" "$(median %.1f ${H_CPU[$t]})"
+            ((ROUNDS == 1)) || put "$W4 proxy CPU µs/request, each round" "$t" "$(each "${H_CPU[$t]}")"
+            put "$W4 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${H_SYS[$t]})"
+            put "$W4 in user space (µs/request, median)" "$t" "$(median %.2f ${H_USR[$t]})"
+            put "$W4 errors" "$t" "${H_ERR[$t]}"
+            put "$W4 $BUSY" "$t" "$(busy_cell ${H_TICKS[$t]})"
+            put "$W4 upstream connections (max seen)" "$t" "$(median %.0f ${H_CONNS[$t]})"
+            put "$W4 p99 latency (ms)" "$t" "$(median %.2f ${H_P99[$t]})"
+            put "$W4 p99.9 latency (ms)" "$t" "$(median %.2f ${H_P999[$t]})"
+            put "$W4L requests/s" "$t" "$(median %.0f ${L_RPS[$t]})"
+            put "$W4L p99 latency (ms)" "$t" "$(median %.2f ${L_P99[$t]})"
+            ((ROUNDS == 1)) || put "$W4L p99 latency (ms), each round" "$t" "$(each "${L_P99[$t]}")"
+            put "$W4L p99.9 latency (ms)" "$t" "$(median %.2f ${L_P999[$t]})"
+            put "$W4L errors" "$t" "${L_ERR[$t]}"
+            put "$W4L proxy CPU µs/request" "$t" "$(median %.1f ${L_CPU[$t]})"
+            ((ROUNDS == 1)) || put "$W4L proxy CPU µs/request, each round" "$t" "$(each "${L_CPU[$t]}")"
+        }
+    done
+    # nginx cannot multiplex to an h2 upstream.
+    if [[ " ${PROXIES[*]} " == *" nginx "* ]]; then
+        for row in requests/s "proxy CPU µs/request" errors "$BUSY" "upstream connections (max seen)" \
+            "p99 latency (ms)" "p99.9 latency (ms)"; do
+            put "$W4 $row" nginx "n/a"
+        done
+        for row in requests/s "p99 latency (ms)" "p99.9 latency (ms)" errors "proxy CPU µs/request"; do
+            put "$W4L $row" nginx "n/a"
+        done
+    fi
     put "$W4 p99 latency (ms)" direct "${direct_p99[0]}"
     put "$W4 p99.9 latency (ms)" direct "${direct_p99[1]}"
     put "$W4L requests/s" direct "${direct_lat[0]}"
