@@ -269,10 +269,31 @@ median() { # printf-format numbers...
         END { printf f, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
 }
 
+# TR[workload|figure|target]: one value per round, space-separated (errors: a sum), from the
+# last wrk_measure; CPU figures for the proxies only.
+declare -A TR
+record_round() { # workload target
+    local w=$1 t=$2 secs
+    secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
+    TR[$w|rps|$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
+    TR[$w|p99|$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
+    TR[$w|p999|$t]+=" $(calc "\"%.2f\", $W_P999_US / 1000")"
+    TR[$w|err|$t]=$(( ${TR[$w|err|$t]:-0} + W_ERRORS ))
+    [[ $t != direct ]] || return 0
+    TR[$w|cpu|$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
+    TR[$w|sys|$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
+    TR[$w|usr|$t]+=" $(calc "\"%.2f\", ($W_CPU - $W_SYS) / $CLK_TCK * 1e6 / $W_REQUESTS")"
+    local a b c d
+    read -r a b c d <<<"${TR[$w|ticks|$t]:-0 0 0 0}"
+    TR[$w|ticks|$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
+}
+
+# "a · b · c" from a round list " a b c".
+each() { sed 's/^ //; s/ / · /g' <<<"$1"; }
+
 # ROUNDS rounds, the targets in turn within each (drift on a shared VM spreads over all of them);
 # each run on a fresh process. The table shows medians over the rounds and every round's value.
 if wants 1; then
-    declare -A RPS CPU SYS USR P99 P999 ERR TICKS
     for ((round = 1; round <= ROUNDS; round++)); do
         for t in "${TARGETS[@]}"; do
             log "workload 1, round $round/$ROUNDS, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS connections"
@@ -280,38 +301,29 @@ if wants 1; then
             url="http://127.0.0.1:$T_PORT/"
             wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
             wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w1.$t.$round.txt"
-            secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
-            RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
-            CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-            SYS[$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
-            USR[$t]+=" $(calc "\"%.2f\", ($W_CPU - $W_SYS) / $CLK_TCK * 1e6 / $W_REQUESTS")"
-            P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
-            P999[$t]+=" $(calc "\"%.2f\", $W_P999_US / 1000")"
-            ERR[$t]=$(( ${ERR[$t]:-0} + W_ERRORS ))
-            read -r a b c d <<<"${TICKS[$t]:-0 0 0 0}"
-            TICKS[$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
+            record_round 1 "$t"
             stop_target
         done
     done
     for t in "${TARGETS[@]}"; do
         # shellcheck disable=SC2086 # the per-round lists split into words on purpose
         {
-            put "$W1 requests/s (median)" "$t" "$(median %.0f ${RPS[$t]})"
-            ((ROUNDS == 1)) || put "$W1 requests/s, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${RPS[$t]}")"
-            put "$W1 p99 latency (ms, median)" "$t" "$(median %.2f ${P99[$t]})"
-            put "$W1 p99.9 latency (ms, median)" "$t" "$(median %.2f ${P999[$t]})"
-            put "$W1 errors (all rounds)" "$t" "${ERR[$t]}"
+            put "$W1 requests/s (median)" "$t" "$(median %.0f ${TR[1|rps|$t]})"
+            ((ROUNDS == 1)) || put "$W1 requests/s, each round" "$t" "$(each "${TR[1|rps|$t]}")"
+            put "$W1 p99 latency (ms, median)" "$t" "$(median %.2f ${TR[1|p99|$t]})"
+            put "$W1 p99.9 latency (ms, median)" "$t" "$(median %.2f ${TR[1|p999|$t]})"
+            put "$W1 errors (all rounds)" "$t" "${TR[1|err|$t]}"
             [[ $t != direct ]] || continue
-            put "$W1 proxy CPU µs/request (median)" "$t" "$(median %.1f ${CPU[$t]})"
-            ((ROUNDS == 1)) || put "$W1 proxy CPU µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${CPU[$t]}")"
+            put "$W1 proxy CPU µs/request (median)" "$t" "$(median %.1f ${TR[1|cpu|$t]})"
+            ((ROUNDS == 1)) || put "$W1 proxy CPU µs/request, each round" "$t" "$(each "${TR[1|cpu|$t]}")"
             # The kernel's part (stime): what trimming our own code cannot reach.
-            put "$W1 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${SYS[$t]})"
+            put "$W1 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${TR[1|sys|$t]})"
             # User space, each round's own (not the difference of two rounded medians): the part
             # that is ours to trim. The kernel splits a process's CPU time by sampling at its tick,
             # so a 10 s round's figure is good to a few percent.
-            put "$W1 in user space (µs/request, median)" "$t" "$(median %.2f ${USR[$t]})"
-            ((ROUNDS == 1)) || put "$W1 in user space µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${USR[$t]}")"
-            put "$W1 $BUSY" "$t" "$(busy_cell ${TICKS[$t]})"
+            put "$W1 in user space (µs/request, median)" "$t" "$(median %.2f ${TR[1|usr|$t]})"
+            ((ROUNDS == 1)) || put "$W1 in user space µs/request, each round" "$t" "$(each "${TR[1|usr|$t]}")"
+            put "$W1 $BUSY" "$t" "$(busy_cell ${TR[1|ticks|$t]})"
         }
     done
 fi
@@ -421,7 +433,6 @@ if wants 4; then
     done
     # ROUNDS rounds, the proxies in turn within each, a fresh process each time, as workload 1:
     # one run of a few seconds on a shared VM moved a proxy's CPU per request by 20%.
-    declare -A H_RPS H_CPU H_SYS H_USR H_P99 H_P999 H_ERR H_CONNS H_TICKS L_RPS L_CPU L_P99 L_P999 L_ERR
     for ((round = 1; round <= ROUNDS; round++)); do
         for t in "${h2_targets[@]}"; do
             log "workload 4, round $round/$ROUNDS, $t: warm-up $WARMUP, then $H2_DURATION with $H2_CLIENTS connections"
@@ -444,50 +455,36 @@ if wants 4; then
             start_sampler "$T_PID" "$H2_PORT" "$TMP/h2conns.$t.$round"
             wrk_measure "$url" "$H2_CLIENTS" "$H2_DURATION" "$T_PID" "$TMP/w4.$t.$round.txt"
             stop_pid "$SAMPLER_PID"
-            secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
-            H_RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
-            H_CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-            H_SYS[$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
-            H_USR[$t]+=" $(calc "\"%.2f\", ($W_CPU - $W_SYS) / $CLK_TCK * 1e6 / $W_REQUESTS")"
-            H_P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
-            H_P999[$t]+=" $(calc "\"%.2f\", $W_P999_US / 1000")"
-            H_ERR[$t]=$(( ${H_ERR[$t]:-0} + W_ERRORS ))
-            H_CONNS[$t]+=" $(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t.$round")"
-            read -r a b c d <<<"${H_TICKS[$t]:-0 0 0 0}"
-            H_TICKS[$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
+            record_round 4 "$t"
+            TR[4|conns|$t]+=" $(awk '$2 > m { m = $2 } END { print m + 0 }' "$TMP/h2conns.$t.$round")"
             log "workload 4, round $round/$ROUNDS, $t, $CONNECTIONS clients: warm-up $WARMUP, then $DURATION"
             wrk_warm "$url" "$CONNECTIONS" "$WARMUP"
             wrk_measure "$url" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w4lat.$t.$round.txt"
-            L_RPS[$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $W_DURATION_US * 1e6")"
-            L_CPU[$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-            L_P99[$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
-            L_P999[$t]+=" $(calc "\"%.2f\", $W_P999_US / 1000")"
-            L_ERR[$t]=$(( ${L_ERR[$t]:-0} + W_ERRORS ))
+            record_round 4L "$t"
             stop_target
         done
     done
     # Medians under the rows' old names (the targets below read them), each round's value beside.
-    each() { sed 's/^ //; s/ / · /g' <<<"$1"; }
     for t in "${h2_targets[@]}"; do
         # shellcheck disable=SC2086 # the per-round lists split into words on purpose
         {
-            put "$W4 requests/s" "$t" "$(median %.0f ${H_RPS[$t]})"
-            put "$W4 proxy CPU µs/request" "$t" "$(median %.1f ${H_CPU[$t]})"
-            ((ROUNDS == 1)) || put "$W4 proxy CPU µs/request, each round" "$t" "$(each "${H_CPU[$t]}")"
-            put "$W4 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${H_SYS[$t]})"
-            put "$W4 in user space (µs/request, median)" "$t" "$(median %.2f ${H_USR[$t]})"
-            put "$W4 errors" "$t" "${H_ERR[$t]}"
-            put "$W4 $BUSY" "$t" "$(busy_cell ${H_TICKS[$t]})"
-            put "$W4 upstream connections (max seen)" "$t" "$(median %.0f ${H_CONNS[$t]})"
-            put "$W4 p99 latency (ms)" "$t" "$(median %.2f ${H_P99[$t]})"
-            put "$W4 p99.9 latency (ms)" "$t" "$(median %.2f ${H_P999[$t]})"
-            put "$W4L requests/s" "$t" "$(median %.0f ${L_RPS[$t]})"
-            put "$W4L p99 latency (ms)" "$t" "$(median %.2f ${L_P99[$t]})"
-            ((ROUNDS == 1)) || put "$W4L p99 latency (ms), each round" "$t" "$(each "${L_P99[$t]}")"
-            put "$W4L p99.9 latency (ms)" "$t" "$(median %.2f ${L_P999[$t]})"
-            put "$W4L errors" "$t" "${L_ERR[$t]}"
-            put "$W4L proxy CPU µs/request" "$t" "$(median %.1f ${L_CPU[$t]})"
-            ((ROUNDS == 1)) || put "$W4L proxy CPU µs/request, each round" "$t" "$(each "${L_CPU[$t]}")"
+            put "$W4 requests/s" "$t" "$(median %.0f ${TR[4|rps|$t]})"
+            put "$W4 proxy CPU µs/request" "$t" "$(median %.1f ${TR[4|cpu|$t]})"
+            ((ROUNDS == 1)) || put "$W4 proxy CPU µs/request, each round" "$t" "$(each "${TR[4|cpu|$t]}")"
+            put "$W4 of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${TR[4|sys|$t]})"
+            put "$W4 in user space (µs/request, median)" "$t" "$(median %.2f ${TR[4|usr|$t]})"
+            put "$W4 errors" "$t" "${TR[4|err|$t]}"
+            put "$W4 $BUSY" "$t" "$(busy_cell ${TR[4|ticks|$t]})"
+            put "$W4 upstream connections (max seen)" "$t" "$(median %.0f ${TR[4|conns|$t]})"
+            put "$W4 p99 latency (ms)" "$t" "$(median %.2f ${TR[4|p99|$t]})"
+            put "$W4 p99.9 latency (ms)" "$t" "$(median %.2f ${TR[4|p999|$t]})"
+            put "$W4L requests/s" "$t" "$(median %.0f ${TR[4L|rps|$t]})"
+            put "$W4L p99 latency (ms)" "$t" "$(median %.2f ${TR[4L|p99|$t]})"
+            ((ROUNDS == 1)) || put "$W4L p99 latency (ms), each round" "$t" "$(each "${TR[4L|p99|$t]}")"
+            put "$W4L p99.9 latency (ms)" "$t" "$(median %.2f ${TR[4L|p999|$t]})"
+            put "$W4L errors" "$t" "${TR[4L|err|$t]}"
+            put "$W4L proxy CPU µs/request" "$t" "$(median %.1f ${TR[4L|cpu|$t]})"
+            ((ROUNDS == 1)) || put "$W4L proxy CPU µs/request, each round" "$t" "$(each "${TR[4L|cpu|$t]}")"
         }
     done
     # nginx cannot multiplex to an h2 upstream.

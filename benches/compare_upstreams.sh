@@ -193,24 +193,6 @@ h2_direct() { # url clients duration outfile
     W_DURATION_US=$(calc "\"%d\", $(secs_of "$3") * 1e6")
 }
 
-# TR[workload|figure|target]: one value per round, space-separated (errors: a sum).
-declare -A TR
-tls_record() { # workload target
-    local w=$1 t=$2 secs
-    secs=$(calc "\"%f\", $W_DURATION_US / 1e6")
-    TR[$w|rps|$t]+=" $(calc "\"%.0f\", $W_REQUESTS / $secs")"
-    TR[$w|p99|$t]+=" $(calc "\"%.2f\", $W_P99_US / 1000")"
-    TR[$w|p999|$t]+=" $(calc "\"%.2f\", $W_P999_US / 1000")"
-    TR[$w|err|$t]=$(( ${TR[$w|err|$t]:-0} + W_ERRORS ))
-    [[ $t != direct ]] || return 0
-    TR[$w|cpu|$t]+=" $(calc "\"%.1f\", $W_CPU / $CLK_TCK * 1e6 / $W_REQUESTS")"
-    TR[$w|sys|$t]+=" $(calc "\"%.1f\", $W_SYS / $CLK_TCK * 1e6 / $W_REQUESTS")"
-    TR[$w|usr|$t]+=" $(calc "\"%.2f\", ($W_CPU - $W_SYS) / $CLK_TCK * 1e6 / $W_REQUESTS")"
-    local a b c d
-    read -r a b c d <<<"${TR[$w|ticks|$t]:-0 0 0 0}"
-    TR[$w|ticks|$t]="$((a + W_CPU)) $((b + W_BUSY_PROXY)) $((c + W_BUSY_LOAD)) $(calc "\"%f\", $d + $secs")"
-}
-
 # Connections the TLS origin (workload 6) has accepted so far (this query's own included).
 tls_accepts() {
     curl -sS --max-time 5 "http://127.0.0.1:$TLS_STATUS_PORT/" | awk 'NR == 3 { print $1 }'
@@ -221,7 +203,7 @@ tls_accepts() {
 # counts the TLS connections each run dialed (start, warm-up and run), workload 7 the largest
 # number of upstream connections seen during the measured run.
 tls_rounds() { # h1|h2 workload-number upstream-port
-    local kind=$1 n=$2 up=$3 round t a0 each w
+    local kind=$1 n=$2 up=$3 round t a0 row w
     if [[ $kind == h1 ]]; then w=$W6; else w=$W7; fi
     for ((round = 1; round <= ROUNDS; round++)); do
         for t in "${TARGETS[@]}"; do
@@ -237,7 +219,7 @@ tls_rounds() { # h1|h2 workload-number upstream-port
                 wrk_measure "$T_URL" "$CONNECTIONS" "$DURATION" "$T_PID" "$TMP/w$n.$t.$round.txt"
                 [[ $kind == h1 || $t == direct ]] || stop_pid "$SAMPLER_PID"
             fi
-            tls_record "$n" "$t"
+            record_round "$n" "$t"
             stop_target
             if [[ $kind == h1 ]]; then
                 # The second stub_status query is itself one accepted connection.
@@ -250,18 +232,18 @@ tls_rounds() { # h1|h2 workload-number upstream-port
     # shellcheck disable=SC2086 # the per-round lists split into words on purpose
     for t in "${TARGETS[@]}"; do
         if [[ $kind == h2 && $t == nginx ]]; then
-            for each in "requests/s (median)" "p99 latency (ms, median)" "p99.9 latency (ms, median)" \
+            for row in "requests/s (median)" "p99 latency (ms, median)" "p99.9 latency (ms, median)" \
                 "errors (all rounds)" "proxy CPU µs/request (median)" \
                 "of which in the kernel (µs/request, median)" "in user space (µs/request, median)" "$BUSY" \
                 "upstream connections (max seen, median)"; do
-                put "$w $each" nginx "n/a"
+                put "$w $row" nginx "n/a"
             done
             ((ROUNDS == 1)) || put "$w requests/s, each round" nginx "n/a"
             ((ROUNDS == 1)) || put "$w proxy CPU µs/request, each round" nginx "n/a"
             continue
         fi
         put "$w requests/s (median)" "$t" "$(median %.0f ${TR[$n|rps|$t]})"
-        ((ROUNDS == 1)) || put "$w requests/s, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${TR[$n|rps|$t]}")"
+        ((ROUNDS == 1)) || put "$w requests/s, each round" "$t" "$(each "${TR[$n|rps|$t]}")"
         put "$w p99 latency (ms, median)" "$t" "$(median %.2f ${TR[$n|p99|$t]})"
         put "$w p99.9 latency (ms, median)" "$t" "$(median %.2f ${TR[$n|p999|$t]})"
         put "$w errors (all rounds)" "$t" "${TR[$n|err|$t]}"
@@ -273,7 +255,7 @@ tls_rounds() { # h1|h2 workload-number upstream-port
             continue
         fi
         put "$w proxy CPU µs/request (median)" "$t" "$(median %.1f ${TR[$n|cpu|$t]})"
-        ((ROUNDS == 1)) || put "$w proxy CPU µs/request, each round" "$t" "$(sed 's/^ //; s/ / · /g' <<<"${TR[$n|cpu|$t]}")"
+        ((ROUNDS == 1)) || put "$w proxy CPU µs/request, each round" "$t" "$(each "${TR[$n|cpu|$t]}")"
         put "$w of which in the kernel (µs/request, median)" "$t" "$(median %.1f ${TR[$n|sys|$t]})"
         put "$w in user space (µs/request, median)" "$t" "$(median %.2f ${TR[$n|usr|$t]})"
         put "$w $BUSY" "$t" "$(busy_cell ${TR[$n|ticks|$t]})"
