@@ -523,3 +523,39 @@ async fn an_upstream_closing_an_idle_connection_frees_its_place_at_once() {
     assert_eq!(a.get(&format!("http://{}/", upstream.addr)).await.status, 200);
     assert_eq!(upstream.accepted(), 3);
 }
+
+/// hyper's server answers a handler that ignored the request body, then closes the connection
+/// unless the body's rest is already in its buffer. A body that came with its head goes up in
+/// the head's write, so such an upstream keeps its connection for every POST (with the body
+/// written after the head, 8 to 27 of the 500 closed it, in six runs of six).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_came_with_its_head_goes_up_with_it() {
+    const POSTS: usize = 500;
+    let upstream = FakeUpstream::start().await;
+    let sidecar = Sidecar::start(&one_upstream(&upstream, "max_connections: 1")).await;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..POSTS {
+        client
+            .send_raw(
+                format!(
+                    "POST http://{}/ HTTP/1.1\r\nHost: {}\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    upstream.addr,
+                    upstream.addr,
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+        let resp = client.read_response(false).await.unwrap();
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    assert_eq!(upstream.requests(), POSTS);
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "the upstream closed a connection after a POST"
+    );
+    sidecar.stop().await;
+}

@@ -570,6 +570,11 @@ async fn exchange<S: Stream>(
             (version, keep_alive) = (req.version(), facts.keep_alive);
             head_only = req.method() == Method::HEAD;
             request_body(&mut req, &mut pump, facts);
+            // What of the body came with the head is in the channel before the request is
+            // first polled, so that an HTTP/1.1 upstream gets it in the head's write.
+            if pump.is_active() {
+                pump.take_in_buffered(&mut conn.buf, max_head);
+            }
         }
         // Pinned here and lent, in a block of its own: moved into `await_response` it would be
         // stored twice in this future's state.

@@ -61,9 +61,10 @@ impl BodyPump {
         self.decoder.is_done() && !self.failed
     }
 
-    /// The response is ready: takes in, without waiting, what of the body was already read
-    /// off the socket, passing it on while the upstream side still takes it and dropping it
-    /// once it stopped reading. Returns whether the whole body is now in.
+    /// Takes in, without waiting, what of the body was already read off the socket, passing
+    /// it on while the upstream side still takes it and dropping it once it stopped reading.
+    /// Returns whether the whole body is now in. Done before the request goes up (so that the
+    /// body can go with its head) and again once the response is ready.
     ///
     /// Whether the pump got to bytes that came with the head before the response was ready
     /// is a matter of scheduling (the response can be decided before the pump's first step,
