@@ -593,7 +593,11 @@ fn stream_takes_data(shared: &Shared, id: u32, cx: &Context<'_>) -> bool {
         return false;
     }
     if let Some(slot) = state.slots.get_mut(&id) {
-        slot.send = Some(cx.waker().clone());
+        // The body is polled once per frame, mostly by the same task: its waker is kept.
+        match &mut slot.send {
+            Some(waker) => waker.clone_from(cx.waker()),
+            unset => *unset = Some(cx.waker().clone()),
+        }
     }
     true
 }
