@@ -559,3 +559,30 @@ async fn a_body_that_came_with_its_head_goes_up_with_it() {
     );
     sidecar.stop().await;
 }
+
+/// A client that leaves as soon as it has read a whole answer leaves its upstream connection
+/// pooled: the sidecar has read the answer's end before writing the last bytes the client
+/// reads (a body framed by length, one of many frames, and a chunked one alike). With one
+/// connection allowed, a connection closed instead of pooled shows as another dial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_right_after_its_answer_leaves_the_connection_pooled() {
+    const ROUNDS: usize = 20;
+    let upstream = FakeUpstream::start().await;
+    let sidecar = Sidecar::start(&one_upstream(&upstream, "max_connections: 1")).await;
+    let paths = ["/", "/bytes/100000", "/sse/1"];
+    for path in paths {
+        for _ in 0..ROUNDS {
+            let mut client = RawClient::connect(sidecar.addr).await;
+            let resp = client.get(&format!("http://{}{path}", upstream.addr)).await;
+            assert_eq!(resp.status, 200, "{path}: {}", resp.text());
+            assert!(!resp.body.is_empty(), "{path}");
+        }
+    }
+    assert_eq!(upstream.requests(), ROUNDS * paths.len());
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "a connection was closed instead of pooled"
+    );
+    sidecar.stop().await;
+}
