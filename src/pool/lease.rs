@@ -273,8 +273,8 @@ impl Lease {
 
     /// Sends a request and waits for the response head. On HTTP/1.1 the request's own task
     /// writes it and reads the response, taking only the body out of `req`: the rest stays for
-    /// a retry. HTTP/2 takes the whole request, once the connection can open its stream: a
-    /// request never sent stays in `req`.
+    /// a retry. HTTP/2 too, once the connection can open its stream: a request never sent
+    /// stays in `req` whole.
     pub async fn send(
         &mut self,
         req: &mut http::Request<RequestBody>,

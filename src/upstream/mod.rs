@@ -171,8 +171,6 @@ struct Tries {
 
 /// What one failed attempt leaves for deciding whether it goes again.
 struct Attempt {
-    /// A bodyless request's copy, kept on HTTP/2 (which takes the request) for the one retry.
-    replay: Option<Box<Request<RequestBody>>>,
     /// The connection had served before.
     reused: bool,
     http2: bool,
@@ -554,9 +552,7 @@ impl Upstream {
             // send_with_policy, written out: its answer is not moved once more on the way.
             None => {
                 let retrying = self.retrying(req, !no_retry);
-                let first = self
-                    .send_with_retries(req, None, retrying.is_some(), &mut retries)
-                    .await;
+                let first = self.send_with_retries(req, None, &mut retries).await;
                 match self.goes_again(retrying, &first) {
                     None => self.answered_once(first, &ticket),
                     Some(retrying) => {
@@ -632,9 +628,7 @@ impl Upstream {
         ticket: &Ticket,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let retrying = self.retrying(&mut req, allowed);
-        let first = self
-            .send_with_retries(&mut req, None, retrying.is_some(), retries)
-            .await;
+        let first = self.send_with_retries(&mut req, None, retries).await;
         match self.goes_again(retrying, &first) {
             None => self.answered_once(first, ticket),
             Some(retrying) => {
@@ -755,9 +749,7 @@ impl Upstream {
             if let Some(body) = body {
                 *req.body_mut() = body;
             }
-            result = self
-                .send_with_retries(&mut req, avoid.as_ref(), true, retries)
-                .await;
+            result = self.send_with_retries(&mut req, avoid.as_ref(), retries).await;
             credited = false;
         }
         if let (Ok(resp), false) = (&result, credited) {
@@ -768,13 +760,12 @@ impl Upstream {
 
     /// Sends `req` (on a connection away from `avoid`, when the pool has one) with the
     /// connection-level retries. A failure names the endpoint it happened on, if known.
-    /// Afterwards `req` keeps its head when `keep_head` (HTTP/1.1 leaves it; HTTP/2 takes the
-    /// request, so a copy is put back), and its body unless it was sent.
+    /// Afterwards `req` keeps its head (both protocols take only the body), and its body
+    /// unless it was sent.
     async fn send_with_retries(
         &self,
         req: &mut Request<RequestBody>,
         avoid: Option<&Arc<endpoint::Endpoint>>,
-        keep_head: bool,
         retries: &mut u32,
     ) -> Result<Response<PooledBody>, Attempted> {
         let mut tries = Tries {
@@ -793,28 +784,15 @@ impl Upstream {
             let served = lease.served();
             traced::leased(&mut client_span, &lease, &served);
             let (reused, http2) = (served.reused, served.http2);
+            // Both protocols give back all of the request but its body, so a bodyless one can
+            // go again as it is.
             let bodyless = req.body().is_empty();
-            // HTTP/1.1 gives back all of the request but its body, so a bodyless one can go
-            // again as it is. HTTP/2 takes the request: a copy is kept for the one retry a
-            // refused or reset stream may get (any method, since only HTTP/2 refuses streams).
-            let replay = if http2 && !tries.retried {
-                bodyless_copy(req)
-            } else {
-                None
-            };
-            let head = (http2 && keep_head).then(|| head_copy(req));
             let outcome = self.exchange(&mut lease, req).await;
-            if let Some(head) = head {
-                if !matches!(outcome, Err(Failure::Unsent(..))) {
-                    *req = *head;
-                }
-            }
             let failure = match outcome {
                 Ok(resp) => return traced::answered(client_span, self.answered(resp, lease, served)),
                 Err(failure) => traced::failure(client_span, failure),
             };
             let attempt = Attempt {
-                replay,
                 reused,
                 http2,
                 bodyless,
@@ -855,7 +833,6 @@ impl Upstream {
         tries: &mut Tries,
     ) -> Result<(), Attempted> {
         let Attempt {
-            replay,
             reused,
             http2,
             bodyless,
@@ -871,17 +848,15 @@ impl Upstream {
                 self.retried(req, "unsent");
             }
             Failure::Refused(err) => {
-                // The upstream did not process the stream, so any method may go again.
+                // The upstream did not process the stream, so any method may go again, once,
+                // if it has no body to have been sent.
                 lease.mark_draining();
-                match replay {
-                    Some(copy) => {
-                        tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
-                        tries.retried = true;
-                        *req = *copy;
-                        self.retried(req, "refused_stream");
-                    }
-                    None => return Err((err, lease.endpoint())),
+                if tries.retried || !bodyless {
+                    return Err((err, lease.endpoint()));
                 }
+                tracing::debug!(upstream = %self.label, error = %err, "stream refused; retrying once");
+                tries.retried = true;
+                self.retried(req, "refused_stream");
             }
             // A reused HTTP/1.1 connection may have been closed by the upstream as the
             // request went out; an HTTP/2 connection that dies takes streams with it. Either
@@ -897,10 +872,8 @@ impl Upstream {
                 if err.kind() == ErrorKind::UpstreamReset && !(again && reused) {
                     lease.reset();
                 }
-                match (again, replay) {
-                    (true, _) if !http2 => {}
-                    (true, Some(copy)) => *req = *copy,
-                    _ => return Err((err, lease.endpoint())),
+                if !again {
+                    return Err((err, lease.endpoint()));
                 }
                 tracing::debug!(upstream = %self.label, error = %err, "stale connection; retrying once");
                 tries.retried = true;
@@ -964,23 +937,4 @@ fn host_header(scheme: Scheme, authority: &Authority) -> HeaderValue {
         (false, _) => authority.to_string(),
     };
     HeaderValue::from_str(&text).expect("validated authority is a valid header value")
-}
-
-/// A copy to send again on HTTP/2, for requests without a body (a streamed body cannot be
-/// replayed).
-fn bodyless_copy(req: &Request<RequestBody>) -> Option<Box<Request<RequestBody>>> {
-    req.body().is_empty().then(|| head_copy(req))
-}
-
-/// The request's head, with no body; boxed, as only HTTP/2 exchanges keep one, and every
-/// request's future would otherwise have room for it.
-fn head_copy(req: &Request<RequestBody>) -> Box<Request<RequestBody>> {
-    let mut copy = Box::new(Request::new(RequestBody::Empty));
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    // What the request carries for the path below (a retry's recount, its trace).
-    *copy.extensions_mut() = req.extensions().clone();
-    copy
 }

@@ -2,9 +2,14 @@
 //! two flow-control windows (§6.9) and what its response has said so far, in a table kept in
 //! the order the streams were opened.
 //!
-//! A client opens streams with rising odd ids, so the table is a `Vec` sorted by id: a lookup is
-//! a binary search over a few dozen entries at most, an open is a push, and a closed stream is
-//! taken out where it stands. No map, no allocation per stream once the table has grown.
+//! A client opens streams with rising odd ids, so the table is a `VecDeque` sorted by id: a
+//! lookup is a binary search, an open is a push at the back, and a closed stream is taken out
+//! where it stands, moving the entries on the nearer side. Streams mostly end in the order they
+//! opened, so that side is short: in a `Vec`, taking out the oldest of 100 open streams moved
+//! the 99 others (268 instructions of `memmove` per request through h2c at 400 clients,
+//! callgrind). No map, no allocation per stream once the table has grown.
+
+use std::collections::VecDeque;
 
 /// One open stream.
 #[derive(Debug)]
@@ -46,7 +51,7 @@ pub(super) enum Response {
 /// The open streams, by id.
 #[derive(Debug, Default)]
 pub(super) struct Streams {
-    open: Vec<Stream>,
+    open: VecDeque<Stream>,
 }
 
 // === impl Stream ===
@@ -76,8 +81,8 @@ impl Stream {
 impl Streams {
     /// Adds a stream whose id is above every other's.
     pub(super) fn push(&mut self, stream: Stream) {
-        debug_assert!(self.open.last().is_none_or(|last| last.id < stream.id));
-        self.open.push(stream);
+        debug_assert!(self.open.back().is_none_or(|last| last.id < stream.id));
+        self.open.push_back(stream);
     }
 
     pub(super) fn get_mut(&mut self, id: u32) -> Option<&mut Stream> {
@@ -88,17 +93,17 @@ impl Streams {
     /// Takes the stream out of the table.
     pub(super) fn remove(&mut self, id: u32) -> Option<Stream> {
         let at = self.open.binary_search_by_key(&id, |s| s.id).ok()?;
-        Some(self.open.remove(at))
+        self.open.remove(at)
     }
 
     /// Takes out every stream above `last_id` (a GOAWAY's: the peer never acted on them).
-    pub(super) fn split_above(&mut self, last_id: u32) -> Vec<Stream> {
+    pub(super) fn split_above(&mut self, last_id: u32) -> VecDeque<Stream> {
         let at = self.open.partition_point(|s| s.id <= last_id);
         self.open.split_off(at)
     }
 
     /// Takes out every stream.
-    pub(super) fn drain(&mut self) -> std::vec::Drain<'_, Stream> {
+    pub(super) fn drain(&mut self) -> std::collections::vec_deque::Drain<'_, Stream> {
         self.open.drain(..)
     }
 
@@ -106,7 +111,7 @@ impl Streams {
         self.open.len()
     }
 
-    pub(super) fn iter_mut(&mut self) -> std::slice::IterMut<'_, Stream> {
+    pub(super) fn iter_mut(&mut self) -> std::collections::vec_deque::IterMut<'_, Stream> {
         self.open.iter_mut()
     }
 }
