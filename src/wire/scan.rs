@@ -100,13 +100,15 @@ static LOWER_TOKEN: [bool; 256] = {
 };
 
 /// Whether `bytes` is a non-empty token without uppercase letters: an HTTP/2 field name.
+/// A word at a time, as heads are scanned: a lookup per byte cost an HTTP/2 response's seven
+/// fields about 800 instructions with their values (callgrind, h2c).
 pub(crate) fn is_lower_token(bytes: &[u8]) -> bool {
-    !bytes.is_empty() && bytes.iter().all(|b| LOWER_TOKEN[usize::from(*b)])
+    !bytes.is_empty() && token_end::<true>(bytes, 0).is_none()
 }
 
 /// Whether every byte of `bytes` may stand in a field value (what `HeaderValue` takes too).
 pub(crate) fn is_field_value(bytes: &[u8]) -> bool {
-    bytes.iter().all(|b| TEXT[usize::from(*b)])
+    text_end(bytes, 0).is_none()
 }
 
 /// The response head at the front of `buf` when it is complete and in the plain form:
@@ -122,7 +124,7 @@ pub(crate) fn response_head<const N: usize>(buf: &[u8], fields: &mut Fields<N>) 
 /// one space, a target of visible ASCII, one space, `HTTP/1.0` or `HTTP/1.1`, then
 /// [`fields`]. `None` for anything else, complete or not, with `fields` left in any state.
 pub(crate) fn request_head<const N: usize>(buf: &[u8], fields: &mut Fields<N>) -> Option<RequestLine> {
-    let method_end = token_end(buf, 0)?;
+    let method_end = token_end::<false>(buf, 0)?;
     if method_end == 0 || *buf.get(method_end)? != b' ' {
         return None;
     }
@@ -181,7 +183,7 @@ fn status_line(buf: &[u8]) -> Option<(u8, u16, usize)> {
 
 /// The field whose line starts at `start`, and where the next line starts.
 fn field_line(buf: &[u8], start: usize) -> Option<(Field, usize)> {
-    let colon = token_end(buf, start)?;
+    let colon = token_end::<false>(buf, start)?;
     if colon == start || buf[colon] != b':' {
         return None;
     }
@@ -211,8 +213,8 @@ fn field_line(buf: &[u8], start: usize) -> Option<(Field, usize)> {
 /// Eight bytes at a time while they are letters, digits and `-` (what names are made of), a
 /// lookup per byte past the first other byte. Each test below holds bytewise with no carry
 /// between bytes: every byte is below 0x80 when it runs, and below 0x80 plus 0x7f stays
-/// under 0x100.
-fn token_end(buf: &[u8], mut at: usize) -> Option<usize> {
+/// under 0x100. `LOWER`: uppercase letters end the token too (an HTTP/2 name's rule).
+fn token_end<const LOWER: bool>(buf: &[u8], mut at: usize) -> Option<usize> {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
     // High bit of each byte set when that byte of `x` lies in `lo..=hi`.
@@ -222,7 +224,9 @@ fn token_end(buf: &[u8], mut at: usize) -> Option<usize> {
         if x & HIGH != 0 {
             break;
         }
-        let name_byte = within(x | (0x20 * ONES), u64::from(b'a'), u64::from(b'z'))
+        // Setting 0x20 folds uppercase letters onto lowercase (and no other byte onto a letter).
+        let letters = if LOWER { x } else { x | (0x20 * ONES) };
+        let name_byte = within(letters, u64::from(b'a'), u64::from(b'z'))
             | within(x, u64::from(b'0'), u64::from(b'9'))
             | within(x, u64::from(b'-'), u64::from(b'-'));
         let other = !name_byte & HIGH;
@@ -232,7 +236,8 @@ fn token_end(buf: &[u8], mut at: usize) -> Option<usize> {
         }
         at += 8;
     }
-    Some(at + buf[at..].iter().position(|b| !TOKEN[usize::from(*b)])?)
+    let table = if LOWER { &LOWER_TOKEN } else { &TOKEN };
+    Some(at + buf[at..].iter().position(|b| !table[usize::from(*b)])?)
 }
 
 /// Where the first byte from `at` on that is not [`TEXT`] lies; `None` when the buffer ends
@@ -421,6 +426,35 @@ mod tests {
             taken > tried / 10,
             "the mutations left too few plain heads: {taken} of {tried}"
         );
+    }
+
+    /// The word-at-a-time checks of HTTP/2 names and values say what a lookup per byte says:
+    /// field names and values of 0 to 40 bytes with one to three bytes changed at random
+    /// (every byte value; whether a change lands in the first eight-byte word or past it).
+    #[test]
+    fn name_and_value_checks_agree_with_the_tables() {
+        let rng = Xorshift::seeded("scan checks");
+        let bases: [&[u8]; 4] = [
+            b"content-type",
+            b"x-ratelimit-remaining-requests",
+            b"Fri, 04 Dec 2026 08:56:11 GMT",
+            b"nghttpd nghttp2/1.52.0 (some comment; v=1)",
+        ];
+        for _ in 0..100_000 {
+            let base = bases[rng.below(bases.len() as u64) as usize];
+            let mut text = base[..rng.below(base.len() as u64 + 1) as usize].to_vec();
+            for _ in 0..rng.below(4) {
+                if text.is_empty() {
+                    break;
+                }
+                let at = rng.below(text.len() as u64) as usize;
+                text[at] = rng.below(256) as u8;
+            }
+            let lower = !text.is_empty() && text.iter().all(|b| LOWER_TOKEN[usize::from(*b)]);
+            let value = text.iter().all(|b| TEXT[usize::from(*b)]);
+            assert_eq!(is_lower_token(&text), lower, "{text:?}");
+            assert_eq!(is_field_value(&text), value, "{text:?}");
+        }
     }
 
     /// Plain heads with bytes changed at random: wherever the scan still accepts one,
