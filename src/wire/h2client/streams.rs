@@ -86,14 +86,27 @@ impl Streams {
     }
 
     pub(super) fn get_mut(&mut self, id: u32) -> Option<&mut Stream> {
-        let at = self.open.binary_search_by_key(&id, |s| s.id).ok()?;
+        let at = self.position(id)?;
         Some(&mut self.open[at])
     }
 
     /// Takes the stream out of the table.
     pub(super) fn remove(&mut self, id: u32) -> Option<Stream> {
-        let at = self.open.binary_search_by_key(&id, |s| s.id).ok()?;
+        let at = self.position(id)?;
         self.open.remove(at)
+    }
+
+    /// Where stream `id` stands. Ids rise by two from one stream to the next, so it stands at
+    /// most `(id - oldest) / 2` places in, and exactly there while no stream opened between
+    /// the two has ended: the common case, as answers mostly come in the order asked. Else a
+    /// binary search (about 100 instructions among 100 streams, against 10 for the guess).
+    fn position(&self, id: u32) -> Option<usize> {
+        let oldest = self.open.front()?.id;
+        let most = (id.checked_sub(oldest)? / 2) as usize;
+        if self.open.get(most).is_some_and(|s| s.id == id) {
+            return Some(most);
+        }
+        self.open.binary_search_by_key(&id, |s| s.id).ok()
     }
 
     /// Takes out every stream above `last_id` (a GOAWAY's: the peer never acted on them).
@@ -113,5 +126,52 @@ impl Streams {
 
     pub(super) fn iter_mut(&mut self) -> std::collections::vec_deque::IterMut<'_, Stream> {
         self.open.iter_mut()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::rng::Xorshift;
+
+    /// Streams opened with rising odd ids and ended in any order, some in order (the guess
+    /// holds) and some not (it misses, past holes): every lookup finds the open ones and only
+    /// them, as a set of ids says.
+    #[test]
+    fn lookups_find_the_open_streams_whatever_ended_before() {
+        let rng = Xorshift::seeded("streams");
+        let (mut streams, mut model) = (Streams::default(), BTreeSet::new());
+        let mut next = 1u32;
+        for _ in 0..20_000 {
+            match rng.below(5) {
+                0 | 1 => {
+                    streams.push(Stream::new(next, 65_535, 65_535, false));
+                    model.insert(next);
+                    next += 2;
+                }
+                // The oldest: answers in the order asked.
+                2 => {
+                    if let Some(&id) = model.first() {
+                        assert_eq!(streams.remove(id).map(|s| s.id), Some(id));
+                        model.remove(&id);
+                    }
+                }
+                // Any id ever opened, or not yet: open ones come out, others are not there.
+                _ => {
+                    let id = 1 + 2 * rng.below(u64::from(next / 2 + 2)) as u32;
+                    let open = model.remove(&id);
+                    assert_eq!(streams.remove(id).is_some(), open, "stream {id}");
+                }
+            }
+            let id = 1 + 2 * rng.below(u64::from(next / 2 + 2)) as u32;
+            assert_eq!(
+                streams.get_mut(id).map(|s| s.id),
+                model.contains(&id).then_some(id),
+                "stream {id}"
+            );
+            assert_eq!(streams.len(), model.len());
+        }
     }
 }
