@@ -7,7 +7,7 @@ use bytes::{BufMut, BytesMut};
 use http::{HeaderMap, Method};
 
 use crate::wire::fields::{BodyType, WireFields};
-use crate::wire::hpack::{self, Field};
+use crate::wire::hpack::{self, Field, Pseudo};
 use crate::wire::names;
 use crate::wire::scan;
 
@@ -82,8 +82,8 @@ pub enum Malformed {
 /// Appends a request's header block to `dst`.
 pub(super) fn encode_request(head: &RequestHead<'_>, dst: &mut BytesMut) {
     let encoder = hpack::Encoder;
-    encoder.encode(b":method", head.method.as_str().as_bytes(), false, dst);
-    encoder.encode(b":scheme", head.scheme.as_bytes(), false, dst);
+    encoder.encode_pseudo(Pseudo::Method, head.method.as_str().as_bytes(), dst);
+    encoder.encode_pseudo(Pseudo::Scheme, head.scheme.as_bytes(), dst);
     let authority = if head.authority.is_empty() {
         head.headers
             .get(http::header::HOST)
@@ -91,8 +91,8 @@ pub(super) fn encode_request(head: &RequestHead<'_>, dst: &mut BytesMut) {
     } else {
         head.authority.as_bytes()
     };
-    encoder.encode(b":authority", authority, false, dst);
-    encoder.encode(b":path", head.path.as_bytes(), false, dst);
+    encoder.encode_pseudo(Pseudo::Authority, authority, dst);
+    encoder.encode_pseudo(Pseudo::Path, head.path.as_bytes(), dst);
     for (name, value) in head.headers {
         let name = name.as_str().as_bytes();
         if is_connection_specific(name) || name == b"host" {

@@ -26,7 +26,7 @@ mod table;
 use bytes::{BufMut, BytesMut};
 
 pub use huffman::HuffmanError;
-use table::{find_static, DynamicTable, Entry, StaticMatch, ENTRY_OVERHEAD, STATIC};
+use table::{find_static, find_static_value, DynamicTable, Entry, StaticMatch, ENTRY_OVERHEAD, STATIC};
 
 /// Largest integer a block may carry (a length, an index, a table size): far past any real one,
 /// and it fits a `usize` on every target.
@@ -375,6 +375,33 @@ impl Encoder {
             None => {
                 dst.put_u8(literal);
                 put_string(name, dst);
+                put_string(value, dst);
+            }
+        }
+    }
+}
+
+/// A request's pseudo-header field, by its name's index in the static table (Appendix A).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pseudo {
+    /// `:authority`
+    Authority = 1,
+    /// `:method`
+    Method = 2,
+    /// `:path`
+    Path = 4,
+    /// `:scheme`
+    Scheme = 6,
+}
+
+impl Encoder {
+    /// Appends a request's pseudo-header field as [`Encoder::encode`] does, without looking
+    /// its name up: every request carries four, and the lookup was a third of their cost.
+    pub fn encode_pseudo(&self, pseudo: Pseudo, value: &[u8], dst: &mut BytesMut) {
+        match find_static_value(pseudo as usize, value) {
+            StaticMatch::Field(index) => put_integer(index, 7, INDEXED, dst),
+            StaticMatch::Name(index) => {
+                put_integer(index, 4, WITHOUT_INDEXING, dst);
                 put_string(value, dst);
             }
         }

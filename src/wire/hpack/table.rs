@@ -90,12 +90,16 @@ pub(super) enum StaticMatch {
 
 /// The static table's index of `name`, and of `name` with `value` if that is an entry.
 pub(super) fn find_static(name: &[u8], value: &[u8]) -> Option<StaticMatch> {
-    let first = static_name_index(name)?;
+    Some(find_static_value(static_name_index(name)?, value))
+}
+
+/// How `value` matches the static entries named as entry `first` is (a name's first index).
+pub(super) fn find_static_value(first: usize, value: &[u8]) -> StaticMatch {
     // Entries sharing a name are consecutive (`:status` has seven); their count is kept, so
     // only values are compared.
     let run = usize::from(NAME_RUNS[first]);
     let index = (first..first + run).find(|index| STATIC[index - 1].1 == value);
-    Some(index.map_or(StaticMatch::Name(first), StaticMatch::Field))
+    index.map_or(StaticMatch::Name(first), StaticMatch::Field)
 }
 
 /// At a name's first index, how many consecutive entries have that name; 0 elsewhere.

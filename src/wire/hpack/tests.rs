@@ -462,3 +462,35 @@ fn encoded_fields_decode_to_themselves() {
         assert_eq!(decoder.table_size(), 0);
     }
 }
+
+/// A pseudo-header field encodes as [`Encoder::encode`] encodes it by name: whole entries by
+/// their index (`GET`, `http`, `/`), other values after the name's index.
+#[test]
+fn pseudo_fields_encode_as_by_name() {
+    let cases: [(Pseudo, &str, &[&[u8]]); 4] = [
+        (Pseudo::Method, ":method", &[b"GET", b"POST", b"PUT", b"get", b""]),
+        (Pseudo::Scheme, ":scheme", &[b"http", b"https", b"ftp"]),
+        (
+            Pseudo::Path,
+            ":path",
+            &[b"/", b"/index.html", b"/v1/chat/completions?x=1"],
+        ),
+        (
+            Pseudo::Authority,
+            ":authority",
+            &[b"api.openai.com", b"127.0.0.1:8080", b""],
+        ),
+    ];
+    for (pseudo, name, values) in cases {
+        for value in values {
+            let mut by_pseudo = BytesMut::new();
+            Encoder.encode_pseudo(pseudo, value, &mut by_pseudo);
+            assert_eq!(
+                by_pseudo[..],
+                encode(name, value, false)[..],
+                "{name} {:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+    }
+}
