@@ -367,17 +367,24 @@ impl Encoder {
             WITHOUT_INDEXING
         };
         match find_static(name, value) {
-            Some(StaticMatch::Field(index)) => put_integer(index, 7, INDEXED, dst),
-            Some(StaticMatch::Name(index)) => {
-                put_integer(index, 4, literal, dst);
-                put_string(value, dst);
-            }
+            Some(found) => put_static(found, value, literal, dst),
             None => {
                 dst.put_u8(literal);
                 put_string(name, dst);
                 put_string(value, dst);
             }
         }
+    }
+
+    /// Appends a request's pseudo-header field as [`Encoder::encode`] does, without looking
+    /// its name up: every request carries four, and the lookup was a third of their cost.
+    pub fn encode_pseudo(&self, pseudo: Pseudo, value: &[u8], dst: &mut BytesMut) {
+        put_static(
+            find_static_value(pseudo as usize, value),
+            value,
+            WITHOUT_INDEXING,
+            dst,
+        );
     }
 }
 
@@ -394,16 +401,14 @@ pub enum Pseudo {
     Scheme = 6,
 }
 
-impl Encoder {
-    /// Appends a request's pseudo-header field as [`Encoder::encode`] does, without looking
-    /// its name up: every request carries four, and the lookup was a third of their cost.
-    pub fn encode_pseudo(&self, pseudo: Pseudo, value: &[u8], dst: &mut BytesMut) {
-        match find_static_value(pseudo as usize, value) {
-            StaticMatch::Field(index) => put_integer(index, 7, INDEXED, dst),
-            StaticMatch::Name(index) => {
-                put_integer(index, 4, WITHOUT_INDEXING, dst);
-                put_string(value, dst);
-            }
+/// Appends a field that matched the static table: the entry's index, or the name's index
+/// (after `literal`'s flags) and `value`.
+fn put_static(found: StaticMatch, value: &[u8], literal: u8, dst: &mut BytesMut) {
+    match found {
+        StaticMatch::Field(index) => put_integer(index, 7, INDEXED, dst),
+        StaticMatch::Name(index) => {
+            put_integer(index, 4, literal, dst);
+            put_string(value, dst);
         }
     }
 }
