@@ -126,10 +126,15 @@ impl Admin {
         }
     }
 
+    /// Fd links a loopback source's attribution may look up now (see `budget`).
+    fn fd_links_allowed(&self) -> usize {
+        crate::budget::fd_links_allowed(self.budget.as_deref())
+    }
+
     /// `GET /`: the status page, with the numbers of the three JSON endpoints in it.
     async fn status_page(&self) -> Response<Full<Bytes>> {
         let pools = self.pools(Page::default());
-        let clients = self.clients.report_attributed().await;
+        let clients = self.clients.report_attributed(self.fd_links_allowed()).await;
         let usage = self.metrics.usage();
         let page = status::page(&status::View {
             sidecar: &pools.sidecar,
@@ -232,7 +237,9 @@ async fn respond(req: Request<Incoming>, admin: Admin) -> Result<Response<Full<B
         return Ok(admin.status_page().await);
     }
     if req.uri().path() == "/debug/clients" {
-        return Ok(json(&admin.clients.report_attributed().await));
+        return Ok(json(
+            &admin.clients.report_attributed(admin.fd_links_allowed()).await,
+        ));
     }
     if req.uri().path() == "/debug/pools" {
         return Ok(match Page::parse(req.uri().query()) {

@@ -49,6 +49,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use crate::clients::loopback::{FD_LINK_COST, MAX_FDS};
 use crate::config::BudgetConfig;
 use crate::metrics::Metrics;
 
@@ -567,6 +568,20 @@ impl Budget {
     }
 }
 
+/// Fd links the leak detector's scan of fd tables may look up now (`clients::loopback`: each
+/// costs the sidecar [`FD_LINK_COST`] of kernel memory, which stays in the dentry cache): what
+/// fits under [`SHED_ABOVE`] at the last measurement, so that the scan sheds no connection; with
+/// no budget, the scan's own bound.
+pub fn fd_links_allowed(budget: Option<&Budget>) -> usize {
+    let Some(budget) = budget else {
+        return MAX_FDS;
+    };
+    let room = budget
+        .share(SHED_ABOVE)
+        .saturating_sub(budget.usage.load(Ordering::Relaxed));
+    usize::try_from(room / FD_LINK_COST).map_or(MAX_FDS, |links| links.min(MAX_FDS))
+}
+
 /// Keeps the footprint under `budget` for as long as the runtime runs.
 pub async fn enforce(budget: Arc<Budget>, conns: Arc<dyn Connections>, metrics: Arc<Metrics>) {
     tracing::info!(budget = budget.limit.bytes, source = %budget.limit.describe(), measure = budget.limit.measure_name(), "memory budget");
@@ -780,6 +795,24 @@ mod tests {
             estimate.observe(0, 50);
         }
         assert_eq!(estimate.cost(), ACCEPT_COST, "back to the floor");
+    }
+
+    #[test]
+    fn the_leak_scan_may_read_what_fits_under_the_shedding_line() {
+        assert_eq!(fd_links_allowed(None), MAX_FDS, "no budget: the scan's own bound");
+        let limit = Limit {
+            bytes: 100 << 20,
+            source: LimitSource::Config,
+        };
+        let budget = Budget::new(limit, &Metrics::new());
+        budget.remember(80 << 20);
+        assert_eq!(
+            fd_links_allowed(Some(&budget)),
+            10 << 10,
+            "10 MiB under 90%, 1 KiB a link"
+        );
+        budget.remember(95 << 20);
+        assert_eq!(fd_links_allowed(Some(&budget)), 0, "over the line: nothing");
     }
 
     #[tokio::test]

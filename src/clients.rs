@@ -317,13 +317,14 @@ impl Clients {
         reports
     }
 
-    /// Like [`Clients::report`], with the processes behind each flagged loopback source.
-    pub async fn report_attributed(self: &Arc<Self>) -> Vec<ClientReport> {
+    /// Like [`Clients::report`], with the processes behind each flagged loopback source, found
+    /// looking up at most `max_links` fd links (see `loopback`).
+    pub async fn report_attributed(self: &Arc<Self>, max_links: usize) -> Vec<ClientReport> {
         let mut reports = self.report();
         for report in &mut reports {
             let Some(ip) = report.attribute else { continue };
             let clients = self.clone();
-            if let Ok(scan) = tokio::task::spawn_blocking(move || clients.attribute(ip)).await {
+            if let Ok(scan) = tokio::task::spawn_blocking(move || clients.attribute(ip, max_links)).await {
                 report.processes = Some(scan.owners.clone());
                 report.processes_note = scan.note();
             }
@@ -331,9 +332,10 @@ impl Clients {
         reports
     }
 
-    /// The processes holding `ip`'s open connections to the sidecar's listeners. Blocking (it
-    /// reads `/proc`, see `loopback`): call it off the runtime's threads.
-    pub fn attribute(&self, ip: IpAddr) -> Arc<loopback::Scan> {
+    /// The processes holding `ip`'s open connections to the sidecar's listeners, found looking
+    /// up at most `max_links` fd links. Blocking (it reads `/proc`, see `loopback`): call it off
+    /// the runtime's threads.
+    pub fn attribute(&self, ip: IpAddr, max_links: usize) -> Arc<loopback::Scan> {
         let mut scans = self.scans.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if let Some((at, scan)) = scans.get(&ip) {
@@ -341,7 +343,7 @@ impl Clients {
                 return scan.clone();
             }
         }
-        let scan = Arc::new(loopback::scan(Path::new("/proc"), ip, &self.listeners));
+        let scan = Arc::new(loopback::scan(Path::new("/proc"), ip, &self.listeners, max_links));
         scans.retain(|_, (at, _)| now.duration_since(*at) < SCAN_TTL);
         if scans.len() < SCANS_KEPT {
             scans.insert(ip, (now, scan.clone()));

@@ -49,7 +49,7 @@ use tracing::Instrument;
 use conn::{Ended, Session};
 use stream::{Accept, Stream, UnixAccept};
 
-use crate::budget::Budget;
+use crate::budget::{self, Budget};
 use crate::caught;
 use crate::clients::{loopback::Scan, Clients, Leak, Source};
 use crate::config::DownstreamConfig;
@@ -347,8 +347,9 @@ fn warn_leak(leak: Leak, ctx: &Context) {
         return log_leak(&leak, upstream_connections, None);
     };
     let clients = ctx.clients.clone();
+    let max_links = budget::fd_links_allowed(ctx.budget.as_deref());
     runtime.spawn(async move {
-        let scan = tokio::task::spawn_blocking(move || clients.attribute(ip))
+        let scan = tokio::task::spawn_blocking(move || clients.attribute(ip, max_links))
             .await
             .ok();
         log_leak(&leak, upstream_connections, scan.as_deref());
