@@ -500,6 +500,11 @@ mod tests {
         }
     }
 
+    /// Each owner's pid and connections, in the scan's order.
+    fn held(scan: &Scan) -> Vec<(u32, usize)> {
+        scan.owners.iter().map(|o| (o.pid, o.connections)).collect()
+    }
+
     #[test]
     #[cfg(target_endian = "little")]
     fn a_scan_counts_each_processes_connections_from_the_source() {
@@ -517,13 +522,7 @@ mod tests {
         assert_eq!(scan.describe(), "pid 100 (app100) 2 connections");
         // The link past the 64th fd number is found: probing goes up to each table's FDSize.
         let scan = proc.scan("::1", MAX_FDS);
-        assert_eq!(
-            scan.owners
-                .iter()
-                .map(|o| (o.pid, o.connections))
-                .collect::<Vec<_>>(),
-            [(200, 1)]
-        );
+        assert_eq!(held(&scan), [(200, 1)]);
     }
 
     /// The memory budget's allowance: links looked up (open fds) count against it, fd numbers
@@ -535,13 +534,7 @@ mod tests {
         // pid 200's table (FDSize 128) goes first and holds two links; then pid 100's fd 0.
         let scan = proc.scan("127.0.0.1", 3);
         assert!(scan.memory_capped && !scan.truncated, "{scan:?}");
-        assert_eq!(
-            scan.owners
-                .iter()
-                .map(|o| (o.pid, o.connections))
-                .collect::<Vec<_>>(),
-            [(100, 1)]
-        );
+        assert_eq!(held(&scan), [(100, 1)]);
         assert_eq!(
             scan.describe(),
             "pid 100 (app100) 1 connections (fd tables read in part: at least these)"
