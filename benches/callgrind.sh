@@ -26,6 +26,9 @@
 #        (`tls: { ca_file, server_name }`, pool 64; h2tls 100 streams a connection); the
 #        count then holds the TLS records' encryption both ways),
 #        DUMP_INSTR=1 (callgrind counts each instruction, for benches/cg_per_request.py),
+#        CACHE_SIM=1 (callgrind's cache simulation, `--cache-sim=yes`: the kept outputs also
+#        count instruction-cache misses, I1mr, per function, for `callgrind_annotate
+#        --show=Ir,I1mr --sort=I1mr`; the summary line still reads instructions),
 #        TRACE_SAMPLE (a ratio such as 1.0: `tracing` on, every root request traced, the spans
 #        posted as OTLP to the nginx upstream, which answers 200 as a collector would; the
 #        export task's encoding and posts are in the count. Only with the plain h1 upstream:
@@ -102,7 +105,7 @@ instructions_for() { # requests
     [[ -z ${TOP_EXTRA:-} ]] || printf '%s\n' "$TOP_EXTRA" >>"$TMP/sidecar.yaml"
     [[ -z ${TRACE_SAMPLE:-} ]] ||
         printf 'tracing: { otlp: "http://127.0.0.1:%s", sample: %s }\n' "$UP_PORT" "$TRACE_SAMPLE" >>"$TMP/sidecar.yaml"
-    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind ${DUMP_INSTR:+--dump-instr=yes} \
+    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind ${DUMP_INSTR:+--dump-instr=yes} ${CACHE_SIM:+--cache-sim=yes} \
         --callgrind-out-file="$TMP/callgrind.$1.out" "$BIN" run --config "$TMP/sidecar.yaml" \
         2>"$TMP/valgrind.$1.log" &
     vg=$!
