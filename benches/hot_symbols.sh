@@ -18,10 +18,13 @@
 #   third sidecar carries 200 CONNECT and 200 WebSocket tunnels to benches/idle_memory.py's
 #   echoing upstream, idle and then closed, as benches/idle_memory.sh opens them. A fourth
 #   meets 300 hosts through its forward listener (benches/many_hosts.py, as workload 8 of
-#   benches/compare.sh) with /debug/pools and /metrics read, and lets them go once idle.
-#   Every function of the binary with instructions counted from the zero on, in either run,
-#   is listed, by instructions, mangled: what runs after start-up, however rarely, is laid
-#   out together.
+#   benches/compare.sh) with /debug/pools and /metrics read, and lets them go once idle. A
+#   fifth sends GETs and POSTs to an h2c upstream (nghttpd), an HTTP/1.1 one over TLS (nginx)
+#   and an h2 one over TLS (nghttpd), as workloads 4, 6 and 7 of benches/compare.sh do.
+#   Every function of the binary with instructions counted from the zero on, in any run,
+#   is listed, mangled, by instructions, the fifth run's new names after the others': what
+#   runs after start-up, however rarely, is laid out together, and the HTTP/1.1 paths apart
+#   from the code only HTTP/2 and TLS upstreams run.
 #
 # Usage (from the repo root):   benches/hot_symbols.sh [SIDECAR_BIN]
 #   Run it on the build the image ships (deploy/pgo/build.sh, which it runs when given no
@@ -43,7 +46,8 @@ REPO=$(pwd)
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
-ensure_tools valgrind:valgrind callgrind_control:valgrind nginx:nginx h2load:nghttp2-client curl:curl go:golang-go
+ensure_tools valgrind:valgrind callgrind_control:valgrind nginx:nginx h2load:nghttp2-client curl:curl go:golang-go \
+    nghttpd:nghttp2-server openssl:openssl
 SIDECAR_BIN=${1:-${SIDECAR_BIN:-}}
 build_sidecar
 make_scratch hot-symbols
@@ -165,38 +169,99 @@ python3 benches/many_hosts.py --proxy "127.0.0.1:$fwd" --pid "$vg" --admin "127.
     --port "$MH_PORT" --hosts 300 --step 100 --idle-wait 45 --sample 15 >/dev/null 2>"$TMP/many.err"
 stop_pid "$vg"
 
+# HTTP/2 and TLS upstreams, as benches/compare.sh's workloads 4, 6 and 7 reach them: h2c to
+# nghttpd, HTTP/1.1 over TLS to nginx and h2 over TLS to nghttpd, the origin's certificate
+# verified; GETs and POSTs with a body on each. Unlisted, the HTTP/2 client (wire::h2client,
+# hpack, frames, the connection's task) and the TLS records' code lie in the cold text, and a
+# fresh process's first requests to an LLM API over h2 map them page by page.
+# shellcheck source=benches/compare_upstreams.sh
+source benches/compare_upstreams.sh
+POOL=64 MAX_STREAMS=100
+make_tls_material
+read -r H2C_PORT H1TLS_PORT H1TLS_STATUS H2TLS_PORT < <(free_ports 4)
+start_nghttpd "$H2C_PORT" "$MAX_STREAMS"
+start_nghttpd "$H2TLS_PORT" "$MAX_STREAMS" "$TMP/tls/origin.key" "$TMP/tls/origin.pem"
+nginx_tls_upstream_conf upstream-tls "$H1TLS_PORT" "$H1TLS_STATUS" >"$TMP/upstream-tls.conf"
+start_nginx upstream-tls "$LOAD_CPU"
+for p in "$H2C_PORT" "$H1TLS_PORT" "$H2TLS_PORT"; do wait_port "$p"; done
+read -r fwd admin port r_h1tls r_h2tls < <(free_ports 5)
+cat >"$TMP/h2.yaml" <<EOF
+listen: 127.0.0.1:$fwd
+admin: 127.0.0.1:$admin
+shutdown: { drain_timeout: 1s }
+upstreams:
+  - name: h2c
+    url: http://127.0.0.1:$H2C_PORT
+    listen: 127.0.0.1:$port
+    protocol: http2
+    pool: { max_connections: 64, max_pending: 4096, pending_timeout: 30s }
+    http2: { max_streams_per_connection: $MAX_STREAMS }
+  - name: h1tls
+    url: https://127.0.0.1:$H1TLS_PORT
+    listen: 127.0.0.1:$r_h1tls
+    tls: { ca_file: $CA, server_name: $ORIGIN }
+    pool: { max_connections: $POOL, max_idle: $POOL }
+  - name: h2tls
+    url: https://127.0.0.1:$H2TLS_PORT
+    listen: 127.0.0.1:$r_h2tls
+    tls: { ca_file: $CA, server_name: $ORIGIN }
+    protocol: http2
+    pool: { max_connections: $POOL, max_idle: $POOL, max_pending: 4096, pending_timeout: 30s }
+    http2: { max_streams_per_connection: $MAX_STREAMS }
+EOF
+start_profiled "$TMP/h2.yaml" "$TMP/callgrind.h2.out"
+printf '{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}' >"$TMP/request.json"
+for p in "$port" "$r_h1tls" "$r_h2tls"; do
+    wait_port "$p"
+    h2load --h1 -n 1000 -c 32 "http://127.0.0.1:$p/" >"$TMP/h2load-$p.txt"
+    h2load --h1 -n 200 -c 8 -d "$TMP/request.json" -H 'content-type: application/json' \
+        "http://127.0.0.1:$p/" >>"$TMP/h2load-$p.txt"
+    grep -c "succeeded, 0 failed" "$TMP/h2load-$p.txt" | grep -qx 2 || die "h2load to $p: $(cat "$TMP/h2load-$p.txt")"
+done
+stop_pid "$vg"
+
 # Exclusive instructions per function of the executable (not libc's), from the callgrind
 # output's fn= blocks; a cost line right after calls= belongs to the call, not the function.
+# Two groups, each by instructions: the HTTP/1.1 paths first, then what only the HTTP/2 and
+# TLS upstreams ran. One ranking over both put the TLS library's entropy and record code among
+# the HTTP/1.1 request path, and a fresh process then mapped 0.9 MiB more text at start.
 listed=/dev/null
 if [ "${ADD:-0}" = 1 ]; then
     cp link/request-path.symbols "$TMP/listed.symbols"
     listed="$TMP/listed.symbols"
 fi
 python3 - "$(basename "$BIN")" "$listed" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" \
-    "$TMP/callgrind.tunnels.out" "$TMP/callgrind.many.out" >link/request-path.symbols <<'PY'
-import collections, fileinput, sys
+    "$TMP/callgrind.tunnels.out" "$TMP/callgrind.many.out" + "$TMP/callgrind.h2.out" >link/request-path.symbols <<'PY'
+import collections, sys
 binary = sys.argv.pop(1)
 listed = [l.rstrip("\n") for l in open(sys.argv.pop(1)) if l.strip()]
 for name in listed:
     print(name)
 listed = set(listed)
-cost, fn, obj, call = collections.Counter(), None, None, False
-for line in fileinput.input():
-    line = line.rstrip("\n")
-    if line.startswith("ob="):
-        obj = line[3:]
-    elif line.startswith("fn="):
-        fn, call = (obj, line[3:]), False
-    elif line.startswith("calls="):
-        call = True
-    elif line and (line[0].isdigit() or line[0] in "+-*"):
-        if call:
-            call = False
-        elif fn and fn[0] and fn[0].endswith(binary):
-            cost[fn[1]] += int(line.split()[-1])
-for name, n in sorted(cost.items(), key=lambda kv: -kv[1]):
-    # Functions without a symbol show as their address: nothing to order by.
-    if n > 0 and not name.startswith("0x") and name not in listed:
-        print(name)
+def costs(paths):
+    cost, fn, obj, call = collections.Counter(), None, None, False
+    for path in paths:
+        for line in open(path):
+            line = line.rstrip("\n")
+            if line.startswith("ob="):
+                obj = line[3:]
+            elif line.startswith("fn="):
+                fn, call = (obj, line[3:]), False
+            elif line.startswith("calls="):
+                call = True
+            elif line and (line[0].isdigit() or line[0] in "+-*"):
+                if call:
+                    call = False
+                elif fn and fn[0] and fn[0].endswith(binary):
+                    cost[fn[1]] += int(line.split()[-1])
+    return cost
+args = sys.argv[1:]
+split = args.index("+")
+for group in (args[:split], args[split + 1:]):
+    for name, n in sorted(costs(group).items(), key=lambda kv: -kv[1]):
+        # Functions without a symbol show as their address: nothing to order by.
+        if n > 0 and not name.startswith("0x") and name not in listed:
+            print(name)
+            listed.add(name)
 PY
 log "link/request-path.symbols: $(wc -l <link/request-path.symbols) functions"
