@@ -248,9 +248,9 @@ grep '^pgo-train' "$TMP/pgo.log" >&2
 # The code layout (link/README.md): the list names functions by their mangled names, which
 # carry a hash of the crate's dependencies and the compiler, and the linker skips a name the
 # build lacks without a word. Cargo.toml's dependencies changed after the list of 06d7480 was
-# made (2b311da moved `h2` to the dev-dependencies), and at cf9dce7 the release builds held none
-# of its 421 names of this crate (424 and 380 of 1,383 in all): the layout was lost, unnoticed,
-# for days. A stale list now fails here.
+# made (2b311da moved `h2` to the dev-dependencies), and the release builds of 69d5d51 and
+# cf9dce7 held none of its 421 names of this crate (380 and 424 of 1,383 in all): the layout was
+# lost, unnoticed, for days. A stale list now fails here.
 # Prints "found listed" for BINARY's defined functions against LIST.
 layout_found() { # binary list
     nm --defined-only "$1" | awk 'NR == FNR { if (NF) listed[$1] = 1; next }
