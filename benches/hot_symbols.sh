@@ -21,10 +21,14 @@
 #   benches/compare.sh) with /debug/pools and /metrics read, and lets them go once idle. A
 #   fifth sends GETs and POSTs to an h2c upstream (nghttpd), an HTTP/1.1 one over TLS (nginx)
 #   and an h2 one over TLS (nghttpd), as workloads 4, 6 and 7 of benches/compare.sh do.
-#   Every function of the binary with instructions counted from the zero on, in any run,
-#   is listed, mangled, by instructions, the fifth run's new names after the others': what
-#   runs after start-up, however rarely, is laid out together, and the HTTP/1.1 paths apart
-#   from the code only HTTP/2 and TLS upstreams run.
+#   Those five take tokio's current-thread runtime (one worker, as benches/compare.sh runs
+#   the sidecar); a sixth run takes the first and third runs' paths on the multi-thread
+#   runtime (two workers, as benches/idle_memory.sh and any pod allowed more than one core
+#   run it), and the fifth run is repeated on it. Every function of the binary with
+#   instructions counted from the zero on, in any run, is listed, mangled, by instructions,
+#   in four groups: the HTTP/1.1 runs' (first to fourth), the sixth's new names, the fifth's,
+#   then its repeat's. What runs after start-up, however rarely, is laid out together, and
+#   the HTTP/1.1 paths apart from the code only HTTP/2 and TLS upstreams run.
 #
 # Usage (from the repo root):   benches/hot_symbols.sh [SIDECAR_BIN]
 #   Run it on the build the image ships (deploy/pgo/build.sh, which it runs when given no
@@ -34,7 +38,8 @@
 #   (a new one lands in the cold text, and the first time it runs maps a folio of its own).
 #   Names the build lacks are skipped, so a stale list costs only its benefit: the RSS base,
 #   and the RSS after workloads 3 and 5 of `benches/compare.sh`, show it.
-#   ADD=1 keeps the names listed and adds the given build's that are not, after them: run it
+#   ADD=1 keeps the names listed and adds the given build's that are not, each after the
+#   listed names of its group: run it
 #   on a plain release build (`cargo build --release`) after the profile-guided one, so that
 #   both builds find their request path listed (the plain build inlines other functions, and
 #   so runs functions of other names).
@@ -58,10 +63,11 @@ nginx_upstream_conf upstream "$UP_PORT" >"$TMP/upstream.conf"
 start_nginx upstream "$LOAD_CPU"
 wait_port "$UP_PORT"
 
-# Starts the sidecar under callgrind with config $1, writing $2; its counters are zeroed once
-# start-up is over. Sets vg and port.
+# Starts the sidecar under callgrind with config $1, writing $2, with WORKERS worker threads
+# (default 1: tokio's current-thread runtime; more: the multi-thread one); its counters are
+# zeroed once start-up is over. Sets vg and port.
 start_profiled() { # config-file callgrind-out
-    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind --demangle=no --compress-strings=no \
+    TOKIO_WORKER_THREADS=${WORKERS:-1} EGRESS_LOG=warn valgrind --tool=callgrind --demangle=no --compress-strings=no \
         --callgrind-out-file="$2" "$BIN" run --config "$1" 2>"$2.log" &
     vg=$!
     PIDS+=("$vg")
@@ -153,6 +159,53 @@ asyncio.run(main())
 PY
 stop_pid "$vg"
 
+# The same paths on tokio's multi-thread runtime, which the sidecar starts when it may use more
+# than one core (TOKIO_WORKER_THREADS unset, no CPU limit or one of 2 or more, as
+# benches/idle_memory.sh runs it): the scheduler's code and every task's harness (poll, wake,
+# drop) are other functions there, named for the runtime's handle. The runs above all take the
+# current-thread runtime; with only their names listed, a fresh 2-thread process's first burst
+# of 2,000 idle client connections faulted in 476 KiB of cold text for seven such functions.
+# One-request connections, idle ones (some woken, some closed), keep-alive requests and both
+# kinds of tunnel, to idle_memory.py's upstream.
+read -r fwd admin port < <(free_ports 3)
+{
+    sidecar_conf "$fwd" "$admin" "$port" "$TUP_PORT" 64 5m 6000 6000
+    echo "policy: { connect_ports: [$TUP_PORT] }"
+} >"$TMP/multi.yaml"
+WORKERS=2 start_profiled "$TMP/multi.yaml" "$TMP/callgrind.multi.out"
+check sidecar "http://127.0.0.1:$port/"
+h2load --h1 -n 64 -c 64 "http://127.0.0.1:$port/" >/dev/null
+python3 - "$fwd" "$port" "$TUP_PORT" <<'PY'
+import asyncio, sys, types
+sys.path.insert(0, "benches")
+from idle_memory import HELLO, close_all, open_clients, open_tunnels
+fwd, route, up = (int(a) for a in sys.argv[1:])
+async def main():
+    idle, failed = await open_clients(route, 300, "/", in_flight=4)
+    if failed:
+        sys.exit(f"idle clients failed: {failed[:3]}")
+    writers = []
+    for kind in ("connect", "websocket"):
+        opened, failed = await open_tunnels(types.SimpleNamespace(forward=fwd), route, up, 100, kind)
+        if failed:
+            sys.exit(f"{kind} tunnels failed: {failed[:3]}")
+        writers += opened
+    await asyncio.sleep(2)
+    for w in writers[::2]:
+        w.write(HELLO)
+    await asyncio.gather(*(w.drain() for w in writers[::2]))
+    await asyncio.sleep(1)
+    for w in writers:
+        w.close()
+    await close_all(idle[:150])
+    await asyncio.sleep(2)
+    await close_all(idle[150:])
+asyncio.run(main())
+PY
+h2load --h1 -n 2000 -c 8 "http://127.0.0.1:$port/" >/dev/null
+sleep 7
+stop_pid "$vg"
+
 # Many hosts, as benches/compare.sh's workload 8 meets them (item 4 of issue 47): one request
 # to each of 300 hosts through the forward listener, /debug/pools and /metrics read after the
 # burst and after the idle-out (45 s: the pool's idle timeout, then the sweep lets each host's
@@ -209,35 +262,53 @@ upstreams:
     pool: { max_connections: $POOL, max_idle: $POOL, max_pending: 4096, pending_timeout: 30s }
     http2: { max_streams_per_connection: $MAX_STREAMS }
 EOF
-start_profiled "$TMP/h2.yaml" "$TMP/callgrind.h2.out"
 printf '{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}' >"$TMP/request.json"
-for p in "$port" "$r_h1tls" "$r_h2tls"; do
-    wait_port "$p"
-    h2load --h1 -n 1000 -c 32 "http://127.0.0.1:$p/" >"$TMP/h2load-$p.txt"
-    h2load --h1 -n 200 -c 8 -d "$TMP/request.json" -H 'content-type: application/json' \
-        "http://127.0.0.1:$p/" >>"$TMP/h2load-$p.txt"
-    grep -c "succeeded, 0 failed" "$TMP/h2load-$p.txt" | grep -qx 2 || die "h2load to $p: $(cat "$TMP/h2load-$p.txt")"
+# Twice: on the current-thread runtime, then (callgrind.h2.multi.out) on the multi-thread one.
+for workers in 1 2; do
+    WORKERS=$workers start_profiled "$TMP/h2.yaml" "$TMP/callgrind.h2.$workers.out"
+    for p in "$port" "$r_h1tls" "$r_h2tls"; do
+        wait_port "$p"
+        h2load --h1 -n 1000 -c 32 "http://127.0.0.1:$p/" >"$TMP/h2load-$p.txt"
+        h2load --h1 -n 200 -c 8 -d "$TMP/request.json" -H 'content-type: application/json' \
+            "http://127.0.0.1:$p/" >>"$TMP/h2load-$p.txt"
+        grep -c "succeeded, 0 failed" "$TMP/h2load-$p.txt" | grep -qx 2 || die "h2load to $p: $(cat "$TMP/h2load-$p.txt")"
+    done
+    stop_pid "$vg"
 done
-stop_pid "$vg"
 
 # Exclusive instructions per function of the executable (not libc's), from the callgrind
 # output's fn= blocks; a cost line right after calls= belongs to the call, not the function.
-# Two groups, each by instructions: the HTTP/1.1 paths first, then what only the HTTP/2 and
-# TLS upstreams ran. One ranking over both put the TLS library's entropy and record code among
-# the HTTP/1.1 request path; apart, the HTTP/1.1 paths stay as close together as before.
+# Four groups, each by instructions, a name in the first that has it: the HTTP/1.1 paths on the
+# current-thread runtime, what the multi-thread runtime adds to them, then what only the HTTP/2
+# and TLS upstreams ran on each runtime. One ranking over the HTTP/1.1 and HTTP/2 runs put the
+# TLS library's entropy and record code among the HTTP/1.1 request path; apart, the HTTP/1.1
+# paths stay as close together as before.
+# The list holds a heading line per group ("# N title": the linker finds no function of that
+# name, and deploy/validate.sh skips it), so that ADD=1 puts the second build's new names of
+# each group after the first build's names of that group, not after the whole list.
 listed=/dev/null
 if [ "${ADD:-0}" = 1 ]; then
     cp link/request-path.symbols "$TMP/listed.symbols"
     listed="$TMP/listed.symbols"
 fi
-python3 - "$(basename "$BIN")" "$listed" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" \
-    "$TMP/callgrind.tunnels.out" "$TMP/callgrind.many.out" + "$TMP/callgrind.h2.out" >link/request-path.symbols <<'PY'
+python3 - "$(basename "$BIN")" "$listed" \
+    "+HTTP/1.1 paths, current-thread runtime" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" \
+    "$TMP/callgrind.tunnels.out" "$TMP/callgrind.many.out" \
+    "+HTTP/1.1 paths, what the multi-thread runtime adds" "$TMP/callgrind.multi.out" \
+    "+HTTP/2 and TLS upstreams, current-thread runtime" "$TMP/callgrind.h2.1.out" \
+    "+HTTP/2 and TLS upstreams, what the multi-thread runtime adds" "$TMP/callgrind.h2.2.out" \
+    >link/request-path.symbols <<'PY'
 import collections, sys
 binary = sys.argv.pop(1)
-listed = [l.rstrip("\n") for l in open(sys.argv.pop(1)) if l.strip()]
-for name in listed:
-    print(name)
-listed = set(listed)
+# The names listed before, by group (a list without headings: all in the first).
+before, group = collections.defaultdict(list), 1
+for line in open(sys.argv.pop(1)):
+    line = line.strip()
+    if line.startswith("#"):
+        group = int(line.split()[1])
+    elif line:
+        before[group].append(line)
+listed = {name for names in before.values() for name in names}
 def costs(paths):
     cost, fn, obj, call = collections.Counter(), None, None, False
     for path in paths:
@@ -255,13 +326,23 @@ def costs(paths):
                 elif fn and fn[0] and fn[0].endswith(binary):
                     cost[fn[1]] += int(line.split()[-1])
     return cost
-args = sys.argv[1:]
-split = args.index("+")
-for group in (args[:split], args[split + 1:]):
-    for name, n in sorted(costs(group).items(), key=lambda kv: -kv[1]):
+groups = []
+for arg in sys.argv[1:]:
+    if arg.startswith("+"):
+        groups.append((arg[1:], []))
+    else:
+        groups[-1][1].append(arg)
+for number, (title, paths) in enumerate(groups, 1):
+    print(f"# {number} {title}")
+    for name in before.pop(number, []):
+        print(name)
+    for name, n in sorted(costs(paths).items(), key=lambda kv: -kv[1]):
         # Functions without a symbol show as their address: nothing to order by.
         if n > 0 and not name.startswith("0x") and name not in listed:
             print(name)
             listed.add(name)
+for names in before.values():  # groups this script no longer makes: kept, last
+    for name in names:
+        print(name)
 PY
-log "link/request-path.symbols: $(wc -l <link/request-path.symbols) functions"
+log "link/request-path.symbols: $(grep -vc "^#" link/request-path.symbols) functions"

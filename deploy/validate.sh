@@ -253,7 +253,7 @@ grep '^pgo-train' "$TMP/pgo.log" >&2
 # lost, unnoticed, for days. A stale list now fails here.
 # Prints "found listed" for BINARY's defined functions against LIST.
 layout_found() { # binary list
-    nm --defined-only "$1" | awk 'NR == FNR { if (NF) listed[$1] = 1; next }
+    nm --defined-only "$1" | awk 'NR == FNR { if (NF && $1 !~ /^#/) listed[$1] = 1; next }
         ($2 ~ /^[tTwW]$/) && ($3 in listed) && !seen[$3]++ { n++ }
         END { print n + 0, length(listed) }' "$2" -
 }
