@@ -39,7 +39,8 @@
 #   Names the build lacks are skipped, so a stale list costs only its benefit: the RSS base,
 #   and the RSS after workloads 3 and 5 of `benches/compare.sh`, show it.
 #   ADD=1 keeps the names listed and adds the given build's that are not, each after the
-#   listed names of its group: run it
+#   listed names of its group (a listed name this build runs in an earlier group moves up to
+#   it): run it
 #   on a plain release build (`cargo build --release`) after the profile-guided one, so that
 #   both builds find their request path listed (the plain build inlines other functions, and
 #   so runs functions of other names).
@@ -308,7 +309,13 @@ for line in open(sys.argv.pop(1)):
         group = int(line.split()[1])
     elif line:
         before[group].append(line)
-listed = {name for names in before.values() for name in names}
+# Each name's group: the first group in which any build ran it. A name the first build ran only
+# with HTTP/2 upstreams (its callers inlined elsewhere) that the second runs on the HTTP/1.1
+# paths moves up to theirs.
+group_of = {}
+for group in sorted(before):
+    for name in before[group]:
+        group_of.setdefault(name, group)
 def costs(paths):
     cost, fn, obj, call = collections.Counter(), None, None, False
     for path in paths:
@@ -332,17 +339,21 @@ for arg in sys.argv[1:]:
         groups.append((arg[1:], []))
     else:
         groups[-1][1].append(arg)
+added = collections.defaultdict(list)
 for number, (title, paths) in enumerate(groups, 1):
-    print(f"# {number} {title}")
-    for name in before.pop(number, []):
-        print(name)
     for name, n in sorted(costs(paths).items(), key=lambda kv: -kv[1]):
         # Functions without a symbol show as their address: nothing to order by.
-        if n > 0 and not name.startswith("0x") and name not in listed:
+        if n > 0 and not name.startswith("0x") and group_of.get(name, number + 1) > number:
+            group_of[name] = number
+            added[number].append(name)
+for number, (title, paths) in enumerate(groups, 1):
+    print(f"# {number} {title}")
+    for name in before.pop(number, []) + added[number]:
+        if group_of.pop(name, None) == number:
             print(name)
-            listed.add(name)
 for names in before.values():  # groups this script no longer makes: kept, last
     for name in names:
-        print(name)
+        if group_of.pop(name, None) is not None:
+            print(name)
 PY
 log "link/request-path.symbols: $(grep -vc "^#" link/request-path.symbols) functions"
