@@ -18,7 +18,7 @@ Method:
     instruction fetch: the function it names ran for the first time on a page not yet mapped,
     and the kernel mapped that page's fault-around window or folio with it.
 
-Usage (from the repo root; needs perf and nm):
+Usage (from the repo root; needs perf, nm and c++filt):
     benches/first_burst.py BINARY [--count 2000] [--settle 12]
 Prints the growth per mapping, the new text pages in runs (the first function of each run, and
 how many of the run's functions are listed), and each instruction fault's function with its
@@ -30,6 +30,8 @@ import asyncio
 import bisect
 import collections
 import os
+import re
+import signal
 import struct
 import subprocess
 import sys
@@ -89,9 +91,10 @@ def listed_groups():
     group, out = 1, {}
     for line in open(LIST):
         line = line.strip()
-        if line.startswith("#"):
-            group = int(line.split()[1])
-        elif line:
+        heading = re.match(r"#\s*(\d+)\s", line)
+        if heading:
+            group = int(heading[1])
+        elif line and not line.startswith("#"):
             out.setdefault(line, group)
     return out
 
@@ -120,7 +123,7 @@ async def burst(args, tmp):
     upstream = idle_memory.Proc([sys.executable, idle_memory.__file__, "upstream", "--port", str(up_port)],
                                 os.path.join(tmp, "upstream.log"))
     conf = argparse.Namespace(tmp=tmp, sidecar=binary, downstream=args.count, upstream=100)
-    proc = None
+    proc = perf = None
     try:
         idle_memory.wait_port(up_port, upstream.p, "upstream")
         proc, port = idle_memory.start_sidecar(conf, up_port)
@@ -128,15 +131,20 @@ async def burst(args, tmp):
         rss0, text0 = mapping_rss(proc.pid), text_pages(proc.pid, binary)
         data = os.path.join(tmp, "faults.data")
         perf = subprocess.Popen(["perf", "record", "-q", "-e", "page-faults", "-c", "1", "-d",
-                                 "-p", str(proc.pid), "-o", data], stderr=subprocess.DEVNULL)
+                                 "-p", str(proc.pid), "-o", data], stderr=subprocess.PIPE)
         time.sleep(1)
+        if perf.poll() is not None:
+            sys.exit(f"perf record failed: {perf.stderr.read().decode(errors='replace').strip()}")
         conns, failed = await idle_memory.open_clients(port, args.count, "/", in_flight=4)
         await asyncio.sleep(args.settle)
         rss1, text1 = mapping_rss(proc.pid), text_pages(proc.pid, binary)
-        perf.send_signal(2)
+        perf.send_signal(signal.SIGINT)
         perf.wait()
         await idle_memory.close_all(conns)
     finally:
+        if perf and perf.poll() is None:
+            perf.send_signal(signal.SIGINT)
+            perf.wait()
         if proc:
             proc.stop()
         upstream.stop()

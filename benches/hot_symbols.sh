@@ -22,9 +22,10 @@
 #   fifth sends GETs and POSTs to an h2c upstream (nghttpd), an HTTP/1.1 one over TLS (nginx)
 #   and an h2 one over TLS (nghttpd), as workloads 4, 6 and 7 of benches/compare.sh do.
 #   Those five take tokio's current-thread runtime (one worker, as benches/compare.sh runs
-#   the sidecar); a sixth run takes the first and third runs' paths on the multi-thread
-#   runtime (two workers, as benches/idle_memory.sh and any pod allowed more than one core
-#   run it), and the fifth run is repeated on it. Every function of the binary with
+#   the sidecar); a sixth run takes the first run's kinds of connection (one-request, idle,
+#   keep-alive) and the third's tunnels on the multi-thread runtime (two workers, as
+#   benches/idle_memory.sh and any pod allowed more than one core run it), and the fifth run
+#   is repeated on it. Every function of the binary with
 #   instructions counted from the zero on, in any run, is listed, mangled, by instructions,
 #   in four groups: the HTTP/1.1 runs' (first to fourth), the sixth's new names, the fifth's,
 #   then its repeat's. What runs after start-up, however rarely, is laid out together, and
@@ -165,9 +166,11 @@ stop_pid "$vg"
 # benches/idle_memory.sh runs it): the scheduler's code and every task's harness (poll, wake,
 # drop) are other functions there, named for the runtime's handle. The runs above all take the
 # current-thread runtime; with only their names listed, a fresh 2-thread process's first burst
-# of 2,000 idle client connections faulted in 476 KiB of cold text for seven such functions.
-# One-request connections, idle ones (some woken, some closed), keep-alive requests and both
-# kinds of tunnel, to idle_memory.py's upstream.
+# of 2,000 idle client connections ran seven such functions from the cold text, and the plain
+# build's burst mapped 732-992 KiB of text (180-304 with them listed; benches/first_burst.py).
+# One-request connections, 300 idle ones (closed in two halves), keep-alive requests and both
+# kinds of tunnel, to idle_memory.py's upstream. Not on two workers: eviction past
+# max_idle_connections, idle timeouts, the leak warning, admin reads, many hosts.
 read -r fwd admin port < <(free_ports 3)
 {
     sidecar_conf "$fwd" "$admin" "$port" "$TUP_PORT" 64 5m 6000 6000
@@ -264,7 +267,8 @@ upstreams:
     http2: { max_streams_per_connection: $MAX_STREAMS }
 EOF
 printf '{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}' >"$TMP/request.json"
-# Twice: on the current-thread runtime, then (callgrind.h2.multi.out) on the multi-thread one.
+# Twice: on the current-thread runtime (callgrind.h2.1.out), then on the multi-thread one
+# (callgrind.h2.2.out).
 for workers in 1 2; do
     WORKERS=$workers start_profiled "$TMP/h2.yaml" "$TMP/callgrind.h2.$workers.out"
     for p in "$port" "$r_h1tls" "$r_h2tls"; do
@@ -284,11 +288,14 @@ done
 # and TLS upstreams ran on each runtime. One ranking over the HTTP/1.1 and HTTP/2 runs put the
 # TLS library's entropy and record code among the HTTP/1.1 request path; apart, the HTTP/1.1
 # paths stay as close together as before.
-# The list holds a heading line per group ("# N title": the linker finds no function of that
-# name, and deploy/validate.sh skips it), so that ADD=1 puts the second build's new names of
-# each group after the first build's names of that group, not after the whole list.
+# The list holds a heading line per group ("# N title": the linker reads no function in it,
+# and deploy/validate.sh skips it), so that ADD=1 puts the second build's new names of each
+# group after the first build's names of that group, not after the whole list. A list without
+# headings (made before the groups) would put every name in the first group: ADD=1 refuses it.
 listed=/dev/null
 if [ "${ADD:-0}" = 1 ]; then
+    grep -q '^# 1 ' link/request-path.symbols ||
+        die "ADD=1: link/request-path.symbols has no group headings; regenerate it without ADD first"
     cp link/request-path.symbols "$TMP/listed.symbols"
     listed="$TMP/listed.symbols"
 fi
@@ -298,16 +305,17 @@ python3 - "$(basename "$BIN")" "$listed" \
     "+HTTP/1.1 paths, what the multi-thread runtime adds" "$TMP/callgrind.multi.out" \
     "+HTTP/2 and TLS upstreams, current-thread runtime" "$TMP/callgrind.h2.1.out" \
     "+HTTP/2 and TLS upstreams, what the multi-thread runtime adds" "$TMP/callgrind.h2.2.out" \
-    >link/request-path.symbols <<'PY'
-import collections, sys
+    >"$TMP/request-path.symbols" <<'PY'
+import collections, re, sys
 binary = sys.argv.pop(1)
-# The names listed before, by group (a list without headings: all in the first).
+# The names listed before, by group; other comment lines are skipped.
 before, group = collections.defaultdict(list), 1
 for line in open(sys.argv.pop(1)):
     line = line.strip()
-    if line.startswith("#"):
-        group = int(line.split()[1])
-    elif line:
+    heading = re.match(r"#\s*(\d+)\s", line)
+    if heading:
+        group = int(heading[1])
+    elif line and not line.startswith("#"):
         before[group].append(line)
 # Each name's group: the first group in which any build ran it. A name the first build ran only
 # with HTTP/2 upstreams (its callers inlined elsewhere) that the second runs on the HTTP/1.1
@@ -351,9 +359,11 @@ for number, (title, paths) in enumerate(groups, 1):
     for name in before.pop(number, []) + added[number]:
         if group_of.pop(name, None) == number:
             print(name)
-for names in before.values():  # groups this script no longer makes: kept, last
-    for name in names:
-        if group_of.pop(name, None) is not None:
-            print(name)
+# Groups this script no longer makes: kept, last, under a heading of their own.
+kept = [name for names in before.values() for name in names if group_of.pop(name, None) is not None]
+if kept:
+    print(f"# {len(groups) + 1} kept from an earlier list")
+    print("\n".join(kept))
 PY
+mv "$TMP/request-path.symbols" link/request-path.symbols
 log "link/request-path.symbols: $(grep -vc "^#" link/request-path.symbols) functions"
