@@ -167,7 +167,7 @@ stop_pid "$vg"
 # drop) are other functions there, named for the runtime's handle. The runs above all take the
 # current-thread runtime; with only their names listed, a fresh 2-thread process's first burst
 # of 2,000 idle client connections ran seven such functions from the cold text, and the plain
-# build's burst mapped 732-992 KiB of text (180-304 with them listed; benches/first_burst.py).
+# build's burst mapped 732-992 KiB of text (180-320 with them listed; benches/first_burst.py).
 # One-request connections, 300 idle ones (closed in two halves), keep-alive requests and both
 # kinds of tunnel, to idle_memory.py's upstream. Not on two workers: eviction past
 # max_idle_connections, idle timeouts, the leak warning, admin reads, many hosts.
