@@ -135,20 +135,27 @@ read -r fwd admin port < <(free_ports 3)
     sidecar_conf "$fwd" "$admin" "$port" "$TUP_PORT" 64 5m 6000 6000
     echo "policy: { connect_ports: [$TUP_PORT] }"
 } >"$TMP/tunnels.yaml"
-start_profiled "$TMP/tunnels.yaml" "$TMP/callgrind.tunnels.out"
-python3 - "$fwd" "$port" "$TUP_PORT" <<'PY'
+# Drives the sidecar listening on fwd and port: IDLE idle client connections (one GET each),
+# then COUNT CONNECT and COUNT WebSocket tunnels that each carry a few bytes and sit idle SETTLE
+# seconds; half carry more, then all close, and the idle clients in two halves, 2 s apart.
+drive_tunnels() { # count idle settle
+    python3 - "$fwd" "$port" "$TUP_PORT" "$@" <<'PY'
 import asyncio, sys, types
 sys.path.insert(0, "benches")
-from idle_memory import HELLO, open_tunnels  # the tunnels idle_memory.sh measures, opened alike
-fwd, route, up = (int(a) for a in sys.argv[1:])
+# The tunnels and idle clients idle_memory.sh measures, opened alike.
+from idle_memory import HELLO, close_all, open_clients, open_tunnels
+fwd, route, up, count, idle, settle = (int(a) for a in sys.argv[1:])
 async def main():
+    clients, failed = await open_clients(route, idle, "/", in_flight=4) if idle else ([], [])
+    if failed:
+        sys.exit(f"idle clients failed: {failed[:3]}")
     writers = []
     for kind in ("connect", "websocket"):
-        opened, failed = await open_tunnels(types.SimpleNamespace(forward=fwd), route, up, 200, kind)
+        opened, failed = await open_tunnels(types.SimpleNamespace(forward=fwd), route, up, count, kind)
         if failed:
             sys.exit(f"{kind} tunnels failed: {failed[:3]}")
         writers += opened
-    await asyncio.sleep(3)
+    await asyncio.sleep(settle)
     # More bytes on half of them, echoed back (left unread): carried both ways once idle.
     for w in writers[::2]:
         w.write(HELLO)
@@ -156,9 +163,14 @@ async def main():
     await asyncio.sleep(1)
     for w in writers:
         w.close()
+    await close_all(clients[: idle // 2])
     await asyncio.sleep(2)
+    await close_all(clients[idle // 2:])
 asyncio.run(main())
 PY
+}
+start_profiled "$TMP/tunnels.yaml" "$TMP/callgrind.tunnels.out"
+drive_tunnels 200 0 3
 stop_pid "$vg"
 
 # The same paths on tokio's multi-thread runtime, which the sidecar starts when it may use more
@@ -171,41 +183,11 @@ stop_pid "$vg"
 # One-request connections, 300 idle ones (closed in two halves), keep-alive requests and both
 # kinds of tunnel, to idle_memory.py's upstream. Not on two workers: eviction past
 # max_idle_connections, idle timeouts, the leak warning, admin reads, many hosts.
-read -r fwd admin port < <(free_ports 3)
-{
-    sidecar_conf "$fwd" "$admin" "$port" "$TUP_PORT" 64 5m 6000 6000
-    echo "policy: { connect_ports: [$TUP_PORT] }"
-} >"$TMP/multi.yaml"
-WORKERS=2 start_profiled "$TMP/multi.yaml" "$TMP/callgrind.multi.out"
+# The tunnels run's config (and ports, free again).
+WORKERS=2 start_profiled "$TMP/tunnels.yaml" "$TMP/callgrind.multi.out"
 check sidecar "http://127.0.0.1:$port/"
 h2load --h1 -n 64 -c 64 "http://127.0.0.1:$port/" >/dev/null
-python3 - "$fwd" "$port" "$TUP_PORT" <<'PY'
-import asyncio, sys, types
-sys.path.insert(0, "benches")
-from idle_memory import HELLO, close_all, open_clients, open_tunnels
-fwd, route, up = (int(a) for a in sys.argv[1:])
-async def main():
-    idle, failed = await open_clients(route, 300, "/", in_flight=4)
-    if failed:
-        sys.exit(f"idle clients failed: {failed[:3]}")
-    writers = []
-    for kind in ("connect", "websocket"):
-        opened, failed = await open_tunnels(types.SimpleNamespace(forward=fwd), route, up, 100, kind)
-        if failed:
-            sys.exit(f"{kind} tunnels failed: {failed[:3]}")
-        writers += opened
-    await asyncio.sleep(2)
-    for w in writers[::2]:
-        w.write(HELLO)
-    await asyncio.gather(*(w.drain() for w in writers[::2]))
-    await asyncio.sleep(1)
-    for w in writers:
-        w.close()
-    await close_all(idle[:150])
-    await asyncio.sleep(2)
-    await close_all(idle[150:])
-asyncio.run(main())
-PY
+drive_tunnels 100 300 2
 h2load --h1 -n 2000 -c 8 "http://127.0.0.1:$port/" >/dev/null
 sleep 7
 stop_pid "$vg"
