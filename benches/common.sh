@@ -10,6 +10,11 @@
 PROXY_CPU=${PROXY_CPU:-1}
 LOAD_CPU=${LOAD_CPU:-0}
 
+# glibc's tunables for BIN: by default the image's (the Dockerfile's ENV GLIBC_TUNABLES), which
+# belong to the image's build as much as its profile does. SIDECAR_TUNABLES= (empty) runs BIN as
+# a plain `cargo build` runs, as compare.sh runs SIDECAR_PLAIN_BIN.
+SIDECAR_TUNABLES=${SIDECAR_TUNABLES-$(sed -n 's/^ENV GLIBC_TUNABLES=//p' "$REPO/Dockerfile")}
+
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
@@ -470,10 +475,12 @@ EOF
 }
 
 # The sidecar with one worker thread and warn-level logs (nginx and HAProxy log nothing either);
-# BINARY defaults to BIN.
+# BINARY defaults to BIN, which runs with SIDECAR_TUNABLES (another binary without).
 start_sidecar() { # config-file cpu [binary] -> sets SC_PID
-    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn taskset -c "$2" \
-        "${3:-$BIN}" run --config "$1" 2>"${1%.yaml}.log" &
+    local bin=${3:-$BIN} tunables=
+    [[ $bin == "$BIN" ]] && tunables=$SIDECAR_TUNABLES
+    GLIBC_TUNABLES=$tunables TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn taskset -c "$2" \
+        "$bin" run --config "$1" 2>"${1%.yaml}.log" &
     SC_PID=$!
     PIDS+=("$SC_PID")
 }

@@ -13,12 +13,13 @@
 #   direct  : no proxy, the client talks to the upstream (a reference; there the load generator
 #             and the server share core LOAD_CPU).
 #   sidecar : the image's build (deploy/pgo/build.sh, profile-guided; or SIDECAR_BIN),
+#             in the image's environment (its GLIBC_TUNABLES: SIDECAR_TUNABLES),
 #             TOKIO_WORKER_THREADS=1, EGRESS_LOG=warn, route-mode listener (origin-form, like the
 #             peers' reverse proxies), pool max_connections = max_idle = POOL,
 #             downstream.idle_timeout and max_connections as below.
 #   sidecar-plain : only when SIDECAR_PLAIN_BIN is set: that binary (the plain
-#             `cargo build --release`), configured and run exactly as `sidecar`, in every
-#             workload the sidecar runs in, in the same rounds.
+#             `cargo build --release`), configured and run as `sidecar` but with no tunables,
+#             in every workload the sidecar runs in, in the same rounds.
 #   nginx   : worker_processes 1 (master + worker counted), `upstream { server ... max_conns=POOL;
 #             keepalive POOL; }`, proxy_http_version 1.1, `Connection ""`, keepalive_timeout as
 #             the idle timeout, access_log off.
@@ -104,7 +105,8 @@
 #        seconds; 0 skips that phase), WORKLOADS (1,2,3,4,5,6,7,8: the workloads to run; rows of
 #        the others are absent), RESULTS (benches/RESULTS.md; empty: do not write it), PROXY_CPU
 #        (1), LOAD_CPU (0), CARGO_TARGET_DIR (target/bench), SIDECAR_BIN (skip the build, use
-#        this binary as the image's build), SIDECAR_PLAIN_BIN (the plain release build: adds the
+#        this binary as the image's build), SIDECAR_TUNABLES (the image's build's GLIBC_TUNABLES:
+#        the Dockerfile's by default), SIDECAR_PLAIN_BIN (the plain release build: adds the
 #        sidecar-plain column and issue 47's plain-build targets; unset: no such column).
 #   e.g.  SIDECAR_PLAIN_BIN=target/release/egress-sidecar WORKLOADS=6,7,8 benches/compare.sh
 # Installs nginx, haproxy, wrk, nghttp2-client (h2load), nghttp2-server (nghttpd), golang-go and
@@ -629,7 +631,7 @@ MANY_HOSTS_IDLE_WAIT=$MANY_HOSTS_IDLE_WAIT MANY_HOSTS_FORGET_WAIT=$MANY_HOSTS_FO
 
 - machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), kernel $(uname -r);
   load average before the run $LOAD_BEFORE, after $(cut -d' ' -f1-3 /proc/loadavg)
-- sidecar: $("$BIN" --version), commit $(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock || echo " plus uncommitted changes"), $(rustc --version)$([[ -z ${SIDECAR_BIN:-} ]] || echo "; binary $BIN")
+- sidecar: $("$BIN" --version), commit $(git -C "$REPO" rev-parse --short HEAD)$(git -C "$REPO" diff --quiet HEAD -- src Cargo.toml Cargo.lock || echo " plus uncommitted changes"), $(rustc --version)$([[ -z ${SIDECAR_BIN:-} ]] || echo "; binary $BIN"), GLIBC_TUNABLES=${SIDECAR_TUNABLES:-(none)}
 $([[ -z $PLAIN_BIN ]] || echo "- sidecar-plain (the plain release build): $("$PLAIN_BIN" --version), binary $PLAIN_BIN")
 - nginx: $(nginx -v 2>&1 | sed 's/^nginx version: //'); haproxy: $(haproxy -v | head -1 | sed 's/ - https.*//'); $(wrk -v 2>&1 | head -1 | awk '{print "wrk", $2}'); $(h2load --version | head -1); $(nghttpd --version | head -1); $(go version | awk '{print $3}') (leaky client)
 - placement: each proxy alone on core $PROXY_CPU; load generators and upstreams on core $LOAD_CPU

@@ -19,7 +19,8 @@ Method:
     and the kernel mapped that page's fault-around window or folio with it.
 
 Usage (from the repo root; needs perf, nm and c++filt):
-    benches/first_burst.py BINARY [--count 2000] [--settle 12]
+    benches/first_burst.py BINARY [--count 2000] [--settle 12] [--kind clients|connect|websocket]
+                           [--tunables GLIBC_TUNABLES]
 Prints the growth per mapping, the new text pages in runs (the first function of each run, and
 how many of the run's functions are listed), and each instruction fault's function with its
 group in the list ("-": not listed). Numbers are reported, not asserted.
@@ -122,7 +123,7 @@ async def burst(args, tmp):
     (up_port,) = idle_memory.free_ports(1)
     upstream = idle_memory.Proc([sys.executable, idle_memory.__file__, "upstream", "--port", str(up_port)],
                                 os.path.join(tmp, "upstream.log"))
-    conf = argparse.Namespace(tmp=tmp, sidecar=binary, downstream=args.count, upstream=100)
+    conf = argparse.Namespace(tmp=tmp, sidecar=binary, downstream=args.count, upstream=100, tunables=args.tunables)
     proc = perf = None
     try:
         idle_memory.wait_port(up_port, upstream.p, "upstream")
@@ -135,7 +136,10 @@ async def burst(args, tmp):
         time.sleep(1)
         if perf.poll() is not None:
             sys.exit(f"perf record failed: {perf.stderr.read().decode(errors='replace').strip()}")
-        conns, failed = await idle_memory.open_clients(port, args.count, "/", in_flight=4)
+        if args.kind == "clients":
+            conns, failed = await idle_memory.open_clients(port, args.count, "/", in_flight=4)
+        else:
+            conns, failed = await idle_memory.open_tunnels(proc, port, up_port, args.count, args.kind)
         await asyncio.sleep(args.settle)
         rss1, text1 = mapping_rss(proc.pid), text_pages(proc.pid, binary)
         perf.send_signal(signal.SIGINT)
@@ -148,7 +152,8 @@ async def burst(args, tmp):
         if proc:
             proc.stop()
         upstream.stop()
-    print(f"{len(conns)} idle client connections held, {len(failed)} failed")
+    print(f"{len(conns)} idle {'client connections' if args.kind == 'clients' else args.kind + ' tunnels'} held, "
+          f"{len(failed)} failed")
     for key in sorted(set(rss0) | set(rss1)):
         if rss1[key] != rss0[key]:
             (path, perms), field = key
@@ -180,6 +185,9 @@ def main():
     parser.add_argument("binary")
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--settle", type=float, default=12)
+    parser.add_argument("--kind", choices=["clients", "connect", "websocket"], default="clients",
+                        help="idle client connections, or tunnels as idle_memory.py opens them")
+    parser.add_argument("--tunables", default="", help="the sidecar's GLIBC_TUNABLES (the Dockerfile's for the image)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="first-burst.") as tmp:
         asyncio.run(burst(args, tmp))

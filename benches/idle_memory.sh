@@ -19,9 +19,11 @@
 #   env: DOWNSTREAM (default 5000), UPSTREAM (default 1000), TUNNELS (default 1000),
 #        WARM (default 64: connections and tunnels opened and closed before each base reading;
 #        0: the base is the fresh process, and the figure is what its first burst keeps),
-#        IDLE_SETTLE (default 1: seconds waited before each reading; 12 reads after the heap
-#        trim, every 5 s, has had the threads free the buffers they keep),
+#        IDLE_SETTLE (default 1: seconds waited before each reading, tunnels' at least 3; 12
+#        reads after the heap trim, every 5 s, has had the threads free the buffers they keep),
 #        CARGO_TARGET_DIR (default target/bench), SIDECAR_BIN (skip the build, use this binary),
+#        SIDECAR_TUNABLES (the sidecar's GLIBC_TUNABLES, default the image's, from the
+#        Dockerfile; empty for a plain build as `cargo build` runs it; nginx runs without),
 #        HEAP_STATS=1 (also the live heap per idle client connection and tunnel: glibc's
 #        malloc_stats through gdb).
 # Installs nginx with apt-get if missing. Configs and logs go to one mktemp directory, removed
@@ -69,7 +71,7 @@ trap 'exit 130' INT TERM
 
 # RLIMIT_NOFILE: the Python driver raises its soft limit to the hard one and the proxies inherit it.
 log "measuring: $DOWNSTREAM idle downstream, $UPSTREAM pooled upstream connections (sidecar, then nginx), $TUNNELS idle CONNECT and WebSocket tunnels (sidecar)"
-python3 "$REPO/benches/idle_memory.py" measure --sidecar "$BIN" --tmp "$TMP" \
+python3 "$REPO/benches/idle_memory.py" measure --sidecar "$BIN" --tunables "$SIDECAR_TUNABLES" --tmp "$TMP" \
     --downstream "$DOWNSTREAM" --upstream "$UPSTREAM" --tunnels "$TUNNELS" --warm "$WARM" &
 PY_PID=$!
 wait "$PY_PID"
