@@ -123,7 +123,8 @@ async def burst(args, tmp):
     (up_port,) = idle_memory.free_ports(1)
     upstream = idle_memory.Proc([sys.executable, idle_memory.__file__, "upstream", "--port", str(up_port)],
                                 os.path.join(tmp, "upstream.log"))
-    conf = argparse.Namespace(tmp=tmp, sidecar=binary, downstream=args.count, upstream=100, tunables=args.tunables)
+    conf = argparse.Namespace(tmp=tmp, sidecar=binary, downstream=args.count, upstream=100,
+                              tunables=args.tunables)
     proc = perf = None
     try:
         idle_memory.wait_port(up_port, upstream.p, "upstream")

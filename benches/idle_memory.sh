@@ -71,8 +71,8 @@ trap 'exit 130' INT TERM
 
 # RLIMIT_NOFILE: the Python driver raises its soft limit to the hard one and the proxies inherit it.
 log "measuring: $DOWNSTREAM idle downstream, $UPSTREAM pooled upstream connections (sidecar, then nginx), $TUNNELS idle CONNECT and WebSocket tunnels (sidecar)"
-python3 "$REPO/benches/idle_memory.py" measure --sidecar "$BIN" --tunables "$SIDECAR_TUNABLES" --tmp "$TMP" \
-    --downstream "$DOWNSTREAM" --upstream "$UPSTREAM" --tunnels "$TUNNELS" --warm "$WARM" &
+python3 "$REPO/benches/idle_memory.py" measure --sidecar "$BIN" --tunables "$SIDECAR_TUNABLES" \
+    --tmp "$TMP" --downstream "$DOWNSTREAM" --upstream "$UPSTREAM" --tunnels "$TUNNELS" --warm "$WARM" &
 PY_PID=$!
 wait "$PY_PID"
 PY_PID=

@@ -159,6 +159,7 @@ grep -q -- '--release --locked' deploy/pgo/build.sh || die "deploy/pgo/build.sh:
 # build so). glibc ignores a misspelt tunable without a word; its loader lists what it read.
 tunables=$(sed -n 's/^ENV GLIBC_TUNABLES=//p' Dockerfile)
 loader=$(ldd /bin/true | awk '/ld-linux/ { print $1 }')
+[[ -x $loader ]] || die "no glibc loader found (ldd /bin/true) to read the Dockerfile's GLIBC_TUNABLES"
 read_tunables=$(GLIBC_TUNABLES=$tunables "$loader" --list-tunables)
 grep -q '^glibc\.malloc\.tcache_count: 0x1 ' <<<"$read_tunables" ||
     die "Dockerfile: ENV GLIBC_TUNABLES ('$tunables') must set glibc.malloc.tcache_count=1 as glibc reads it"
