@@ -28,8 +28,12 @@
 #   is repeated on it. Every function of the binary with
 #   instructions counted from the zero on, in any run, is listed, mangled, by instructions,
 #   in four groups: the HTTP/1.1 runs' (first to fourth), the sixth's new names, the fifth's,
-#   then its repeat's. What runs after start-up, however rarely, is laid out together, and
-#   the HTTP/1.1 paths apart from the code only HTTP/2 and TLS upstreams run.
+#   then its repeat's (symbols without a type, which valgrind does not read, named by the
+#   instructions' addresses; and the paths only a race between threads takes, which
+#   valgrind's one thread at a time seldom meets, added to the sixth's by name:
+#   link/README.md). What runs
+#   after start-up, however rarely, is laid out together, and the HTTP/1.1 paths apart from
+#   the code only HTTP/2 and TLS upstreams run.
 #
 # Usage (from the repo root):   benches/hot_symbols.sh [SIDECAR_BIN]
 #   Run it on the build the image ships (deploy/pgo/build.sh, which it runs when given no
@@ -70,7 +74,7 @@ wait_port "$UP_PORT"
 # zeroed once start-up is over. Sets vg and port.
 start_profiled() { # config-file callgrind-out
     TOKIO_WORKER_THREADS=${WORKERS:-1} EGRESS_LOG=warn valgrind --tool=callgrind --demangle=no --compress-strings=no \
-        --callgrind-out-file="$2" "$BIN" run --config "$1" 2>"$2.log" &
+        --dump-instr=yes --compress-pos=no --callgrind-out-file="$2" "$BIN" run --config "$1" 2>"$2.log" &
     vg=$!
     PIDS+=("$vg")
     wait_port "$port" 600
@@ -281,15 +285,16 @@ if [ "${ADD:-0}" = 1 ]; then
     cp link/request-path.symbols "$TMP/listed.symbols"
     listed="$TMP/listed.symbols"
 fi
-python3 - "$(basename "$BIN")" "$listed" \
+python3 - "$BIN" "$listed" \
     "+HTTP/1.1 paths, current-thread runtime" "$TMP/callgrind.out" "$TMP/callgrind.storm.out" \
     "$TMP/callgrind.tunnels.out" "$TMP/callgrind.many.out" \
     "+HTTP/1.1 paths, what the multi-thread runtime adds" "$TMP/callgrind.multi.out" \
     "+HTTP/2 and TLS upstreams, current-thread runtime" "$TMP/callgrind.h2.1.out" \
     "+HTTP/2 and TLS upstreams, what the multi-thread runtime adds" "$TMP/callgrind.h2.2.out" \
     >"$TMP/request-path.symbols" <<'PY'
-import collections, re, sys
-binary = sys.argv.pop(1)
+import bisect, collections, os, re, subprocess, sys
+executable = sys.argv.pop(1)
+binary = os.path.basename(executable)
 # The names listed before, by group; other comment lines are skipped.
 before, group = collections.defaultdict(list), 1
 for line in open(sys.argv.pop(1)):
@@ -306,6 +311,24 @@ group_of = {}
 for group in sorted(before):
     for name in before[group]:
         group_of.setdefault(name, group)
+# Symbols without a type, which valgrind does not read: the parts a profile-guided build's
+# machine function splitter moves out of their functions (`<name>.cold`, the blocks the profile
+# never or hardly ran), whose cost callgrind gives the function it jumped from, and the TLS
+# library's assembly, which it names by address. Their code is named by the instructions'
+# addresses in the binary (--dump-instr).
+untyped = []
+for line in subprocess.run(["readelf", "-sW", executable], capture_output=True, text=True, check=True).stdout.splitlines():
+    f = line.split()
+    # readelf writes sizes past 99,999 in hex.
+    if len(f) == 8 and f[3] == "NOTYPE" and f[2] not in ("0", "Size"):
+        untyped.append((int(f[1], 16), int(f[2], 0), f[7]))
+untyped.sort()
+def named(position, fn):
+    address = int(position, 16)
+    at = bisect.bisect_right(untyped, (address, float("inf"))) - 1
+    if at >= 0 and address < untyped[at][0] + untyped[at][1]:
+        return untyped[at][2]
+    return fn
 def costs(paths):
     cost, fn, obj, call = collections.Counter(), None, None, False
     for path in paths:
@@ -321,7 +344,8 @@ def costs(paths):
                 if call:
                     call = False
                 elif fn and fn[0] and fn[0].endswith(binary):
-                    cost[fn[1]] += int(line.split()[-1])
+                    fields = line.split()
+                    cost[named(fields[0], fn[1])] += int(fields[-1])
     return cost
 groups = []
 for arg in sys.argv[1:]:
@@ -336,6 +360,23 @@ for number, (title, paths) in enumerate(groups, 1):
         if n > 0 and not name.startswith("0x") and group_of.get(name, number + 1) > number:
             group_of[name] = number
             added[number].append(name)
+# The paths only a race between threads takes: a lock another thread holds (the contended and
+# slow paths of std's and parking_lot's locks), a JoinHandle dropped while its task runs, the
+# multi-thread scheduler's own functions (a worker's queue overflowing, a parked worker woken).
+# valgrind runs one thread at a time, so the multi-thread run above seldom takes them, and a
+# real burst on two workers does: each first call mapped a fault-around window of the cold text
+# (64 KiB; benches/first_burst.py). Named from the binary, listed with what that runtime adds.
+RACED = re.compile(r"futex::(Mutex|RwLock)>::\w+_contended|parking_lot::raw_(rw)?(lock|mutex)::"
+                   r"Raw\w+::\w+_slow|parking_lot_core::(word_lock::WordLock::\w+_slow|parking_lot::"
+                   r"(park|unpark_\w+)\b)|^tokio::runtime::(task::raw::drop_join_handle_slow|"
+                   r"scheduler::multi_thread::)")
+def functions(*flags):
+    out = subprocess.run(["nm", "--defined-only", *flags, executable], capture_output=True, text=True, check=True)
+    return [line.split(" ", 2) for line in out.stdout.splitlines()]
+for (_, kind, name), (_, _, plain) in zip(functions(), functions("-C")):
+    if kind in "tT" and RACED.search(plain) and name not in group_of:
+        group_of[name] = 2
+        added[2].append(name)
 for number, (title, paths) in enumerate(groups, 1):
     print(f"# {number} {title}")
     for name in before.pop(number, []) + added[number]:
