@@ -447,7 +447,10 @@ async fn read_head<S: Stream>(
 ) -> Option<HeadFacts> {
     let err = match read_head_or_refusal(conn, req, max, timeout).await {
         Ok(head) => return head,
-        Err(err) => err,
+        Err(err) => {
+            crate::rare::branch();
+            err
+        }
     };
     // Boxed: rare, and its writer should not weigh on every request's future.
     Box::pin(refuse(conn, err, ctx)).await;
@@ -562,6 +565,7 @@ async fn exchange<S: Stream>(
             };
             conn.requests += 1;
             if req.method() == Method::CONNECT {
+                crate::rare::branch();
                 // A tunnel ends HTTP on this connection whatever happens; it is served once
                 // this exchange's (large) future is gone.
                 let uri = std::mem::take(req.uri_mut());
@@ -597,6 +601,7 @@ async fn exchange<S: Stream>(
             return Next::Close;
         };
         if let Some(pending) = response.extensions_mut().remove::<upgrade::Switch>() {
+            crate::rare::branch();
             // Spliced once this exchange's (large) future is gone.
             let resp = resp.take().expect("matched above");
             return Next::Switch(Box::new(Switching { resp, pending, span }));
@@ -626,6 +631,7 @@ async fn exchange<S: Stream>(
             Next::Close
         }
         Err(e) => {
+            crate::rare::branch();
             tracing::debug!(error = %e, "response not fully written");
             Next::Close
         }

@@ -323,7 +323,13 @@ impl Pool {
     /// Logs a change of the learned upstream idle timeout, and has the reaper recompute the
     /// deadlines of the connections already idle, which it changes.
     pub(super) fn log_learned(&self, change: Option<learn::Change>) {
-        let Some(change) = change else { return };
+        if let Some(change) = change {
+            self.log_change(change);
+        }
+    }
+
+    #[cold]
+    fn log_change(&self, change: learn::Change) {
         self.reaper_wake.notify_one();
         let show =
             |d: Option<Duration>| d.map_or_else(|| "none".to_owned(), |d| format!("{}ms", d.as_millis()));
@@ -335,6 +341,35 @@ impl Pool {
             "learned upstream idle timeout changed"
         );
     }
+}
+
+/// An idle connection a checkout found unusable (`closed` by the upstream, its endpoint
+/// `removed`, or past its deadline), marked with why and put in `discard`, to close once the
+/// pool's lock is released; what the learner learned from it goes in `learned`.
+#[cold]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn set_aside(
+    st: &mut super::State,
+    idle: Idle,
+    closed: bool,
+    removed: bool,
+    retire_after: Option<Duration>,
+    now: Instant,
+    learned: &mut Option<learn::Change>,
+    discard: &mut Vec<Idle>,
+) {
+    if closed {
+        *learned = learned
+            .take()
+            .or(upstream_closed_idle(&mut st.learner, &idle, now));
+    } else if removed {
+        idle.conn.track.set("endpoint_removed");
+    } else {
+        idle.conn
+            .track
+            .set(expiry_reason(&st.config, retire_after, &idle.conn, now));
+    }
+    discard.push(idle);
 }
 
 /// Marks an idle connection the upstream closed and feeds its idle age to the learner: this

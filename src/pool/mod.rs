@@ -91,7 +91,7 @@ use crate::connector::{Connect, Dialed};
 use crate::endpoint::{self, Endpoint};
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::UpstreamMetrics;
-use idle::{expiry_reason, idle_deadline, upstream_closed_idle, Idle};
+use idle::{idle_deadline, set_aside, Idle};
 use lease::{LeaseKind, Waiting};
 use streams::H2Conn;
 
@@ -377,6 +377,7 @@ impl Pool {
         let (grant, granted) = match self.take_or_enqueue(avoid, started)? {
             Ok(grant) => (grant, started),
             Err(waiting) => {
+                crate::rare::branch();
                 // Read only for a wait: the pool's lock again, for every checkout.
                 let deadline = started + self.config().pending_timeout;
                 let grant = waiting.wait(deadline).await?;
@@ -395,6 +396,11 @@ impl Pool {
 
     /// The fast path (a free HTTP/2 stream or a usable idle connection, no one waiting) or a
     /// place in the queue. `now`: when the checkout started (a clock read per request saved).
+    ///
+    /// The idle connections found unusable and the queue are out of line (`#[cold]`): inlined
+    /// here, their code sat between the fast path's instructions in the request path's hot
+    /// cache lines, which a build without a profile cannot tell apart (benches/RESULTS.md,
+    /// sixteenth session).
     #[allow(clippy::type_complexity)]
     fn take_or_enqueue(
         self: &Arc<Self>,
@@ -427,18 +433,31 @@ impl Pool {
                     self.log_learned(learned);
                     return Ok(Ok(Grant::H1(idle.conn)));
                 }
-                if closed {
-                    learned = learned.or(upstream_closed_idle(&mut st.learner, &idle, now));
-                } else if removed {
-                    idle.conn.track.set("endpoint_removed");
-                } else {
-                    idle.conn
-                        .track
-                        .set(expiry_reason(&st.config, retire_after, &idle.conn, now));
-                }
-                discard.push(idle);
+                set_aside(
+                    &mut st,
+                    idle,
+                    closed,
+                    removed,
+                    retire_after,
+                    now,
+                    &mut learned,
+                    &mut discard,
+                );
             }
         }
+        self.enqueue(st, discard, learned)
+    }
+
+    /// A place in the queue, and the dials it may start; or the pool's overflow refusal.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::type_complexity)]
+    fn enqueue(
+        self: &Arc<Self>,
+        mut st: MutexGuard<'_, State>,
+        discard: Vec<Idle>,
+        learned: Option<learn::Change>,
+    ) -> Result<Result<Grant, Waiting>, ProxyError> {
         // `max_pending` bounds requests waiting for capacity; a request a new dial will serve
         // is not over the limit (so `max_pending: 0` still lets the pool grow to its cap).
         let established = st.open - st.connecting;
@@ -446,6 +465,7 @@ impl Pool {
         let max_pending = st.config.max_pending;
         if st.waiters.len() >= max_pending + dialable {
             drop(st);
+            drop(discard);
             self.log_learned(learned);
             self.metrics.rejected("pool_overflow");
             return Err(self.error(

@@ -77,6 +77,15 @@ pub enum HeadError {
     Invalid(String),
 }
 
+impl HeadError {
+    /// [`HeadError::Invalid`], built out of line: `#[cold]` lays a refusal's code out of the
+    /// request path's hot lines in a build without a profile.
+    #[cold]
+    fn invalid(why: impl Into<String>) -> Self {
+        HeadError::Invalid(why.into())
+    }
+}
+
 /// httparse accepts bare LF line endings (RFC 9112 §2.2 allows it); the sidecar does not, since
 /// an upstream that disagrees on where a line ends is how requests get smuggled past a proxy.
 fn has_bare_lf(head: &[u8]) -> bool {
@@ -150,7 +159,7 @@ pub fn parse_head_into<B>(
     let raw_target = text(target.clone());
     let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|e| {
         let shown = redact::target(raw_target);
-        HeadError::Invalid(format!("invalid request target {:?}: {e}", truncate(&shown)))
+        HeadError::invalid(format!("invalid request target {:?}: {e}", truncate(&shown)))
     })?;
     check_target_form(&method, &uri, raw_target)?;
     // Room for the fields `proxy::headers` sets on the way up (`Host`, `TE`): http's `insert`
@@ -160,7 +169,7 @@ pub fn parse_head_into<B>(
     let mut present = Present::default();
     for field in &fields {
         let name = super::names::from_wire(&head[field.name()]).map_err(|_| {
-            HeadError::Invalid(format!("invalid header name {:?}", truncate(text(field.name()))))
+            HeadError::invalid(format!("invalid header name {:?}", truncate(text(field.name()))))
         })?;
         let mut value = field_value(head.slice(field.value()));
         value.set_sensitive(is_credential(&name));
@@ -200,7 +209,7 @@ struct Line {
 }
 
 fn invalid_method() -> HeadError {
-    HeadError::Invalid("invalid method".into())
+    HeadError::invalid("invalid method")
 }
 
 /// httparse's reading of a request head the plain scan did not take; `Ok(None)`: incomplete.
@@ -225,11 +234,11 @@ fn httparse_head(
         Err(httparse::Error::TooManyHeaders) => {
             return Err(HeadError::TooLarge(format!("{MAX_HEADERS} header fields")))
         }
-        Err(e) => return Err(HeadError::Invalid(format!("malformed request head: {e}"))),
+        Err(e) => return Err(HeadError::invalid(format!("malformed request head: {e}"))),
     };
     if len <= max_header_bytes && has_bare_lf(&buf[..len]) {
-        return Err(HeadError::Invalid(
-            "request head has a line ending in LF without CR".into(),
+        return Err(HeadError::invalid(
+            "request head has a line ending in LF without CR",
         ));
     }
     // Where the parts lie in the head: they are read again from the head's frozen bytes, so
@@ -276,7 +285,7 @@ fn check_target_form(method: &Method, uri: &Uri, raw: &str) -> Result<(), HeadEr
         Ok(())
     } else {
         let shown = redact::target(raw);
-        Err(HeadError::Invalid(format!(
+        Err(HeadError::invalid(format!(
             "invalid request target {:?} for {method}",
             truncate(&shown)
         )))
@@ -318,14 +327,14 @@ fn head_facts(
     present: Present,
 ) -> Result<HeadFacts, HeadError> {
     if present.hosts > 1 {
-        return Err(HeadError::Invalid("more than one Host header".into()));
+        return Err(HeadError::invalid("more than one Host header"));
     }
     if version == Version::HTTP_11
         && uri.scheme().is_none()
         && method != Method::CONNECT
         && present.hosts == 0
     {
-        return Err(HeadError::Invalid("HTTP/1.1 request without Host".into()));
+        return Err(HeadError::invalid("HTTP/1.1 request without Host"));
     }
     let body = body_framing(version, headers, present)?;
     let connection = if present.connection {
@@ -400,20 +409,16 @@ fn body_framing(version: Version, headers: &HeaderMap, present: Present) -> Resu
     let has_cl = present.content_length;
     if has_te {
         if version == Version::HTTP_10 {
-            return Err(HeadError::Invalid(
-                "Transfer-Encoding in an HTTP/1.0 request".into(),
-            ));
+            return Err(HeadError::invalid("Transfer-Encoding in an HTTP/1.0 request"));
         }
         if has_cl {
-            return Err(HeadError::Invalid(
-                "both Content-Length and Transfer-Encoding".into(),
-            ));
+            return Err(HeadError::invalid("both Content-Length and Transfer-Encoding"));
         }
         let mut codings = Vec::new();
         for value in headers.get_all(TRANSFER_ENCODING) {
             let text = value
                 .to_str()
-                .map_err(|_| HeadError::Invalid("invalid Transfer-Encoding".into()))?;
+                .map_err(|_| HeadError::invalid("invalid Transfer-Encoding"))?;
             codings.extend(
                 text.split(',')
                     .map(|c| c.trim().to_ascii_lowercase())
@@ -422,7 +427,7 @@ fn body_framing(version: Version, headers: &HeaderMap, present: Present) -> Resu
         }
         return match codings.as_slice() {
             [only] if only == "chunked" => Ok(BodyFraming::Chunked),
-            _ => Err(HeadError::Invalid(format!(
+            _ => Err(HeadError::invalid(format!(
                 "Transfer-Encoding {:?} is not supported (only chunked)",
                 codings.join(", ")
             ))),
@@ -436,11 +441,11 @@ fn body_framing(version: Version, headers: &HeaderMap, present: Present) -> Resu
     // disagree about where the body ends.
     let mut values = headers.get_all(CONTENT_LENGTH).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
-        return Err(HeadError::Invalid("more than one Content-Length".into()));
+        return Err(HeadError::invalid("more than one Content-Length"));
     };
     let digits = value.as_bytes();
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-        return Err(HeadError::Invalid(format!(
+        return Err(HeadError::invalid(format!(
             "invalid Content-Length {:?}",
             truncate(&String::from_utf8_lossy(digits))
         )));
@@ -448,7 +453,7 @@ fn body_framing(version: Version, headers: &HeaderMap, present: Present) -> Resu
     let n: u64 = std::str::from_utf8(digits)
         .ok()
         .and_then(|d| d.parse().ok())
-        .ok_or_else(|| HeadError::Invalid("invalid Content-Length".into()))?;
+        .ok_or_else(|| HeadError::invalid("invalid Content-Length"))?;
     Ok(if n == 0 {
         BodyFraming::Empty
     } else {

@@ -161,7 +161,7 @@ pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         }
     };
     let code = found.code;
-    let status = StatusCode::from_u16(code).map_err(|_| Error::Invalid(format!("status {code}")))?;
+    let status = StatusCode::from_u16(code).map_err(|_| Error::invalid(format!("status {code}")))?;
     let version = match found.version {
         0 => Version::HTTP_10,
         _ => Version::HTTP_11,
@@ -232,7 +232,7 @@ fn httparse_head(buf: &[u8], fields: &mut Fields<MAX_RESPONSE_HEADERS>) -> Resul
     ) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(Error::Invalid(e.to_string())),
+        Err(e) => return Err(Error::invalid(e.to_string())),
     };
     let base = buf.as_ptr() as usize;
     let span = |part: &[u8]| {
@@ -353,10 +353,10 @@ fn header_map(head: &Bytes, fields: &[Field], left_out: u128) -> Result<HeaderMa
         }
         let name = names::from_wire(&head[field.name()]).map_err(|_| {
             let name = String::from_utf8_lossy(&head[field.name()]);
-            Error::Invalid(format!("header name {name:?}"))
+            Error::invalid(format!("header name {name:?}"))
         })?;
         let value = HeaderValue::from_maybe_shared(head.slice(field.value()))
-            .map_err(|_| Error::Invalid(format!("value of {name}")))?;
+            .map_err(|_| Error::invalid(format!("value of {name}")))?;
         headers.append(name, value);
     }
     Ok(headers)

@@ -77,6 +77,15 @@ pub enum Error {
     RequestBody(String),
 }
 
+impl Error {
+    /// [`Error::Invalid`], built out of line: `#[cold]` tells a build without a profile that
+    /// the branch is the exception, and lays it out of the exchange's hot code.
+    #[cold]
+    fn invalid(why: impl Into<String>) -> Self {
+        Error::Invalid(why.into())
+    }
+}
+
 /// The byte stream of an upstream connection.
 #[derive(Debug)]
 pub enum Transport {
@@ -561,7 +570,7 @@ impl Transfer {
                 }
             }
             if conn.buf.len() >= MAX_HEAD_BYTES {
-                return Poll::Ready(Err(Error::Invalid(format!(
+                return Poll::Ready(Err(Error::invalid(format!(
                     "response head larger than {MAX_HEAD_BYTES} bytes"
                 ))));
             }
@@ -583,9 +592,7 @@ impl Transfer {
             let status = head.resp.status();
             if status.is_informational() {
                 if status == StatusCode::SWITCHING_PROTOCOLS {
-                    return Err(Error::Invalid(
-                        "101 Switching Protocols to a pooled request".into(),
-                    ));
+                    return Err(Error::invalid("101 Switching Protocols to a pooled request"));
                 }
                 continue;
             }
@@ -606,8 +613,8 @@ impl Transfer {
             Framing::TransferCoded { chunked: false } | Framing::Unframed => Ok(ResponseState::UntilClose),
             Framing::Length(0) => Ok(ResponseState::Done),
             Framing::Length(n) => Ok(ResponseState::Framed(Decoder::new(BodyFraming::Length(n)))),
-            Framing::MalformedLength => Err(Error::Invalid("malformed Content-Length".into())),
-            Framing::DifferingLengths => Err(Error::Invalid("differing Content-Length values".into())),
+            Framing::MalformedLength => Err(Error::invalid("malformed Content-Length")),
+            Framing::DifferingLengths => Err(Error::invalid("differing Content-Length values")),
         }
     }
 
@@ -667,7 +674,7 @@ impl Transfer {
                     Ok(None) => {}
                     Err(e) => {
                         self.response = ResponseState::Done;
-                        return Poll::Ready(Some(Err(Error::Invalid(e.0))));
+                        return Poll::Ready(Some(Err(Error::invalid(e.0))));
                     }
                 },
                 ResponseState::UntilClose => {
