@@ -38,7 +38,7 @@ source "$REPO/benches/common.sh"
 
 (($# > 0)) || die "usage: benches/h2c_syscalls.sh NAME=SIDECAR_BIN... [haproxy]"
 ensure_tools haproxy:haproxy nghttpd:nghttp2-server wrk:wrk perf:linux-perf python3:python3
-ulimit -n "$(ulimit -Hn)"
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 (($(ulimit -n) >= 2 * CLIENTS + 256)) || die "open-file limit $(ulimit -n) too low for $CLIENTS clients"
 # No build is the image's here: start_sidecar runs every binary without glibc tunables, as a
 # plain `cargo build` runs.
@@ -55,7 +55,8 @@ for spec in "$@"; do
     name=${spec%%=*}
     read -r P A R < <(free_ports 3)
     if [[ $name == haproxy ]]; then
-        haproxy_conf haproxy "$R" 4096 60s "127.0.0.1:$UP proto h2" \
+        # maxconn within the open-file limit checked above (two descriptors a connection).
+        haproxy_conf haproxy "$R" $((CLIENTS + 64)) 60s "127.0.0.1:$UP proto h2" \
             "$(hap_streams_keyword) 100" >"$TMP/haproxy.cfg"
         start_haproxy haproxy "$PROXY_CPU"
         pid=$HAP_PID
