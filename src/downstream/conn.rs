@@ -335,8 +335,8 @@ enum Wake {
 /// after that read cleared it), and a connection taking that for a request waited for a head
 /// under `header_read_timeout` instead of its idle timeout, and never parked.
 ///
-/// With `quiet: (now, after)`, a wait with no request by `now + after` ends `Quiet` (the
-/// caller's `now` saves a clock read).
+/// With `quiet: (now, after)`, a wait with no request by `now + after` (or up to
+/// `wait_timer::SLACK` later) ends `Quiet` (the caller's `now` saves a clock read).
 ///
 /// All of a task's waits run on its one `timer` (see `wait_timer`).
 async fn wait_for_bytes<S: Stream>(
@@ -351,7 +351,7 @@ async fn wait_for_bytes<S: Stream>(
         // A new connection gets its first request served even while draining (apps finishing
         // their work need egress).
         let until = Instant::now() + ctx.config.get().header_read_timeout;
-        return match timer.before(until, conn.stream.readable()).await {
+        return match timer.before(until, false, conn.stream.readable()).await {
             Some(readable) => wake(readable),
             None => Wake::TimedOut,
         };
@@ -365,7 +365,7 @@ async fn wait_for_bytes<S: Stream>(
     if ends > park_at {
         // Draining closes idle keep-alive connections.
         return tokio::select! {
-            read = timer.before(ends, first_bytes(conn, max_head, false)) => match read {
+            read = timer.before(ends, false, first_bytes(conn, max_head, false)) => match read {
                 Some(read) => wake(read),
                 None => Wake::TimedOut,
             },
@@ -377,7 +377,9 @@ async fn wait_for_bytes<S: Stream>(
     // `serve` after a quiet one).
     // A quiet wait keeps its read buffer, as it keeps the exchanges' box.
     let hold = quiet_at.is_some();
-    match timer.before(ends, first_bytes(conn, max_head, hold)).await {
+    // A quiet wait may end a little late (`wait_timer::SLACK`): its timer then moves once in
+    // a while, not at every request of a busy connection.
+    match timer.before(ends, hold, first_bytes(conn, max_head, hold)).await {
         Some(read) => wake(read),
         None if hold => Wake::Quiet,
         None if parks => Wake::Park,

@@ -139,8 +139,15 @@ impl Pool {
         // The server may have changed its limit: dials for the queue follow the latest.
         let (cfg, max_streams) = (st.config, st.max_streams);
         st.h2_streams_hint = st.h2[index].stream_limit(max_streams);
-        let now = Instant::now();
-        while st.h2[index].takes_streams(&cfg, max_streams, now) {
+        // With nobody queued (a stream ending on a connection with room, the common case)
+        // there is nothing to grant and no clock to read: the next checkout checks the
+        // connection's lifetime and limits itself.
+        let mut now = None;
+        while !st.waiters.is_empty() {
+            let at = *now.get_or_insert_with(Instant::now);
+            if !st.h2[index].takes_streams(&cfg, max_streams, at) {
+                break;
+            }
             let Some(waiter) = st.waiters.pop_front() else {
                 break;
             };
@@ -153,7 +160,11 @@ impl Pool {
         }
         let conn = &mut st.h2[index];
         if conn.in_flight == 0 {
-            conn.idle_since = Instant::now();
+            let at = *now.get_or_insert_with(Instant::now);
+            // Marked draining now if its lifetime, requests or endpoint ran out, as before any
+            // grant: the reaper then closes it.
+            conn.takes_streams(&cfg, max_streams, at);
+            conn.idle_since = at;
             let deadline = conn.idle_deadline(&cfg);
             self.schedule_reaper(st, deadline);
         }

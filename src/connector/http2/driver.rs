@@ -160,7 +160,7 @@ fn dispatch(state: &mut State, event: Event, pings: &mut Option<Pings>) {
             end_stream,
         } => match slots.get_mut(&stream_id) {
             Some(slot) => {
-                slot.data.push_back(data);
+                slot.data.push(data);
                 slot.done |= end_stream;
                 wake(&mut slot.recv);
             }
@@ -169,7 +169,7 @@ fn dispatch(state: &mut State, event: Event, pings: &mut Option<Pings>) {
         },
         Event::Trailers { stream_id, fields } => {
             if let Some(slot) = slots.get_mut(&stream_id) {
-                slot.trailers = Some(fields);
+                slot.trailers = Some(Box::new(fields));
                 slot.done = true;
                 wake(&mut slot.recv);
             }
@@ -183,7 +183,7 @@ fn dispatch(state: &mut State, event: Event, pings: &mut Option<Pings>) {
                 // A server that answered in full before reading the whole request may reset
                 // the stream to stop the upload (NO_ERROR, RFC 9113 §8.1); the response stands.
                 if !slot.done {
-                    slot.failed = Some(Error::Reset { code, cause });
+                    slot.failed = Some(Box::new(Error::Reset { code, cause }));
                 }
                 wake(&mut slot.recv);
                 wake(&mut slot.send);
@@ -232,7 +232,7 @@ fn end(shared: &Shared, ended: &Ended) {
     state.ended = Some(ended.clone());
     for slot in state.slots.values_mut() {
         if slot.failed.is_none() && !slot.done {
-            slot.failed = Some(Error::Connection(ended.clone()));
+            slot.failed = Some(Box::new(Error::Connection(ended.clone())));
         }
         wake(&mut slot.recv);
         wake(&mut slot.send);

@@ -462,3 +462,24 @@ async fn a_reset_with_no_error_after_the_whole_response_keeps_the_response() {
     assert_eq!(read.expect("the whole response, not the reset"), "answered");
     serve.abort();
 }
+
+/// A stream's queued DATA comes out in the order it came, however reads and arrivals
+/// interleave, and what is held unread is counted in full.
+#[test]
+fn queued_data_keeps_its_order() {
+    let mut chunks = super::Chunks::default();
+    assert!(chunks.is_empty() && chunks.pop().is_none());
+    chunks.push(Bytes::from_static(b"a"));
+    chunks.push(Bytes::from_static(b"bb"));
+    chunks.push(Bytes::from_static(b"ccc"));
+    assert_eq!(chunks.held(), 6);
+    assert_eq!(chunks.pop().as_deref(), Some(&b"a"[..]));
+    chunks.push(Bytes::from_static(b"dddd"));
+    assert_eq!(chunks.held(), 9);
+    let rest: Vec<Bytes> = std::iter::from_fn(|| chunks.pop()).collect();
+    assert_eq!(rest, [&b"bb"[..], b"ccc", b"dddd"]);
+    assert!(chunks.is_empty() && chunks.held() == 0);
+    chunks.push(Bytes::from_static(b"e"));
+    assert_eq!(chunks.pop().as_deref(), Some(&b"e"[..]));
+    assert!(chunks.is_empty());
+}
