@@ -72,7 +72,7 @@ async fn run(client: Client, requests: usize) {
     let mut received = 0;
     match client {
         Client::Ours => {
-            let mut sender = http2::handshake(io, 100, None, |_| {});
+            let mut sender = http2::handshake(io, 100, None, None, |_| {});
             for _ in 0..requests {
                 let resp = sender.send(&mut request()).await.expect("a response");
                 received += resp.into_body().collect().await.expect("a body").to_bytes().len();

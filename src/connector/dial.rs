@@ -61,6 +61,8 @@ pub struct Connector {
     http2: Http2Config,
     /// The parent proxy connections go through, if any.
     parent: Option<Arc<Parent>>,
+    /// What HTTP/2 connections name in their streams.
+    origin: Option<http2::Origin>,
 }
 
 /// A pool connector's [`DialTarget`], owned: the connector dials it for as long as its pool
@@ -79,6 +81,8 @@ pub struct OwnedTarget {
     pub guard: Arc<Guard>,
     /// The parent proxy to go through (`endpoints` are then the parent's).
     pub parent: Option<Arc<Parent>>,
+    /// The scheme and authority HTTP/2 streams name (`:scheme`, `:authority`).
+    pub origin: Option<http2::Origin>,
 }
 
 impl Connector {
@@ -99,6 +103,7 @@ impl Connector {
             protocol,
             http2,
             parent: target.parent,
+            origin: target.origin,
         }
     }
 
@@ -251,7 +256,7 @@ impl Connector {
         };
         // The preface and our SETTINGS go out from the connection's task; a server that
         // does not speak HTTP/2 fails the first stream, as one that broke the handshake did.
-        let sender = http2::handshake(io, unheard, keepalive, on_end);
+        let sender = http2::handshake(io, unheard, keepalive, self.origin.clone(), on_end);
         // The driver task applies the server's SETTINGS; wait here about one round trip for
         // the first value, checking every millisecond; a server that announces none (no limit)
         // costs this wait once. Afterwards the driver republishes the limit after every poll,

@@ -207,6 +207,7 @@ impl Channel {
             io,
             STREAMS_UNHEARD,
             Some(KEEPALIVE),
+            None,
             move |ended| {
                 if let Some(e) = ended {
                     tracing::debug!(service = %url, error = %e, "rate-limit service connection ended");

@@ -4,21 +4,17 @@
 use http::Request;
 
 use super::Upstream;
-use crate::config::Scheme;
 use crate::wire::RequestBody;
 
 impl Upstream {
-    /// HTTP/2 names the target in `:scheme`/`:authority` (absolute URI); HTTP/1.1 in the
-    /// origin-form target and `Host`. A request retried on the other kind is converted back.
-    /// A `Host` field stays in the map on HTTP/2: the head's encoder leaves it out
-    /// (`wire::h2client`), and taking it out of the map cost 270 instructions a request.
+    /// HTTP/2 names the target in `:scheme`/`:authority`, which the pool's connection fills
+    /// in from its origin (`connector::http2::Origin`), whatever the request's target says;
+    /// HTTP/1.1 in the origin-form target and `Host`. A request retried on HTTP/1.1 after
+    /// HTTP/2 is converted. A `Host` field stays in the map on HTTP/2: the head's encoder
+    /// leaves it out (`wire::h2client`), and taking it out of the map cost 270 instructions a
+    /// request.
     pub(super) fn fit_request(&self, req: &mut Request<RequestBody>, http2: bool) {
         if http2 {
-            let scheme = match self.scheme {
-                Scheme::Http => http::uri::Scheme::HTTP,
-                Scheme::Https => http::uri::Scheme::HTTPS,
-            };
-            self.make_absolute(req, scheme);
             *req.version_mut() = http::Version::HTTP_2;
         } else if self.forward {
             self.make_absolute(req, http::uri::Scheme::HTTP);

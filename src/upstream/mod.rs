@@ -345,6 +345,7 @@ impl Upstream {
             connect_timeout: settings.connect_timeout,
             guard: guard.clone(),
             parent: parent.cloned(),
+            origin: http2_origin(key.scheme, &key.authority),
         };
         let connector = dial::Connector::new(target, connector_tls, protocol, settings.http2.clone());
         Pool::new(
@@ -927,6 +928,16 @@ impl Upstream {
 }
 
 /// `host[:port]`, leaving out the scheme's default port.
+/// What HTTP/2 streams to the upstream name in `:scheme` and `:authority`: its `Host`.
+fn http2_origin(scheme: Scheme, authority: &Authority) -> Option<http2::Origin> {
+    let authority = http::uri::Authority::try_from(host_header(scheme, authority).as_bytes()).ok()?;
+    let scheme = match scheme {
+        Scheme::Http => http::uri::Scheme::HTTP,
+        Scheme::Https => http::uri::Scheme::HTTPS,
+    };
+    Some(http2::Origin { scheme, authority })
+}
+
 fn host_header(scheme: Scheme, authority: &Authority) -> HeaderValue {
     let text = match (
         authority.port == scheme.default_port(),

@@ -32,7 +32,7 @@ async fn connect_with(
     });
     let io = TcpStream::connect(addr).await.unwrap();
     let (ended_tx, ended) = tokio::sync::oneshot::channel();
-    let sender = handshake(io, 101, keepalive, move |e| {
+    let sender = handshake(io, 101, keepalive, None, move |e| {
         let _ = ended_tx.send(e.map(|e| e.to_string()));
     });
     (sender, server.await.unwrap(), ended)
