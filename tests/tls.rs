@@ -40,6 +40,13 @@ async fn plain_http_from_the_app_reaches_an_https_upstream() {
         seen[0].authority(),
         format!("upstream.test:{}", upstream.addr.port())
     );
+    // The connection names its origin in every stream: `:scheme` is the upstream's, though
+    // the app asked in plain http.
+    assert_eq!(
+        seen[0].uri,
+        format!("https://upstream.test:{}/hello", upstream.addr.port())
+    );
+    assert!(seen[0].headers.get("host").is_none(), "no Host field on HTTP/2");
 }
 
 #[tokio::test]
