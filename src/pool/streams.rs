@@ -58,7 +58,8 @@ impl H2Conn {
 
     /// Whether this connection may take another stream; one past `max_lifetime`, one that has
     /// carried `max_requests_per_connection` streams and one whose endpoint left the DNS answer
-    /// start draining here, as a busy connection has no reaper deadline of its own.
+    /// start draining here, at a checkout, a grant to a waiter or when its last stream ends, as a
+    /// busy connection has no reaper deadline of its own.
     fn takes_streams(&mut self, cfg: &PoolConfig, max_streams: usize, now: Instant) -> bool {
         if past_lifetime(cfg, self.created, now) {
             self.track.set("max_lifetime");

@@ -1,5 +1,6 @@
-//! Fitting a request's target to the connection it goes on: absolute-form on HTTP/2 and
-//! through a parent proxy, origin-form with `Host` on HTTP/1.1.
+//! Fitting a request to the connection it goes on: absolute-form through a parent proxy,
+//! origin-form with `Host` on HTTP/1.1, and on HTTP/2 the target as it is (the connection names
+//! its origin in every stream).
 
 use http::Request;
 
@@ -8,15 +9,19 @@ use crate::wire::RequestBody;
 
 impl Upstream {
     /// HTTP/2 names the target in `:scheme`/`:authority`, which the pool's connection fills
-    /// in from its origin (`connector::http2::Origin`), whatever the request's target says;
-    /// HTTP/1.1 in the origin-form target and `Host`. A request retried on HTTP/1.1 after
-    /// HTTP/2 is converted. A `Host` field stays in the map on HTTP/2: the head's encoder
-    /// leaves it out (`wire::h2client`), and taking it out of the map cost 270 instructions a
-    /// request.
+    /// in from its origin (`connector::http2::Origin`) whatever the request's target says, and
+    /// in `:path`; HTTP/1.1 in the origin-form target and the `Host` the proxy set
+    /// (`proxy::headers::to_upstream`), or absolute-form through a parent proxy. HTTP/2
+    /// leaves the request as HTTP/1.1 sends it, so a retry on the other protocol converts
+    /// nothing. A `Host` field stays in the map on HTTP/2: the head's encoder leaves it out
+    /// (`wire::h2client`), and taking it out of the map cost 270 instructions a request.
     pub(super) fn fit_request(&self, req: &mut Request<RequestBody>, http2: bool) {
         if http2 {
             *req.version_mut() = http::Version::HTTP_2;
-        } else if self.forward {
+            return;
+        }
+        *req.version_mut() = http::Version::HTTP_11;
+        if self.forward {
             self.make_absolute(req, http::uri::Scheme::HTTP);
             self.fit_forwarded(req);
         } else if req.uri().scheme().is_some() {
@@ -26,7 +31,6 @@ impl Upstream {
             }
             req.headers_mut()
                 .insert(http::header::HOST, self.host_header.clone());
-            *req.version_mut() = http::Version::HTTP_11;
         }
     }
 
@@ -52,7 +56,6 @@ impl Upstream {
     fn fit_forwarded(&self, req: &mut Request<RequestBody>) {
         req.headers_mut()
             .insert(http::header::HOST, self.host_header.clone());
-        *req.version_mut() = http::Version::HTTP_11;
         let auth = self.parent.as_ref().and_then(|p| p.proxy_authorization());
         match auth {
             Some(value) => req.headers_mut().insert(http::header::PROXY_AUTHORIZATION, value),

@@ -79,8 +79,9 @@ pub struct Upstream {
     aliases: Vec<Authority>,
     settings: UpstreamSettings,
     host_header: HeaderValue,
-    /// `host_header` as a URI authority, for absolute targets (HTTP/2, a parent proxy):
-    /// cloned per request, not formatted and parsed again.
+    /// `host_header` as a URI authority, for absolute targets through a parent proxy: cloned
+    /// per request, not formatted and parsed again. (HTTP/2 streams name the pool connection's
+    /// origin instead: `http2_origin`.)
     uri_authority: Option<http::uri::Authority>,
     pool: Arc<Pool>,
     /// The endpoints every pool of this upstream and its dedicated connections dial (the
@@ -927,7 +928,6 @@ impl Upstream {
     }
 }
 
-/// `host[:port]`, leaving out the scheme's default port.
 /// What HTTP/2 streams to the upstream name in `:scheme` and `:authority`: its `Host`.
 fn http2_origin(scheme: Scheme, authority: &Authority) -> Option<http2::Origin> {
     let authority = http::uri::Authority::try_from(host_header(scheme, authority).as_bytes()).ok()?;
@@ -938,6 +938,7 @@ fn http2_origin(scheme: Scheme, authority: &Authority) -> Option<http2::Origin> 
     Some(http2::Origin { scheme, authority })
 }
 
+/// `host[:port]`, leaving out the scheme's default port.
 fn host_header(scheme: Scheme, authority: &Authority) -> HeaderValue {
     let text = match (
         authority.port == scheme.default_port(),
