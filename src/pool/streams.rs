@@ -178,10 +178,13 @@ impl Pool {
             return; // already closed and forgotten
         };
         st.h2[index].in_flight -= 1;
-        if st.h2[index].draining && st.h2[index].in_flight == 0 {
-            st.h2.remove(index);
-        } else {
+        let spent = |c: &H2Conn| c.draining && c.in_flight == 0;
+        if !spent(&st.h2[index]) {
+            // Going idle, it is checked against its limits (and may start draining).
             self.serve_stream_waiters(&mut st, index);
+        }
+        if spent(&st.h2[index]) {
+            st.h2.remove(index);
         }
         self.start_dials(&mut st);
     }
