@@ -143,12 +143,8 @@ impl Pool {
         // With nobody queued (a stream ending on a connection with room, the common case)
         // there is nothing to grant and no clock to read: the next checkout checks the
         // connection's lifetime and limits itself.
-        let mut now = None;
-        while !st.waiters.is_empty() {
-            let at = *now.get_or_insert_with(Instant::now);
-            if !st.h2[index].takes_streams(&cfg, max_streams, at) {
-                break;
-            }
+        let now = (!st.waiters.is_empty()).then(Instant::now);
+        while now.is_some_and(|now| st.h2[index].takes_streams(&cfg, max_streams, now)) {
             let Some(waiter) = st.waiters.pop_front() else {
                 break;
             };
@@ -161,7 +157,7 @@ impl Pool {
         }
         let conn = &mut st.h2[index];
         if conn.in_flight == 0 {
-            let at = *now.get_or_insert_with(Instant::now);
+            let at = now.unwrap_or_else(Instant::now);
             // Marked draining now if its lifetime, requests or endpoint ran out, as before any
             // grant: the reaper then closes it.
             conn.takes_streams(&cfg, max_streams, at);

@@ -1,6 +1,5 @@
-//! Fitting a request to the connection it goes on: absolute-form through a parent proxy,
-//! origin-form with `Host` on HTTP/1.1, and on HTTP/2 the target as it is (the connection names
-//! its origin in every stream).
+//! Fitting a request to the connection it goes on: its version, and absolute-form through a
+//! parent proxy (the proxy hands it over in origin-form with the upstream's `Host`).
 
 use http::Request;
 
@@ -8,13 +7,13 @@ use super::Upstream;
 use crate::wire::RequestBody;
 
 impl Upstream {
-    /// HTTP/2 names the target in `:scheme`/`:authority`, which the pool's connection fills
-    /// in from its origin (`connector::http2::Origin`) whatever the request's target says, and
-    /// in `:path`; HTTP/1.1 in the origin-form target and the `Host` the proxy set
-    /// (`proxy::headers::to_upstream`), or absolute-form through a parent proxy. HTTP/2
-    /// leaves the request as HTTP/1.1 sends it, so a retry on the other protocol converts
-    /// nothing. A `Host` field stays in the map on HTTP/2: the head's encoder leaves it out
-    /// (`wire::h2client`), and taking it out of the map cost 270 instructions a request.
+    /// The proxy hands requests over in origin-form with the upstream's `Host`
+    /// (`proxy::headers::to_upstream`), which is what HTTP/1.1 sends, and what HTTP/2 sends
+    /// too: its `:scheme`/`:authority` come from the pool connection's origin
+    /// (`connector::http2::Origin`), its `:path` from the target, and the head's encoder
+    /// leaves `Host` out (`wire::h2client`; taking it out of the map cost 270 instructions a
+    /// request). So a retry on the other protocol converts nothing; only a request through a
+    /// parent proxy is made absolute-form.
     pub(super) fn fit_request(&self, req: &mut Request<RequestBody>, http2: bool) {
         if http2 {
             *req.version_mut() = http::Version::HTTP_2;
@@ -22,25 +21,18 @@ impl Upstream {
         }
         *req.version_mut() = http::Version::HTTP_11;
         if self.forward {
-            self.make_absolute(req, http::uri::Scheme::HTTP);
+            self.make_absolute(req);
             self.fit_forwarded(req);
-        } else if req.uri().scheme().is_some() {
-            let path = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
-            if let Ok(uri) = path.parse() {
-                *req.uri_mut() = uri;
-            }
-            req.headers_mut()
-                .insert(http::header::HOST, self.host_header.clone());
         }
     }
 
-    /// Makes the request's target `scheme://host[:port]/path?query`, keeping its path.
-    fn make_absolute(&self, req: &mut Request<RequestBody>, scheme: http::uri::Scheme) {
+    /// Makes the request's target `http://host[:port]/path?query`, keeping its path.
+    fn make_absolute(&self, req: &mut Request<RequestBody>) {
         let Some(authority) = &self.uri_authority else {
             return;
         };
         let mut parts = std::mem::take(req.uri_mut()).into_parts();
-        parts.scheme = Some(scheme);
+        parts.scheme = Some(http::uri::Scheme::HTTP);
         parts.authority = Some(authority.clone());
         if parts.path_and_query.is_none() {
             parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));

@@ -532,8 +532,8 @@ impl Opened {
             if let Some(head) = slot.head.take() {
                 return Poll::Ready(Ok(head));
             }
-            if let Some(failed) = &slot.failed {
-                return Poll::Ready(Err(Error::clone(failed)));
+            if let Some(failed) = slot.failed.as_deref().cloned() {
+                return Poll::Ready(Err(failed));
             }
             slot.recv = Some(cx.waker().clone());
             Poll::Pending
