@@ -330,6 +330,35 @@ ${7:-}
 EOF
 }
 
+# nginx in front of an HTTP/2 upstream: the only module that speaks HTTP/2 to an upstream is
+# `grpc_pass`, which proxies any request (not only gRPC) but never multiplexes: one stream per
+# upstream connection, as many connections as requests in flight (`max_conns` would refuse the
+# rest with 502: nginx's queue for them is commercial), `keepalive POOL` of them kept idle.
+# With TLS-LINES (grpc_ssl_* directives), the upstream is spoken to over TLS (grpcs://).
+nginx_grpc_conf() { # name listen-port upstream-port pool client-keepalive-timeout [worker_connections] [tls-lines]
+    local scheme=grpc
+    [[ -z ${7:-} ]] || scheme=grpcs
+    nginx_common "$1" "${6:-}"
+    echo "http {"
+    nginx_http_common "$1" "$5"
+    cat <<EOF
+    upstream bench {
+        server 127.0.0.1:$3;
+        keepalive $4;
+        keepalive_requests 1000000;
+        keepalive_timeout 60s;
+    }
+    server {
+        listen 127.0.0.1:$2 backlog=4096;
+        location / {
+            grpc_pass $scheme://bench;
+${7:-}
+        }
+    }
+}
+EOF
+}
+
 start_nginx() { # name cpu -> sets NGINX_PID
     nginx -t -q -p "$TMP" -e "$TMP/$1.error.log" -c "$TMP/$1.conf" || die "nginx config $1 rejected"
     taskset -c "$2" nginx -p "$TMP" -e "$TMP/$1.error.log" -c "$TMP/$1.conf" -g 'daemon off;' &

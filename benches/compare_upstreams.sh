@@ -65,6 +65,17 @@ nginx_tls_proxy_conf() { # name listen-port upstream-port pool client-keepalive-
             proxy_ssl_session_reuse on;"
 }
 
+# nginx in front of the h2 origin over TLS: `grpc_pass grpcs://` (common.sh's nginx_grpc_conf: one
+# stream per upstream connection, POOL kept idle), verifying as nginx_tls_proxy_conf does.
+nginx_grpc_tls_conf() { # name listen-port upstream-port pool client-keepalive-timeout worker_connections
+    nginx_grpc_conf "$1" "$2" "$3" "$4" "$5" "$6" "            grpc_ssl_verify on;
+            grpc_ssl_verify_depth 2;
+            grpc_ssl_trusted_certificate $CA;
+            grpc_ssl_name $ORIGIN;
+            grpc_ssl_server_name on;
+            grpc_ssl_session_reuse on;"
+}
+
 # The sidecar in front of the origin over TLS: route-mode listener, `tls: { ca_file, server_name }`,
 # PROTOCOL (http1: pool max_connections = max_idle = POOL, as workload 1; http2: the same plus
 # workload 4's max_pending 4096, pending_timeout 30s and MAX_STREAMS streams per connection).
@@ -161,8 +172,13 @@ start_tls_target() { # h1|h2 target upstream-port
         T_PID=$SC_PID ;;
     nginx)
         read -r T_PORT < <(free_ports 1)
-        nginx_tls_proxy_conf nginx-tls "$T_PORT" "$up" "$POOL" "${IDLE_TIMEOUT}s" $((MAXCONN + POOL + 64)) \
-            >"$TMP/nginx-tls.conf"
+        if [[ $kind == h1 ]]; then
+            nginx_tls_proxy_conf nginx-tls "$T_PORT" "$up" "$POOL" "${IDLE_TIMEOUT}s" $((MAXCONN + POOL + 64)) \
+                >"$TMP/nginx-tls.conf"
+        else
+            nginx_grpc_tls_conf nginx-tls "$T_PORT" "$up" "$POOL" "${IDLE_TIMEOUT}s" $((MAXCONN + 2 * CONNECTIONS + 64)) \
+                >"$TMP/nginx-tls.conf"
+        fi
         start_nginx nginx-tls "$PROXY_CPU"
         T_PID=$NGINX_PID ;;
     haproxy)
@@ -207,7 +223,6 @@ tls_rounds() { # h1|h2 workload-number upstream-port
     if [[ $kind == h1 ]]; then w=$W6; else w=$W7; fi
     for ((round = 1; round <= ROUNDS; round++)); do
         for t in "${TARGETS[@]}"; do
-            [[ $kind == h1 || $t != nginx ]] || continue
             log "workload $n, round $round/$ROUNDS, $t: warm-up $WARMUP, then $DURATION with $CONNECTIONS clients"
             [[ $kind == h2 ]] || a0=$(tls_accepts)
             start_tls_target "$kind" "$t" "$up"
@@ -231,17 +246,6 @@ tls_rounds() { # h1|h2 workload-number upstream-port
     done
     # shellcheck disable=SC2086 # the per-round lists split into words on purpose
     for t in "${TARGETS[@]}"; do
-        if [[ $kind == h2 && $t == nginx ]]; then
-            for row in "requests/s (median)" "p99 latency (ms, median)" "p99.9 latency (ms, median)" \
-                "errors (all rounds)" "proxy CPU µs/request (median)" \
-                "of which in the kernel (µs/request, median)" "in user space (µs/request, median)" "$BUSY" \
-                "upstream connections (max seen, median)"; do
-                put "$w $row" nginx "n/a"
-            done
-            ((ROUNDS == 1)) || put "$w requests/s, each round" nginx "n/a"
-            ((ROUNDS == 1)) || put "$w proxy CPU µs/request, each round" nginx "n/a"
-            continue
-        fi
         put "$w requests/s (median)" "$t" "$(median %.0f ${TR[$n|rps|$t]})"
         ((ROUNDS == 1)) || put "$w requests/s, each round" "$t" "$(each "${TR[$n|rps|$t]}")"
         put "$w p99 latency (ms, median)" "$t" "$(median %.2f ${TR[$n|p99|$t]})"
