@@ -21,7 +21,7 @@
 //! | connector | `connector/` | one connection: an endpoint to dial, the happy-eyeballs race, TLS, the HTTP/1.1 client side, the HTTP/2 client side (on our own `wire::h2client`: its connection's task and streams), the byte stream to an upstream (`connector::Io`, which says whether it may park); no pool types (its place under the cap is an opaque guard) |
 //! | endpoints | `endpoint/` | an upstream's endpoints: balance, outlier ejection, the DNS answer refreshed by TTL and draining; the resolver |
 //! | services | `budget`, `reload` | the memory budget and hot reload, acting through handles the wiring gives them |
-//! | leaves | `access_log`, `policy`, `metrics/`, `clients/`, `wire/`, `config/`, `live`, `llm/`, `error`, `resident`, `spare`, `shutdown`, `watched`, `rng`, `duration`, `caught`, `rare`, `redact`, `trace/` | the access log's lines and writer, egress rules, the metrics registry, per-source accounting, the HTTP/1.1 codec and bodies, HPACK, HTTP/2 frames, an HTTP/2 client connection without I/O, configuration, reloadable values, the usage an LLM API answer reports and the counts per app and model, errors, process memory, spare buffers, signals, files re-read when they change, random draws for spread, durations taken from outside, the net that catches a task's panic, the mark of a rare branch, userinfo kept out of every output, OpenTelemetry spans (sampling, W3C trace context, the export queue and exporter) |
+//! | leaves | `access_log`, `policy`, `metrics/`, `clients/`, `wire/`, `config/`, `live`, `llm/`, `error`, `resident`, `spare`, `sock`, `shutdown`, `watched`, `rng`, `duration`, `caught`, `rare`, `redact`, `trace/` | the access log's lines and writer, egress rules, the metrics registry, per-source accounting, the HTTP/1.1 codec and bodies, HPACK, HTTP/2 frames, an HTTP/2 client connection without I/O, configuration, reloadable values, the usage an LLM API answer reports and the counts per app and model, errors, process memory, spare buffers, a TCP socket's reads through its readiness, signals, files re-read when they change, random draws for spread, durations taken from outside, the net that catches a task's panic, the mark of a rare branch, userinfo kept out of every output, OpenTelemetry spans (sampling, W3C trace context, the export queue and exporter) |
 //!
 //! # The request path, top to bottom
 //! ```text
@@ -92,6 +92,7 @@ pub mod resident;
 pub mod rng;
 pub mod routing;
 pub mod shutdown;
+pub mod sock;
 pub mod spare;
 pub mod trace;
 pub mod tunnel;

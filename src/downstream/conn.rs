@@ -399,7 +399,7 @@ async fn wait_for_bytes<S: Stream>(
 async fn first_bytes<S: Stream>(conn: &mut Session<S>, max_head: usize, hold: bool) -> io::Result<()> {
     std::future::poll_fn(|cx| {
         reserve_head_buf(&mut conn.buf, max_head);
-        let polled = std::pin::pin!(conn.stream.read_buf(&mut conn.buf)).poll(cx);
+        let polled = conn.stream.poll_read_buf(cx, &mut conn.buf);
         if polled.is_pending() && !hold {
             // Waiting for the next request holds no buffer (see `spare`).
             crate::spare::DOWNSTREAM.give_back(std::mem::take(&mut conn.buf));
@@ -492,7 +492,8 @@ async fn read_head_or_refusal<S: Stream>(
         }
         reserve_head_buf(&mut conn.buf, max);
         let at = *deadline.get_or_insert_with(|| Instant::now() + timeout);
-        match tokio::time::timeout_at(at, conn.stream.read_buf(&mut conn.buf)).await {
+        let read = std::future::poll_fn(|cx| conn.stream.poll_read_buf(cx, &mut conn.buf));
+        match tokio::time::timeout_at(at, read).await {
             Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
             Ok(Ok(_)) => {}
             Err(_) => {

@@ -14,8 +14,10 @@
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, Interest};
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, Interest};
 use tokio::net::{tcp, unix, TcpListener, TcpStream, UnixListener, UnixStream};
 
 use crate::clients::{ProcessCache, Source};
@@ -37,6 +39,11 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 
     /// Waits until the socket is readable (data, end of stream or an error).
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
 
+    /// Reads what the socket has into `buf`'s spare room; `Ok(0)` at the end of the stream.
+    fn poll_read_buf(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        std::pin::pin!(self.read_buf(buf)).poll(cx)
+    }
+
     /// Reads without consuming.
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a;
 
@@ -56,6 +63,10 @@ impl Stream for TcpStream {
 
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
         TcpStream::readable(self)
+    }
+
+    fn poll_read_buf(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        crate::sock::poll_read_buf(self, cx, buf)
     }
 
     fn peek<'a>(&'a self, buf: &'a mut [u8]) -> impl Future<Output = io::Result<usize>> + Send + 'a {

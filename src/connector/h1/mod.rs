@@ -312,6 +312,9 @@ impl Connection {
         if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
             self.buf.reserve(READ_SIZE);
         }
+        if let Transport::Plain(tcp) = &self.stream {
+            return crate::sock::poll_read_buf(tcp, cx, &mut self.buf);
+        }
         let read = self.stream.read_buf(&mut self.buf);
         std::pin::pin!(read).poll(cx)
     }
