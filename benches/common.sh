@@ -301,18 +301,15 @@ chat_completion_sse() { # chunks
     printf 'data: [DONE]\n\n'
 }
 
-# nginx as a keep-alive reverse proxy to 127.0.0.1:UPPORT: an `upstream {}` pool of
-# `keepalive POOL` connections (and `max_conns=POOL`), HTTP/1.1, `Connection ""`.
-# With TLS-LINES (proxy_ssl_* directives), the upstream is spoken to over TLS (https://).
-nginx_proxy_conf() { # name listen-port upstream-port pool client-keepalive-timeout [worker_connections] [tls-lines]
-    local scheme=http
-    [[ -z ${7:-} ]] || scheme=https
-    nginx_common "$1" "${6:-}"
+# nginx with a pool of connections to 127.0.0.1:UPPORT (`keepalive POOL` kept idle) and one
+# location whose lines LOCATION gives; SERVER-OPTS are added to the pool's `server` line.
+nginx_pooled_conf() { # name listen-port upstream-port pool client-keepalive-timeout worker_connections server-opts location
+    nginx_common "$1" "$6"
     echo "http {"
     nginx_http_common "$1" "$5"
     cat <<EOF
     upstream bench {
-        server 127.0.0.1:$3 max_conns=$4;
+        server 127.0.0.1:$3$7;
         keepalive $4;
         keepalive_requests 1000000;
         keepalive_timeout 60s;
@@ -320,14 +317,23 @@ nginx_proxy_conf() { # name listen-port upstream-port pool client-keepalive-time
     server {
         listen 127.0.0.1:$2 backlog=4096;
         location / {
-            proxy_pass $scheme://bench;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-${7:-}
+$8
         }
     }
 }
 EOF
+}
+
+# nginx as a keep-alive reverse proxy to 127.0.0.1:UPPORT: an `upstream {}` pool of
+# `keepalive POOL` connections (and `max_conns=POOL`), HTTP/1.1, `Connection ""`.
+# With TLS-LINES (proxy_ssl_* directives), the upstream is spoken to over TLS (https://).
+nginx_proxy_conf() { # name listen-port upstream-port pool client-keepalive-timeout [worker_connections] [tls-lines]
+    local scheme=http
+    [[ -z ${7:-} ]] || scheme=https
+    nginx_pooled_conf "$1" "$2" "$3" "$4" "$5" "${6:-}" " max_conns=$4" "            proxy_pass $scheme://bench;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+${7:-}"
 }
 
 # nginx in front of an HTTP/2 upstream: the only module that speaks HTTP/2 to an upstream is
@@ -338,25 +344,15 @@ EOF
 nginx_grpc_conf() { # name listen-port upstream-port pool client-keepalive-timeout [worker_connections] [tls-lines]
     local scheme=grpc
     [[ -z ${7:-} ]] || scheme=grpcs
-    nginx_common "$1" "${6:-}"
-    echo "http {"
-    nginx_http_common "$1" "$5"
-    cat <<EOF
-    upstream bench {
-        server 127.0.0.1:$3;
-        keepalive $4;
-        keepalive_requests 1000000;
-        keepalive_timeout 60s;
-    }
-    server {
-        listen 127.0.0.1:$2 backlog=4096;
-        location / {
-            grpc_pass $scheme://bench;
-${7:-}
-        }
-    }
+    nginx_pooled_conf "$1" "$2" "$3" "$4" "$5" "${6:-}" "" "            grpc_pass $scheme://bench;
+${7:-}"
 }
-EOF
+
+# The lines that make nginx verify the origin over TLS (MODULE: proxy or grpc): the certificate
+# checked against CA for the name ORIGIN (sent as SNI), TLS sessions reused.
+nginx_verify_lines() { # module
+    printf '            %s_ssl_%s\n' "$1" "verify on;" "$1" "verify_depth 2;" "$1" "trusted_certificate $CA;" \
+        "$1" "name $ORIGIN;" "$1" "server_name on;" "$1" "session_reuse on;"
 }
 
 start_nginx() { # name cpu -> sets NGINX_PID

@@ -57,23 +57,13 @@ EOF
 # (`keepalive POOL`, `max_conns=POOL`, HTTP/1.1, `Connection ""`), the certificate verified
 # against CA for the name ORIGIN (sent as SNI), TLS sessions reused.
 nginx_tls_proxy_conf() { # name listen-port upstream-port pool client-keepalive-timeout worker_connections
-    nginx_proxy_conf "$1" "$2" "$3" "$4" "$5" "$6" "            proxy_ssl_verify on;
-            proxy_ssl_verify_depth 2;
-            proxy_ssl_trusted_certificate $CA;
-            proxy_ssl_name $ORIGIN;
-            proxy_ssl_server_name on;
-            proxy_ssl_session_reuse on;"
+    nginx_proxy_conf "$1" "$2" "$3" "$4" "$5" "$6" "$(nginx_verify_lines proxy)"
 }
 
 # nginx in front of the h2 origin over TLS: `grpc_pass grpcs://` (common.sh's nginx_grpc_conf: one
 # stream per upstream connection, POOL kept idle), verifying as nginx_tls_proxy_conf does.
 nginx_grpc_tls_conf() { # name listen-port upstream-port pool client-keepalive-timeout worker_connections
-    nginx_grpc_conf "$1" "$2" "$3" "$4" "$5" "$6" "            grpc_ssl_verify on;
-            grpc_ssl_verify_depth 2;
-            grpc_ssl_trusted_certificate $CA;
-            grpc_ssl_name $ORIGIN;
-            grpc_ssl_server_name on;
-            grpc_ssl_session_reuse on;"
+    nginx_grpc_conf "$1" "$2" "$3" "$4" "$5" "$6" "$(nginx_verify_lines grpc)"
 }
 
 # The sidecar in front of the origin over TLS: route-mode listener, `tls: { ca_file, server_name }`,
