@@ -1,25 +1,29 @@
-//! A TCP socket's reads through its readiness, without the runtime's per-read budget check.
+//! A TCP socket's reads and writes through its readiness, without the runtime's per-call
+//! budget check.
 //!
-//! tokio's `AsyncRead` for `TcpStream` polls the socket's readiness through the task's
-//! cooperative budget (a thread-local lookup and its restore guard) and three layers of calls
-//! before each `read`: 8 readiness polls per proxied request on HTTP/1.1, ~92 instructions
-//! each in the plain build, which the profile-guided build inlines away (callgrind,
-//! `benches/RESULTS.md`). Here a read checks the readiness flag (`try_io`) and goes straight
-//! to the socket; only a read that must wait polls the readiness, which is where the budget
-//! matters: a connection's task waits at least once per request, for the upstream, so it
-//! still yields to the others.
+//! tokio's `AsyncRead` and `AsyncWrite` for `TcpStream` poll the socket's readiness through the
+//! task's cooperative budget (a thread-local lookup and its restore guard) and three layers of
+//! calls before each `read` or `write`: 8 readiness polls per proxied request on HTTP/1.1,
+//! ~77-92 instructions each in the plain build, which the profile-guided build inlines away
+//! (callgrind, `benches/RESULTS.md`). Here a read or write checks the readiness flag (`try_io`)
+//! and goes straight to the socket; only one that must wait polls the readiness, which is where
+//! the budget matters: a connection's task waits at least once per request, for the upstream,
+//! so it still yields to the others. Only the writes an exchange makes once (a request's head,
+//! a response's last) come here; a streamed body's writes keep tokio's path and its budget.
 //!
 //! A read that comes back short of the room it had tells the runtime the socket is drained,
 //! as tokio's own read does (tokio-rs/tokio#5866): the flag is cleared with the tick read
 //! before the `read`, so readiness that arrived after it is kept. Without that the next read
 //! on the connection went to the kernel for nothing: a failed `recvfrom` per request.
 
+use std::future::poll_fn;
 use std::io;
+use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
-use tokio::io::Interest;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncWrite, Interest};
+use tokio::net::{tcp, unix, TcpStream};
 
 /// Reads what `stream` has into `buf`'s spare room (the caller reserves it); `Ok(0)` at the
 /// end of the stream.
@@ -50,6 +54,46 @@ pub fn poll_read_buf(
             Err(e) => return Poll::Ready(Err(e)),
         }
     }
+}
+
+/// Writes what `stream` takes of `buf` now, waiting only when the socket is not writable.
+pub fn poll_write(stream: &TcpStream, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    loop {
+        match stream.try_write(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready!(stream.poll_write_ready(cx))?,
+            written => return Poll::Ready(written),
+        }
+    }
+}
+
+/// A socket's write half that can write through [`poll_write`] when it is a TCP socket's.
+pub trait WriteNow: AsyncWrite + Unpin {
+    /// As `poll_write`, through the readiness flag where the socket allows it.
+    fn poll_write_now(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(self).poll_write(cx, buf)
+    }
+}
+
+impl WriteNow for tcp::WriteHalf<'_> {
+    fn poll_write_now(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        poll_write(self.as_ref(), cx, buf)
+    }
+}
+
+impl WriteNow for unix::WriteHalf<'_> {}
+
+/// All of `buf`, through [`WriteNow::poll_write_now`].
+pub async fn write_all_now<W: WriteNow>(wr: &mut W, mut buf: &[u8]) -> io::Result<()> {
+    poll_fn(|cx| {
+        while !buf.is_empty() {
+            match ready!(wr.poll_write_now(cx, buf))? {
+                0 => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                n => buf = &buf[n..],
+            }
+        }
+        Poll::Ready(Ok(()))
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -105,5 +149,62 @@ mod tests {
         buf.reserve(100);
         let second = poll_fn(|cx| poll_read_buf(&server, cx, &mut buf)).await.unwrap();
         assert_eq!(first + second, 100);
+    }
+
+    /// A write the socket cannot take now waits for room, and what it then writes arrives
+    /// whole and in order after what filled the socket.
+    #[tokio::test]
+    async fn a_write_waits_for_room_and_loses_nothing() {
+        use tokio::io::AsyncReadExt;
+        let (mut client, server) = pair().await;
+        // Fill the socket until the kernel takes nothing more.
+        let chunk = vec![1u8; 64 * 1024];
+        let mut filled = 0usize;
+        loop {
+            match server.try_write(&chunk) {
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("filling: {e}"),
+            }
+        }
+        let waiting = poll_fn(|cx| Poll::Ready(poll_write(&server, cx, b"tail"))).await;
+        assert!(waiting.is_pending(), "a full socket must make the write wait");
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            while got.len() < filled + 4 {
+                let n = client.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the writer closed early");
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        });
+        let mut server = server;
+        let (_, mut wr) = server.split();
+        write_all_now(&mut wr, b"tail").await.unwrap();
+        let got = reader.await.unwrap();
+        assert_eq!(got.len(), filled + 4);
+        assert!(got[..filled].iter().all(|b| *b == 1));
+        assert_eq!(&got[filled..], b"tail");
+    }
+
+    /// A write to a socket whose peer is gone fails rather than hanging.
+    #[tokio::test]
+    async fn a_write_to_a_reset_peer_fails() {
+        let (client, mut server) = pair().await;
+        // SO_LINGER 0: the close resets the connection.
+        client.set_zero_linger().unwrap();
+        drop(client);
+        server.readable().await.unwrap();
+        let (_, mut wr) = server.split();
+        let mut failed = false;
+        for _ in 0..10 {
+            if write_all_now(&mut wr, b"after the reset").await.is_err() {
+                failed = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(failed, "writes to a reset peer must fail");
     }
 }

@@ -11,6 +11,7 @@ use http::{Response, Version};
 use http_body::{Body, Frame};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use crate::sock::{write_all_now, WriteNow};
 use crate::spare::WriteBuf;
 use crate::wire::codec::{self, ResponseFraming};
 use crate::wire::WireFields;
@@ -88,7 +89,7 @@ pub(super) fn encode_response<B: Body>(
 }
 
 /// Writes a response; returns whether the connection may be reused afterwards.
-pub(super) async fn write_response<B, W: AsyncWrite + Unpin>(
+pub(super) async fn write_response<B, W: WriteNow>(
     wr: &mut W,
     mut resp: Response<B>,
     head_only: bool,
@@ -113,7 +114,7 @@ where
 ///
 /// The body is lent, not moved in: a request's future would otherwise hold the response once
 /// more at each level it passes through.
-pub(super) async fn write_body<B, W: AsyncWrite + Unpin>(
+pub(super) async fn write_body<B, W: WriteNow>(
     wr: &mut W,
     body: &mut B,
     outgoing: Outgoing,
@@ -128,7 +129,7 @@ where
         keep_alive,
     } = outgoing;
     if framing == ResponseFraming::None || body.is_end_stream() {
-        wr.write_all(&out).await?;
+        write_all_now(wr, &out).await?;
         return Ok(keep_alive);
     }
     let chunked = framing == ResponseFraming::Chunked;
@@ -151,7 +152,7 @@ where
                 if chunked {
                     codec::encode_last_chunk(None, &mut out);
                 }
-                wr.write_all(&out).await?;
+                write_all_now(wr, &out).await?;
                 return Ok(keep_alive);
             }
             Some(Err(e)) => {

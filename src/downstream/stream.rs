@@ -29,7 +29,7 @@ pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 
     where
         Self: 'a;
     /// The borrowed write half of [`Stream::split`].
-    type Write<'a>: AsyncWrite + Unpin + Send
+    type Write<'a>: crate::sock::WriteNow + Send
     where
         Self: 'a;
 
