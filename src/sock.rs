@@ -8,10 +8,11 @@
 //! (callgrind, `benches/RESULTS.md`). Here a read or write checks the readiness flag (`try_io`)
 //! and goes straight to the socket; only one that must wait polls the readiness, which is where
 //! the budget matters: a connection's task waits at least once per request, for the upstream,
-//! so it still yields to the others. Writes come here where a loop that never waits still
-//! spends the budget elsewhere: a request's writes to a plain-TCP upstream when they go as one
-//! slice (its head; a body's chunks, each taken from the body's channel, which spends it), and
-//! a response's last write; a streamed response body's other writes keep tokio's path.
+//! so it still yields to the others. Writes come here where what they write is bounded or its
+//! arrival spends the budget: a request's writes to a plain-TCP upstream when they go as one
+//! slice (its head; a body's chunks, which come through tokio's reads and channels, or from a
+//! kept copy of bounded size), and a response's last write; a streamed response body's other
+//! writes keep tokio's path.
 //!
 //! A read that comes back short of the room it had tells the runtime the socket is drained,
 //! as tokio's own read does (tokio-rs/tokio#5866): the flag is cleared with the tick read
