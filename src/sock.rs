@@ -6,18 +6,19 @@
 //! calls before each `read` or `write`: 8 readiness polls per proxied request on HTTP/1.1,
 //! ~77-92 instructions each in the plain build, which the profile-guided build inlines away
 //! (callgrind, `benches/RESULTS.md`). Here a read or write checks the readiness flag (`try_io`)
-//! and goes straight to the socket; only one that must wait polls the readiness, which is where
-//! the budget matters: a connection's task waits at least once per request, for the upstream,
-//! so it still yields to the others. Writes come here where what they write is bounded or its
-//! arrival spends the budget: a request's writes to a plain-TCP upstream when they go as one
-//! slice (its head; a body's chunks, which come through tokio's reads and channels, or from a
-//! kept copy of bounded size), and a response's last write; a streamed response body's other
-//! writes keep tokio's path.
+//! and goes straight to the socket; only one that must wait polls the readiness, with the
+//! budget. So that a connection's task still gives the thread back when every socket it meets
+//! is ready (a client pipelining requests the sidecar answers itself, a fast upstream), the
+//! connection spends one unit of the budget per exchange (`downstream::conn`). Writes come here
+//! once per exchange, or bounded by what they carry: a request's writes to a plain-TCP upstream
+//! when they go as one slice (its head; a body's chunks), and a response's last write; a
+//! streamed response body's other writes keep tokio's path.
 //!
 //! A read that comes back short of the room it had tells the runtime the socket is drained,
 //! as tokio's own read does (tokio-rs/tokio#5866): the flag is cleared with the tick read
 //! before the `read`, so readiness that arrived after it is kept. Without that the next read
-//! on the connection went to the kernel for nothing: a failed `recvfrom` per request.
+//! on the connection went to the kernel for nothing: a failed `recvfrom` per request. A write
+//! that the socket took only part of does the same, as tokio's write does.
 
 use std::future::poll_fn;
 use std::io;
@@ -62,9 +63,23 @@ pub fn poll_read_buf(
 /// Writes what `stream` takes of `buf` now, waiting only when the socket is not writable.
 pub fn poll_write(stream: &TcpStream, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
     loop {
-        match stream.try_write(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready!(stream.poll_write_ready(cx))?,
-            written => return Poll::Ready(written),
+        let mut short = None;
+        // As in `poll_read_buf`: a partial write clears the flag with the tick taken before it.
+        let wrote = stream.try_io(Interest::WRITABLE, || {
+            let n = stream.try_write(buf)?;
+            if 0 < n && n < buf.len() {
+                short = Some(n);
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        match wrote {
+            Ok(n) => return Poll::Ready(Ok(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match short {
+                Some(n) => return Poll::Ready(Ok(n)),
+                None => ready!(stream.poll_write_ready(cx))?,
+            },
+            Err(e) => return Poll::Ready(Err(e)),
         }
     }
 }
@@ -101,7 +116,7 @@ pub async fn write_all_now<W: WriteNow>(wr: &mut W, mut buf: &[u8]) -> io::Resul
 
 #[cfg(test)]
 mod tests {
-    use std::future::poll_fn;
+    use std::future::{poll_fn, Future};
 
     use tokio::io::AsyncWriteExt;
 
@@ -154,60 +169,73 @@ mod tests {
         assert_eq!(first + second, 100);
     }
 
-    /// A write the socket cannot take now waits for room, and what it then writes arrives
-    /// whole and in order after what filled the socket.
-    #[tokio::test]
-    async fn a_write_waits_for_room_and_loses_nothing() {
-        use tokio::io::AsyncReadExt;
-        let (mut client, server) = pair().await;
-        // Fill the socket until the kernel takes nothing more.
+    /// Fills `server`'s socket until the kernel takes nothing more; returns how much it took.
+    fn fill(server: &TcpStream) -> usize {
         let chunk = vec![1u8; 64 * 1024];
         let mut filled = 0usize;
         loop {
             match server.try_write(&chunk) {
                 Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return filled,
                 Err(e) => panic!("filling: {e}"),
             }
         }
+    }
+
+    /// A write the socket cannot take now waits for room, and what it then writes arrives
+    /// whole, once and in order after what filled the socket.
+    #[tokio::test]
+    async fn a_write_waits_for_room_and_loses_nothing() {
+        use tokio::io::AsyncReadExt;
+        let (mut client, mut server) = pair().await;
+        let filled = fill(&server);
         let waiting = poll_fn(|cx| Poll::Ready(poll_write(&server, cx, b"tail"))).await;
         assert!(waiting.is_pending(), "a full socket must make the write wait");
         let reader = tokio::spawn(async move {
             let mut got = Vec::new();
-            let mut buf = vec![0u8; 64 * 1024];
-            while got.len() < filled + 4 {
-                let n = client.read(&mut buf).await.unwrap();
-                assert!(n > 0, "the writer closed early");
-                got.extend_from_slice(&buf[..n]);
-            }
+            client.read_to_end(&mut got).await.unwrap();
             got
         });
-        let mut server = server;
         let (_, mut wr) = server.split();
-        write_all_now(&mut wr, b"tail").await.unwrap();
-        let got = reader.await.unwrap();
+        let written = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            write_all_now(&mut wr, b"tail"),
+        );
+        written.await.expect("the write never got room").unwrap();
+        drop(server);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), reader)
+            .await
+            .expect("the reader never saw the end")
+            .unwrap();
         assert_eq!(got.len(), filled + 4);
         assert!(got[..filled].iter().all(|b| *b == 1));
         assert_eq!(&got[filled..], b"tail");
     }
 
-    /// A write to a socket whose peer is gone fails rather than hanging.
+    /// A write waiting for room fails when the peer resets the connection, rather than
+    /// waiting on.
     #[tokio::test]
-    async fn a_write_to_a_reset_peer_fails() {
+    async fn a_waiting_write_fails_when_the_peer_resets() {
         let (client, mut server) = pair().await;
+        fill(&server);
+        let (_, mut wr) = server.split();
+        let mut write = std::pin::pin!(write_all_now(&mut wr, b"more than the socket takes"));
+        assert!(
+            poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx)))
+                .await
+                .is_pending(),
+            "a full socket must make the write wait"
+        );
         // SO_LINGER 0: the close resets the connection.
         client.set_zero_linger().unwrap();
         drop(client);
-        server.readable().await.unwrap();
-        let (_, mut wr) = server.split();
-        let mut failed = false;
-        for _ in 0..10 {
-            if write_all_now(&mut wr, b"after the reset").await.is_err() {
-                failed = true;
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        assert!(failed, "writes to a reset peer must fail");
+        let failed = tokio::time::timeout(std::time::Duration::from_secs(10), write)
+            .await
+            .expect("the write kept waiting after the reset");
+        let kind = failed.expect_err("a write to a reset peer must fail").kind();
+        assert!(
+            matches!(kind, io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe),
+            "unexpected error kind {kind:?}"
+        );
     }
 }

@@ -209,7 +209,10 @@ async fn serve_requests<S: Stream>(
             next = Box::pin(beyond_http(&mut conn, next, arrival, ctx)).await;
         }
         match next {
-            Next::Again => {}
+            // One unit of the runtime's budget per exchange: the socket reads and writes that
+            // find their socket ready skip it (`sock`), and a client pipelining requests the
+            // sidecar answers itself would otherwise never give the thread back.
+            Next::Again => tokio::task::coop::consume_budget().await,
             Next::Close | Next::Connect(_) | Next::Switch(_) => return Stay::Ended(served(&conn, false)),
             Next::Tunnel(tunnel) => {
                 let served = Served {
@@ -942,6 +945,63 @@ mod tests {
         let ended = super::serve(conn, &mut arrival, &ctx).await;
         assert!(matches!(ended, super::Ended::Idle(_)), "then parked, as before");
         assert!(started.elapsed() >= super::PARK_AFTER);
+    }
+
+    /// A client pipelining requests the sidecar answers itself, every socket ready, still gets
+    /// the thread given back between them: each exchange spends a unit of the runtime's budget
+    /// (the reads and writes that find their socket ready spend none).
+    #[tokio::test]
+    async fn pipelined_answers_give_the_thread_back() {
+        use std::future::Future as _;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        const REQUESTS: usize = 400;
+        let (conn, mut client) = new_session().await;
+        let request = "OPTIONS http://example.com/ HTTP/1.1\r\nHost: example.com\r\nMax-Forwards: 0\r\n\r\n";
+        // All in the socket before the connection is served: no read has to wait.
+        client
+            .write_all(request.repeat(REQUESTS).as_bytes())
+            .await
+            .unwrap();
+        let polls = Arc::new(AtomicUsize::new(0));
+        let counted = polls.clone();
+        let server = tokio::spawn(async move {
+            let (ctx, mut drain) = context();
+            let mut arrival = crate::routing::Arrival::Forward;
+            let mut sleep = std::pin::pin!(super::wait_timer::sleep(tokio::time::Instant::now()));
+            let mut timer = super::WaitTimer::new(sleep.as_mut());
+            let mut serving = std::pin::pin!(super::serve_requests(
+                conn,
+                &mut arrival,
+                &ctx,
+                &mut drain,
+                &mut timer
+            ));
+            std::future::poll_fn(|cx| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                serving.as_mut().poll(cx).map(|_| ())
+            })
+            .await;
+        });
+        // Every answer, read only once the server's task lets this one run.
+        let mut answers = 0;
+        let mut received = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        while answers < REQUESTS {
+            let n = client.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed after {answers} answers");
+            received.extend_from_slice(&chunk[..n]);
+            answers = received.windows(12).filter(|w| w == b"HTTP/1.1 200").count();
+        }
+        let polled = polls.load(Ordering::Relaxed);
+        // Without the unit per exchange one poll answered them all (two polls in all); with
+        // it, the budget of 128 units a poll runs out three times (five).
+        assert!(
+            polled > REQUESTS / 128,
+            "{REQUESTS} answers in {polled} polls of the connection"
+        );
+        server.abort();
     }
 
     /// The `max_header_bytes` a wait is given, as `serve` gives it.
