@@ -9,10 +9,9 @@
 //! and goes straight to the socket; only one that must wait polls the readiness, with the
 //! budget. So that a connection's task still gives the thread back when every socket it meets
 //! is ready (a client pipelining requests the sidecar answers itself, a fast upstream), the
-//! connection spends one unit of the budget per exchange (`downstream::conn`). Writes come here
-//! once per exchange, or bounded by what they carry: a request's writes to a plain-TCP upstream
-//! when they go as one slice (its head; a body's chunks), and a response's last write; a
-//! streamed response body's other writes keep tokio's path.
+//! connection spends one unit of the budget per exchange (`downstream::conn`). Only writes made
+//! once per exchange come here: a request's head to a plain-TCP upstream when it goes alone,
+//! and a response's last write; a body's other writes keep tokio's path and its budget.
 //!
 //! A read that comes back short of the room it had tells the runtime the socket is drained,
 //! as tokio's own read does (tokio-rs/tokio#5866): the flag is cleared with the tick read
