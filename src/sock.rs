@@ -35,47 +35,44 @@ pub fn poll_read_buf(
     cx: &mut Context<'_>,
     buf: &mut BytesMut,
 ) -> Poll<io::Result<usize>> {
+    let room = buf.capacity() - buf.len();
+    poll_ready_io(stream, cx, Interest::READABLE, room, || stream.try_read_buf(buf))
+}
+
+/// Writes what `stream` takes of `buf` now, waiting only when the socket is not writable.
+pub fn poll_write(stream: &TcpStream, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    poll_ready_io(stream, cx, Interest::WRITABLE, buf.len(), || {
+        stream.try_write(buf)
+    })
+}
+
+/// Runs `op` (a read into, or a write from, `room` bytes) while the socket is ready for
+/// `interest`, and waits for readiness only when it is not.
+///
+/// The outer `try_io` takes the readiness tick before `op`; a short transfer is reported to it
+/// as `WouldBlock`, which clears the flag with that tick, and then returned as the count it is.
+fn poll_ready_io(
+    stream: &TcpStream,
+    cx: &mut Context<'_>,
+    interest: Interest,
+    room: usize,
+    mut op: impl FnMut() -> io::Result<usize>,
+) -> Poll<io::Result<usize>> {
     loop {
-        let room = buf.capacity() - buf.len();
         let mut short = None;
-        // The outer `try_io` takes the readiness tick before the read; a short read is
-        // reported to it as `WouldBlock`, which clears the flag with that tick.
-        let read = stream.try_io(Interest::READABLE, || {
-            let n = stream.try_read_buf(buf)?;
+        let done = stream.try_io(interest, || {
+            let n = op()?;
             if 0 < n && n < room {
                 short = Some(n);
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             Ok(n)
         });
-        match read {
+        match done {
             Ok(n) => return Poll::Ready(Ok(n)),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => match short {
                 Some(n) => return Poll::Ready(Ok(n)),
-                None => ready!(stream.poll_read_ready(cx))?,
-            },
-            Err(e) => return Poll::Ready(Err(e)),
-        }
-    }
-}
-
-/// Writes what `stream` takes of `buf` now, waiting only when the socket is not writable.
-pub fn poll_write(stream: &TcpStream, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-    loop {
-        let mut short = None;
-        // As in `poll_read_buf`: a partial write clears the flag with the tick taken before it.
-        let wrote = stream.try_io(Interest::WRITABLE, || {
-            let n = stream.try_write(buf)?;
-            if 0 < n && n < buf.len() {
-                short = Some(n);
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            Ok(n)
-        });
-        match wrote {
-            Ok(n) => return Poll::Ready(Ok(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match short {
-                Some(n) => return Poll::Ready(Ok(n)),
+                None if interest.is_readable() => ready!(stream.poll_read_ready(cx))?,
                 None => ready!(stream.poll_write_ready(cx))?,
             },
             Err(e) => return Poll::Ready(Err(e)),
