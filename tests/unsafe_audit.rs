@@ -11,6 +11,7 @@ const AUDITED: &[(&str, usize)] = &[
     ("src/downstream/stream.rs", 1),
     ("src/resident.rs", 3),
     ("src/wire/codec.rs", 1),
+    ("src/wire/scan.rs", 1),
 ];
 
 /// How far above an `unsafe` block its `SAFETY:` comment may start (it may run several lines,
