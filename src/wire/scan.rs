@@ -117,10 +117,17 @@ pub(crate) fn is_lower_token(bytes: &[u8]) -> bool {
 
 /// Whether every byte of `bytes` may stand in a field value (what `HeaderValue` takes too).
 pub(crate) fn is_field_value(bytes: &[u8]) -> bool {
-    // SSE2's test of a run of `TEXT` is exact: no second way.
-    #[cfg(target_arch = "x86_64")]
-    return wide::all_within(bytes, wide::Run::Text);
-    #[cfg(not(target_arch = "x86_64"))]
+    all_text(bytes)
+}
+
+/// SSE2's test of a run of `TEXT` is exact: no second way.
+#[cfg(target_arch = "x86_64")]
+fn all_text(bytes: &[u8]) -> bool {
+    wide::all_within(bytes, wide::Run::Text)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn all_text(bytes: &[u8]) -> bool {
     text_end(bytes, 0).is_none()
 }
 
