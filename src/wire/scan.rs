@@ -243,7 +243,7 @@ fn token_end<const LOWER: bool>(buf: &[u8], at: usize) -> Option<usize> {
 /// it runs, and below 0x80 plus 0x7f stays under 0x100.
 fn name_run<const LOWER: bool>(buf: &[u8], mut at: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
-    while let Some(other) = wide::outside(
+    match wide::run_end(
         buf,
         at,
         if LOWER {
@@ -252,10 +252,8 @@ fn name_run<const LOWER: bool>(buf: &[u8], mut at: usize) -> usize {
             wide::Run::Name
         },
     ) {
-        if other != 0 {
-            return at + other.trailing_zeros() as usize;
-        }
-        at += 16;
+        Ok(end) => return end,
+        Err(rest) => at = rest,
     }
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
@@ -291,11 +289,9 @@ fn name_run<const LOWER: bool>(buf: &[u8], mut at: usize) -> usize {
 #[inline(always)]
 fn text_end(buf: &[u8], mut at: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    while let Some(flagged) = wide::outside(buf, at, wide::Run::Text) {
-        if flagged != 0 {
-            return Some(at + flagged.trailing_zeros() as usize);
-        }
-        at += 16;
+    match wide::run_end(buf, at, wide::Run::Text) {
+        Ok(end) => return Some(end),
+        Err(rest) => at = rest,
     }
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
@@ -360,10 +356,23 @@ mod wide {
         Text,
     }
 
-    /// The bytes among the sixteen from `at` outside `run`; `None` when the buffer ends first.
-    /// Inlined into each scan, where `run` is a constant.
+    /// Where the first byte from `at` on outside `run` lies (`Ok`), or, when fewer than
+    /// sixteen bytes are left before one is found, where the steps stopped (`Err`), for the
+    /// narrower scans to go on from. Inlined into each scan, where `run` is a constant.
     #[inline(always)]
-    pub(super) fn outside(buf: &[u8], at: usize, run: Run) -> Option<u32> {
+    pub(super) fn run_end(buf: &[u8], mut at: usize, run: Run) -> Result<usize, usize> {
+        while let Some(outside) = outside(buf, at, run) {
+            if outside != 0 {
+                return Ok(at + outside.trailing_zeros() as usize);
+            }
+            at += 16;
+        }
+        Err(at)
+    }
+
+    /// The bytes among the sixteen from `at` outside `run`; `None` when the buffer ends first.
+    #[inline(always)]
+    fn outside(buf: &[u8], at: usize, run: Run) -> Option<u32> {
         let lanes: &[u8; 16] = buf.get(at..at + 16)?.try_into().ok()?;
         Some(outside_lanes(lanes, run))
     }
@@ -376,14 +385,11 @@ mod wide {
     pub(super) fn all_within(bytes: &[u8], run: Run) -> bool {
         let n = bytes.len();
         if n > 16 {
-            let mut at = 0;
-            while at + 16 < n {
-                if outside(bytes, at, run) != Some(0) {
-                    return false;
-                }
-                at += 16;
-            }
-            return outside(bytes, n - 16, run) == Some(0);
+            return match run_end(bytes, 0, run) {
+                Ok(_) => false,
+                // The last bytes, in a step that overlaps the one before.
+                Err(rest) => rest == n || outside(bytes, n - 16, run) == Some(0),
+            };
         }
         let mut lanes = [0u8; 16];
         match n {
