@@ -23,11 +23,13 @@
 mod classic;
 mod gauges;
 mod global_rate_limit;
+mod latency;
 mod llm;
 mod pace;
 mod per_upstream;
 
 pub use global_rate_limit::GlobalRateLimitMetrics;
+pub use latency::Latency;
 pub use llm::LlmMetrics;
 pub use pace::{PaceMetrics, UnitLabels};
 use per_upstream::{by_upstream, UpstreamFamily};
@@ -39,7 +41,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Distinct `upstream` label values before new ones become `other`.
@@ -172,16 +174,13 @@ const TIMEOUT_KINDS: [&str; 3] = ["request", "body_idle", "response_header"];
 /// upstream closing a connection (idle ones, mostly). The others start when first counted.
 const IDLE_CLOSE_REASONS: [&str; 3] = ["idle_timeout", "learned_idle_timeout", "upstream_close"];
 
-fn latency_histogram() -> Histogram {
-    // 1 ms .. ~65 s: LLM calls think for minutes, pool waits are usually sub-millisecond.
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
-}
-
 fn requests_per_connection_histogram() -> Histogram {
     Histogram::new([1.0, 2.0, 5.0, 10.0, 100.0, 1000.0, 10000.0])
 }
 
-type LatencyFamily = UpstreamFamily<UpstreamLabel, Histogram, fn() -> Histogram>;
+/// 1 ms .. ~65 s (`Latency`): LLM calls think for minutes, pool waits are usually
+/// sub-millisecond.
+type LatencyFamily = UpstreamFamily<UpstreamLabel, Latency>;
 
 /// The families every upstream and downstream connection reports into.
 #[derive(Debug)]
@@ -240,8 +239,8 @@ impl Families {
             opened: UpstreamFamily::default(),
             closed: UpstreamFamily::default(),
             requests: UpstreamFamily::default(),
-            duration: UpstreamFamily::new_with_constructor(latency_histogram as fn() -> Histogram),
-            wait: UpstreamFamily::new_with_constructor(latency_histogram as fn() -> Histogram),
+            duration: UpstreamFamily::default(),
+            wait: UpstreamFamily::default(),
             reused: UpstreamFamily::default(),
             rejected: UpstreamFamily::default(),
             retries: UpstreamFamily::default(),
@@ -766,9 +765,9 @@ pub struct UpstreamMetrics {
     /// Resolutions that failed.
     pub dns_failures: Counter,
     /// Time to response head.
-    pub duration: Histogram,
+    pub duration: Latency,
     /// Time waited for a connection.
-    pub wait: Histogram,
+    pub wait: Latency,
     families: Arc<Families>,
     sources: Arc<GaugeSources>,
     label: String,

@@ -262,7 +262,7 @@ mod tests {
         host.failed(crate::error::ErrorKind::ConnectFailed);
         host.closed("idle_timeout");
         host.retried("reset");
-        host.duration.observe(0.01);
+        host.duration.observe(std::time::Duration::from_millis(10));
         let _ = metrics.pace("a.example:80");
         let configured = metrics.upstream("b");
         assert!(lines_of(&metrics, "a.example:80") > 10);

@@ -912,7 +912,7 @@ impl Upstream {
         };
         if result.is_ok() {
             let arrived = tokio::time::Instant::now();
-            self.metrics.duration.observe((arrived - started).as_secs_f64());
+            self.metrics.duration.observe(arrived - started);
             lease.response_arrived(arrived);
         }
         result.map_err(|e| match e {
