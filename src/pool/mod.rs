@@ -49,10 +49,9 @@
 //! the socket, there from 200 ms of idleness on, or by checkout looking before it hands one
 //! out), and from nothing else: not closes the pool decides, not connections closed after a
 //! response with `Connection: close` (closed at check-in, never idle), not connections that
-//! fail while carrying a request. After
-//! [`learn::AGREE`] closes at agreeing idle ages (each at least [`learn::MIN_AGE`]), idle
-//! connections are retired a margin (max(250 ms, 10 %)) before that age, counted as
-//! `learned_idle_timeout`; the smallest of `idle_timeout`, the `Keep-Alive` hint and the
+//! fail while carrying a request. After [`learn::AGREE`] closes at agreeing idle ages (each at
+//! least [`learn::MIN_AGE`]), idle connections are retired a margin (max(250 ms, 10 %)) before
+//! that age, counted as `learned_idle_timeout`; the smallest of `idle_timeout`, the `Keep-Alive` hint and the
 //! learned age wins. The learned value lapses 10 minutes after the last close supporting it, so
 //! an upstream that raised its timeout is followed; [`learn`] has the whole rule. It is
 //! exported as `egress_upstream_learned_idle_timeout_seconds` and in `/debug/pools`, and logged
