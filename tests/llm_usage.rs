@@ -497,13 +497,15 @@ async fn answers_pass_untouched_and_first_events_are_not_delayed() {
 /// the end are held mid-body, over a first round of the same streams answered as
 /// `text/plain`, which is never read: that round leaves the connections, TLS sessions and
 /// buffers every stream needs in the sidecar's pools and allocator, so what the second round
-/// adds is what reading costs, less the allocator's noise.
+/// adds is what reading costs, less the allocator's noise. The sidecar runs with one malloc
+/// arena: with one per thread, where each stream's buffers landed varied from run to run and
+/// moved the two figures' difference by up to 1.2 KiB a stream (0.3 with one arena, over eight
+/// runs of this file each).
 async fn rss_per_stream(provider: &LlmProvider, usage: &str, n: usize) -> f64 {
-    let (sidecar, routes) = sidecar(
+    let (sidecar, routes) = sidecar_with_env(
         provider,
-        usage,
-        n + 100,
-        "downstream: { max_connections: 5000 }\n",
+        (usage, n + 100, "downstream: { max_connections: 5000 }\n"),
+        &[("MALLOC_ARENA_MAX", "1")],
     )
     .await;
     let model = "gpt-4o-mini-2024-07-18";

@@ -43,11 +43,17 @@ pub async fn sidecar(
     connections: usize,
     extra: &str,
 ) -> (ChildSidecar, [SocketAddr; 3]) {
-    let sidecar = ChildSidecar::spawn(&format!(
-        "{extra}{}",
-        provider.upstreams_yaml(usage, true, connections)
-    ))
-    .await;
+    sidecar_with_env(provider, (usage, connections, extra), &[]).await
+}
+
+/// Like [`sidecar`], with extra environment variables.
+pub async fn sidecar_with_env(
+    provider: &LlmProvider,
+    (usage, connections, extra): (&str, usize, &str),
+    env: &[(&str, &str)],
+) -> (ChildSidecar, [SocketAddr; 3]) {
+    let yaml = format!("{extra}{}", provider.upstreams_yaml(usage, true, connections));
+    let sidecar = ChildSidecar::spawn_with_env(&yaml, env).await;
     let routes = routes(&sidecar).await;
     (sidecar, routes)
 }
