@@ -499,12 +499,14 @@ async fn answers_pass_untouched_and_first_events_are_not_delayed() {
 /// buffers every stream needs in the sidecar's pools and allocator, so what the second round
 /// adds is what reading costs, less the allocator's noise. The sidecar runs with one malloc
 /// arena: with one per thread, where each stream's buffers landed varied from run to run and
-/// moved the two figures' difference by up to 1.2 KiB a stream (0.3 with one arena, over eight
-/// runs of this file each).
+/// moved the two figures' difference from -1.0 to +1.2 KiB a stream over six runs of this file
+/// (from -0.8 to +0.3 over ten with one arena: none near the bound, which is one-sided).
 async fn rss_per_stream(provider: &LlmProvider, usage: &str, n: usize) -> f64 {
     let (sidecar, routes) = sidecar_with_env(
         provider,
-        (usage, n + 100, "downstream: { max_connections: 5000 }\n"),
+        usage,
+        n + 100,
+        "downstream: { max_connections: 5000 }\n",
         &[("MALLOC_ARENA_MAX", "1")],
     )
     .await;

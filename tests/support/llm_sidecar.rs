@@ -43,13 +43,15 @@ pub async fn sidecar(
     connections: usize,
     extra: &str,
 ) -> (ChildSidecar, [SocketAddr; 3]) {
-    sidecar_with_env(provider, (usage, connections, extra), &[]).await
+    sidecar_with_env(provider, usage, connections, extra, &[]).await
 }
 
 /// Like [`sidecar`], with extra environment variables.
 pub async fn sidecar_with_env(
     provider: &LlmProvider,
-    (usage, connections, extra): (&str, usize, &str),
+    usage: &str,
+    connections: usize,
+    extra: &str,
     env: &[(&str, &str)],
 ) -> (ChildSidecar, [SocketAddr; 3]) {
     let yaml = format!("{extra}{}", provider.upstreams_yaml(usage, true, connections));
