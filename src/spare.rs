@@ -154,16 +154,24 @@ fn keep<T: 'static>(kept: &'static LocalKey<RefCell<Vec<T>>>, value: T, most: us
 
 /// How many of a kind this thread may keep: any number on a `current_thread` runtime's thread
 /// (or outside a runtime), [`STEADY_KEPT`] on a multi-threaded runtime's worker.
+///
+/// Inlined, with the first look at the runtime out of line: every take and give-back asks.
+#[inline]
 fn thread_cap() -> usize {
-    CAP.try_with(|cap| {
-        if cap.get() == 0 {
-            let several = tokio::runtime::Handle::try_current()
-                .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
-            cap.set(if several { STEADY_KEPT } else { usize::MAX });
-        }
-        cap.get()
+    CAP.try_with(|cap| match cap.get() {
+        0 => learn_thread_cap(cap),
+        known => known,
     })
     .unwrap_or(STEADY_KEPT)
+}
+
+#[cold]
+#[inline(never)]
+fn learn_thread_cap(cap: &Cell<usize>) -> usize {
+    let several = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
+    cap.set(if several { STEADY_KEPT } else { usize::MAX });
+    cap.get()
 }
 
 /// Header maps kept per thread. Each request parses two (its own head and the upstream's

@@ -510,10 +510,18 @@ async fn read_head_or_refusal<S: Stream>(
 }
 
 /// Makes room in `buf` for a read of a request head: the thread's spare buffer if it holds none.
+/// Inlined for a connection that kept its buffer (one in use holds one).
+#[inline(always)]
 fn reserve_head_buf(buf: &mut BytesMut, max: usize) {
     if buf.capacity() == 0 {
-        *buf = crate::spare::DOWNSTREAM.take();
+        return take_head_buf(buf, max);
     }
+    buf.reserve(buf.capacity().min(max).max(1024));
+}
+
+#[inline(never)]
+fn take_head_buf(buf: &mut BytesMut, max: usize) {
+    *buf = crate::spare::DOWNSTREAM.take();
     let want = if buf.capacity() == 0 {
         HEAD_BUF_INITIAL
     } else {
@@ -661,21 +669,28 @@ async fn refuse<S: Stream>(conn: &mut Session<S>, err: ProxyError, ctx: &Context
 
 /// Gives `req`, as its head was parsed, its body, and `pump` what feeds the body from the
 /// socket.
+/// Inlined for the request without a body (most), which needs nothing.
+#[inline]
 fn request_body(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts) {
+    if !matches!(facts.body, codec::BodyFraming::Empty) {
+        body_channel(req, pump, facts);
+    }
+}
+
+#[inline(never)]
+fn body_channel(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts) {
     let HeadFacts {
         body: framing,
         expect_continue,
         ..
     } = facts;
-    let channel = match framing {
-        codec::BodyFraming::Empty => None,
-        codec::BodyFraming::Length(n) => Some(RequestBody::channel(Some(n))),
-        codec::BodyFraming::Chunked => Some(RequestBody::channel(None)),
+    let (body, sender) = match framing {
+        codec::BodyFraming::Empty => return,
+        codec::BodyFraming::Length(n) => RequestBody::channel(Some(n)),
+        codec::BodyFraming::Chunked => RequestBody::channel(None),
     };
-    if let Some((body, sender)) = channel {
-        *req.body_mut() = body;
-        *pump = BodyPump::new(Decoder::new(framing), sender, expect_continue);
-    }
+    *req.body_mut() = body;
+    *pump = BodyPump::new(Decoder::new(framing), sender, expect_continue);
 }
 
 /// Until `respond` has put the response head where the caller wants it, feeds the request body

@@ -207,13 +207,25 @@ enum Held {
 impl Ticket {
     /// The request goes upstream now: it counts as in flight until the ticket drops. By
     /// value: a ticket borrowed in a future stays in its state across every later await.
+    /// Inlined: most requests go to hosts that are not paced, whose ticket is untracked.
     #[must_use]
+    #[inline(always)]
     pub fn going(mut self) -> Self {
+        if let Held::Tracked { out: false, .. } = &self.0 {
+            self.0.go();
+        }
+        self
+    }
+}
+
+impl Held {
+    #[inline(never)]
+    fn go(&mut self) {
         if let Held::Tracked {
             key,
             out: out @ false,
             charged,
-        } = &mut self.0
+        } = self
         {
             key.sent();
             *out = true;
@@ -221,7 +233,6 @@ impl Ticket {
                 *charged = key.charge(Instant::now());
             }
         }
-        self
     }
 }
 

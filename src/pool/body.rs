@@ -129,9 +129,20 @@ impl UpstreamBody {
 impl Pooled {
     fn release_if_done(&mut self) {
         if self.inner.is_end_stream() {
-            if let Some(lease) = self.lease.take() {
-                lease.release();
-            }
+            self.release();
+        }
+    }
+
+    /// Gives the lease back now that the body ended. A body that came whole in the reads that
+    /// brought the head (most small answers) left the connection idle from the head's arrival,
+    /// the time the lease holds: the pool need not read the clock again.
+    fn release(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        match &self.inner {
+            UpstreamBody::Http1(transfer) if transfer.ended_with_head() => lease.release_with_head(),
+            _ => lease.release(),
         }
     }
 
@@ -159,11 +170,7 @@ impl Body for PooledBody {
         let this = &mut *self.0;
         let polled = this.poll_inner(cx);
         match &polled {
-            Poll::Ready(None) => {
-                if let Some(lease) = this.lease.take() {
-                    lease.release();
-                }
-            }
+            Poll::Ready(None) => this.release(),
             Poll::Ready(Some(Ok(_))) => this.release_if_done(),
             Poll::Ready(Some(Err(_))) => this.lease = None,
             Poll::Pending => {}

@@ -133,8 +133,18 @@ impl Pool {
         None
     }
 
-    /// Makes sure the reaper wakes by `deadline`.
+    /// Makes sure the reaper wakes by `deadline`. Inlined for the common case, a reaper that
+    /// runs and will wake by then already (every check-in asks).
+    #[inline]
     pub(super) fn schedule_reaper(self: &Arc<Self>, st: &mut State, deadline: Instant) {
+        if st.reaper_running && st.reaper_deadline.is_some_and(|d| d <= deadline) {
+            return;
+        }
+        self.wake_reaper_by(st, deadline);
+    }
+
+    #[inline(never)]
+    fn wake_reaper_by(self: &Arc<Self>, st: &mut State, deadline: Instant) {
         if !st.reaper_running {
             st.reaper_running = true;
             st.reaper_deadline = Some(deadline);

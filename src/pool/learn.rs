@@ -147,11 +147,13 @@ impl IdleLearner {
     }
 
     /// The upstream idle timeout learned and in force at `now`.
+    #[inline]
     pub fn learned(&self, now: Instant) -> Option<Duration> {
         self.learned.filter(|l| now < l.until).map(|l| l.age)
     }
 
     /// The idle age at which to retire connections, while a learned value is in force.
+    #[inline]
     pub fn retire_after(&self, now: Instant) -> Option<Duration> {
         self.learned(now).map(|age| age - margin(age))
     }

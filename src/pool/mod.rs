@@ -148,10 +148,18 @@ struct State {
 impl State {
     /// How many open connections, not already closing, exceed `max_connections` (after a
     /// reload lowered it).
+    /// Inlined: every check-in asks, and the count is only needed after a reload.
+    #[inline]
     fn over_cap(&self) -> usize {
         if self.open <= self.config.max_connections {
             return 0;
         }
+        self.over_cap_counted()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn over_cap_counted(&self) -> usize {
         let closing = self.conns.values().filter(|c| c.track.is_closing()).count();
         (self.open - closing).saturating_sub(self.config.max_connections)
     }

@@ -326,8 +326,17 @@ impl Strip {
         (present, egress, credential)
     }
 
-    /// Removes the names `present` found, and those `Connection` names.
+    /// Removes the names `present` found, and those `Connection` names. Inlined for the
+    /// message that carries none (most).
+    #[inline]
     fn remove(&self, headers: &mut HeaderMap, present: u16) {
+        if present != 0 {
+            self.remove_present(headers, present);
+        }
+    }
+
+    #[inline(never)]
+    fn remove_present(&self, headers: &mut HeaderMap, present: u16) {
         if present & 1 != 0 {
             debug_assert_eq!(self.names[0], CONNECTION);
             let named: Vec<HeaderName> = headers

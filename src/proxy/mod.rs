@@ -367,7 +367,19 @@ fn to_downstream(
 
 /// What the application gets for a forwarded request: the response, or the error (a caught
 /// panic is `502 internal`) as a sidecar-made response, logged once here.
+#[inline]
 fn answer(
+    forwarded: Result<Result<Response<ResponseBody>, ProxyError>, caught::Panicked>,
+) -> Response<ResponseBody> {
+    match forwarded {
+        Ok(Ok(resp)) => resp,
+        failed => answer_failed(failed),
+    }
+}
+
+/// [`answer`] for a request that failed: its error, logged, as the response.
+#[inline(never)]
+fn answer_failed(
     forwarded: Result<Result<Response<ResponseBody>, ProxyError>, caught::Panicked>,
 ) -> Response<ResponseBody> {
     let err = match forwarded {

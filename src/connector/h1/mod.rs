@@ -139,6 +139,20 @@ impl AsyncRead for Transport {
     }
 }
 
+impl Transport {
+    /// [`AsyncWrite::poll_flush`] of a stream that may hold bytes back (TLS records).
+    #[inline(never)]
+    fn poll_flush_wrapped(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+            Transport::Nested(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(any(test, feature = "test-support"))]
+            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+}
+
 impl AsyncWrite for Transport {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
@@ -174,13 +188,13 @@ impl AsyncWrite for Transport {
         }
     }
 
+    /// Inlined: a plain TCP socket keeps nothing back, and every request flushes once; the
+    /// TLS streams' flush stays out of line.
+    #[inline]
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Transport::Plain(s) => Pin::new(s).poll_flush(cx),
-            Transport::Tls(s) => Pin::new(s).poll_flush(cx),
-            Transport::Nested(s) => Pin::new(s).poll_flush(cx),
-            #[cfg(any(test, feature = "test-support"))]
-            Transport::Memory(s) => Pin::new(s).poll_flush(cx),
+            other => other.poll_flush_wrapped(cx),
         }
     }
 
@@ -352,6 +366,8 @@ pub struct Transfer {
     response: ResponseState,
     /// What the response head said about the connection.
     persistence: Persistence,
+    /// The body was read off the socket after the head: it did not all come with it.
+    read_after_head: bool,
 }
 
 #[derive(Debug)]
@@ -412,6 +428,7 @@ impl Transfer {
             head_request: req.method() == Method::HEAD,
             response: ResponseState::Head,
             persistence: Persistence::default(),
+            read_after_head: false,
         }
     }
 
@@ -636,6 +653,12 @@ impl Transfer {
         matches!(self.response, ResponseState::Done)
     }
 
+    /// Whether the response body is complete and came whole in the reads that brought its
+    /// head: the upstream was done with the exchange when the head arrived.
+    pub fn ended_with_head(&self) -> bool {
+        self.is_end_stream() && !self.read_after_head
+    }
+
     /// The response body's size, when framed by `Content-Length`.
     pub fn size_hint(&self) -> SizeHint {
         match &self.response {
@@ -692,7 +715,9 @@ impl Transfer {
                     }
                 }
             }
-            match ready!(conn.poll_fill(cx)) {
+            let filled = ready!(conn.poll_fill(cx));
+            self.read_after_head = true;
+            match filled {
                 Ok(0) => {
                     return match std::mem::replace(&mut self.response, ResponseState::Done) {
                         ResponseState::UntilClose => Poll::Ready(None),
@@ -833,6 +858,50 @@ mod tests {
         );
         assert!(transfer.is_end_stream());
         assert!(buf.is_empty());
+    }
+
+    #[derive(Debug)]
+    struct NoPlace;
+
+    impl Place for NoPlace {
+        fn failed(&self) {}
+        fn connected(&self, _: crate::endpoint::Claim) {}
+    }
+
+    /// The upstream answers `first`, then, once the head is in, `rest`; whether the body,
+    /// read to its end, came with the head (the pool then takes the head's arrival as the time
+    /// the connection went idle).
+    async fn ended_with_head(first: &'static [u8], rest: &'static [u8]) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (client, mut server) = tokio::io::duplex(4096);
+        let mut conn = Connection::new(Transport::Memory(client), Box::new(NoPlace));
+        let (head_in, head_is_in) = tokio::sync::oneshot::channel::<()>();
+        let upstream = tokio::spawn(async move {
+            let mut head = [0u8; 256];
+            let _ = server.read(&mut head).await.unwrap();
+            server.write_all(first).await.unwrap();
+            head_is_in.await.unwrap();
+            server.write_all(rest).await.unwrap();
+            server
+        });
+        let mut resp = conn.send(&mut Request::new(RequestBody::Empty)).await.unwrap();
+        head_in.send(()).unwrap();
+        let transfer = resp.body_mut();
+        let mut body = Vec::new();
+        while let Some(frame) = std::future::poll_fn(|cx| transfer.poll_frame(&mut conn, cx)).await {
+            body.extend_from_slice(frame.unwrap().data_ref().unwrap());
+        }
+        assert_eq!(body, b"hello");
+        drop(upstream.await.unwrap());
+        transfer.ended_with_head()
+    }
+
+    #[tokio::test]
+    async fn a_body_that_came_with_its_head_says_so() {
+        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
+        assert!(ended_with_head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"").await);
+        assert!(!ended_with_head(head, b"hello").await);
+        assert!(!ended_with_head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel", b"lo").await);
     }
 
     #[test]
