@@ -134,18 +134,24 @@ where
     }
     let chunked = framing == ResponseFraming::Chunked;
     let mut body = Pin::new(body);
+    // A body that says it has ended is not polled again to hear it (one poll through the
+    // body's layers less for most responses, whose one frame ends them).
+    let mut ended = false;
     loop {
         // Take what the body has now; flush before waiting, so streamed events (SSE) go out
         // as they arrive and small responses go out in one write.
-        let frame = match poll_now(body.as_mut()) {
-            Some(frame) => frame,
-            None => {
-                if !out.is_empty() {
-                    wr.write_all(&out).await?;
-                    out.clear();
+        let frame = match ended {
+            true => None,
+            false => match poll_now(body.as_mut()) {
+                Some(frame) => frame,
+                None => {
+                    if !out.is_empty() {
+                        wr.write_all(&out).await?;
+                        out.clear();
+                    }
+                    std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
                 }
-                std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
-            }
+            },
         };
         let frame = match frame {
             None => {
@@ -171,6 +177,7 @@ where
                 }
             }
         }
+        ended = body.is_end_stream();
     }
 }
 
