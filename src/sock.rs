@@ -11,7 +11,8 @@
 //! is ready (a client pipelining requests the sidecar answers itself, a fast upstream), the
 //! connection spends one unit of the budget per exchange (`downstream::conn`). Only writes made
 //! once per exchange come here: a request's head to a plain-TCP upstream when it goes alone,
-//! and a response's last write; a body's other writes keep tokio's path and its budget.
+//! and a response's last write; a body's other writes keep tokio's path and its budget. Of
+//! the client's reads, the head's and the watch for its close while the response is awaited.
 //!
 //! A read that comes back short of the room it had tells the runtime the socket is drained,
 //! as tokio's own read does (tokio-rs/tokio#5866): the flag is cleared with the tick read
@@ -19,13 +20,13 @@
 //! on the connection went to the kernel for nothing: a failed `recvfrom` per request. A write
 //! that the socket took only part of does the same, as tokio's write does.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncWrite, Interest};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, Interest};
 use tokio::net::{tcp, unix, TcpStream};
 
 /// Reads what `stream` has into `buf`'s spare room (the caller reserves it); `Ok(0)` at the
@@ -79,6 +80,26 @@ fn poll_ready_io(
         }
     }
 }
+
+/// A socket's read half that can read through [`poll_read_buf`] when it is a TCP socket's.
+pub trait ReadNow: AsyncRead + Unpin {
+    /// Reads what the socket has into `buf`'s spare room (the caller reserves it), through
+    /// the readiness flag where the socket allows it.
+    fn poll_read_buf_now(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        std::pin::pin!(self.read_buf(buf)).poll(cx)
+    }
+}
+
+impl ReadNow for tcp::ReadHalf<'_> {
+    fn poll_read_buf_now(&mut self, cx: &mut Context<'_>, buf: &mut BytesMut) -> Poll<io::Result<usize>> {
+        poll_read_buf(self.as_ref(), cx, buf)
+    }
+}
+
+impl ReadNow for unix::ReadHalf<'_> {}
+
+#[cfg(test)]
+impl ReadNow for &[u8] {}
 
 /// A socket's write half that can write through [`poll_write`] when it is a TCP socket's.
 pub trait WriteNow: AsyncWrite + Unpin {

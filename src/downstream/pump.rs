@@ -150,7 +150,7 @@ impl BodyPump {
 
     /// While the body flows, one [`BodyPump::step`]; after it, waits for the client to close
     /// (an error), keeping any pipelined bytes, up to `max_head` of them, in `buf`.
-    pub(super) async fn step_or_watch<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    pub(super) async fn step_or_watch<R: crate::sock::ReadNow, W: AsyncWrite + Unpin>(
         &mut self,
         rd: &mut R,
         buf: &mut BytesMut,
@@ -170,7 +170,8 @@ impl BodyPump {
         if buf.capacity() == buf.len() {
             buf.reserve(1024);
         }
-        match rd.read_buf(buf).await {
+        // Once an exchange, so past the runtime's budget check (see `crate::sock`).
+        match std::future::poll_fn(|cx| rd.poll_read_buf_now(cx, buf)).await {
             Ok(0) => Err(BodyError("client closed the connection".into())),
             Ok(_) => Ok(()),
             Err(e) => Err(BodyError(format!("client connection: {e}"))),

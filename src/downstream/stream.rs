@@ -25,7 +25,7 @@ use crate::clients::{ProcessCache, Source};
 /// An application socket.
 pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + Sized + 'static {
     /// The borrowed read half of [`Stream::split`].
-    type Read<'a>: AsyncRead + Unpin + Send
+    type Read<'a>: crate::sock::ReadNow + Send
     where
         Self: 'a;
     /// The borrowed write half of [`Stream::split`].
