@@ -510,24 +510,23 @@ async fn read_head_or_refusal<S: Stream>(
 }
 
 /// Makes room in `buf` for a read of a request head: the thread's spare buffer if it holds none.
-/// Inlined for a connection that kept its buffer (one in use holds one).
+/// Inlined, with the spare buffer's take out of line: a connection in use holds its buffer.
 #[inline(always)]
 fn reserve_head_buf(buf: &mut BytesMut, max: usize) {
     if buf.capacity() == 0 {
-        return take_head_buf(buf, max);
+        take_spare_head_buf(buf);
     }
-    buf.reserve(buf.capacity().min(max).max(1024));
-}
-
-#[inline(never)]
-fn take_head_buf(buf: &mut BytesMut, max: usize) {
-    *buf = crate::spare::DOWNSTREAM.take();
     let want = if buf.capacity() == 0 {
         HEAD_BUF_INITIAL
     } else {
         buf.capacity().min(max)
     };
     buf.reserve(want.max(1024));
+}
+
+#[inline(never)]
+fn take_spare_head_buf(buf: &mut BytesMut) {
+    *buf = crate::spare::DOWNSTREAM.take();
 }
 
 /// What a connection does after an exchange.
@@ -668,29 +667,23 @@ async fn refuse<S: Stream>(conn: &mut Session<S>, err: ProxyError, ctx: &Context
 }
 
 /// Gives `req`, as its head was parsed, its body, and `pump` what feeds the body from the
-/// socket.
-/// Inlined for the request without a body (most), which needs nothing.
+/// socket. Inlined for the request without a body (most), which needs nothing.
 #[inline]
 fn request_body(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts) {
-    if !matches!(facts.body, codec::BodyFraming::Empty) {
-        body_channel(req, pump, facts);
-    }
+    let length = match facts.body {
+        codec::BodyFraming::Empty => return,
+        codec::BodyFraming::Length(n) => Some(n),
+        codec::BodyFraming::Chunked => None,
+    };
+    body_channel(req, pump, facts, length);
 }
 
+/// [`request_body`] for a body of `length` (`None`: chunked).
 #[inline(never)]
-fn body_channel(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts) {
-    let HeadFacts {
-        body: framing,
-        expect_continue,
-        ..
-    } = facts;
-    let (body, sender) = match framing {
-        codec::BodyFraming::Empty => return,
-        codec::BodyFraming::Length(n) => RequestBody::channel(Some(n)),
-        codec::BodyFraming::Chunked => RequestBody::channel(None),
-    };
+fn body_channel(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts, length: Option<u64>) {
+    let (body, sender) = RequestBody::channel(length);
     *req.body_mut() = body;
-    *pump = BodyPump::new(Decoder::new(framing), sender, expect_continue);
+    *pump = BodyPump::new(Decoder::new(facts.body), sender, facts.expect_continue);
 }
 
 /// Until `respond` has put the response head where the caller wants it, feeds the request body

@@ -366,32 +366,32 @@ fn to_downstream(
 }
 
 /// What the application gets for a forwarded request: the response, or the error (a caught
-/// panic is `502 internal`) as a sidecar-made response, logged once here.
+/// panic is `502 internal`) as a sidecar-made response, logged once here. Inlined for the
+/// response; the errors go out of line.
 #[inline]
 fn answer(
     forwarded: Result<Result<Response<ResponseBody>, ProxyError>, caught::Panicked>,
 ) -> Response<ResponseBody> {
     match forwarded {
         Ok(Ok(resp)) => resp,
-        failed => answer_failed(failed),
+        Ok(Err(err)) => answer_error(err),
+        Err(panicked) => answer_error(panic_error(panicked)),
     }
 }
 
-/// [`answer`] for a request that failed: its error, logged, as the response.
+/// A sidecar-made response for `err`, logged.
 #[inline(never)]
-fn answer_failed(
-    forwarded: Result<Result<Response<ResponseBody>, ProxyError>, caught::Panicked>,
-) -> Response<ResponseBody> {
-    let err = match forwarded {
-        Ok(Ok(resp)) => return resp,
-        Ok(Err(err)) => err,
-        Err(caught::Panicked(message)) => ProxyError::new(
-            ErrorKind::Internal,
-            format!("the sidecar failed on this request (a bug: {message})"),
-        ),
-    };
+fn answer_error(err: ProxyError) -> Response<ResponseBody> {
     log_error(&err);
     err.to_response()
+}
+
+#[cold]
+fn panic_error(caught::Panicked(message): caught::Panicked) -> ProxyError {
+    ProxyError::new(
+        ErrorKind::Internal,
+        format!("the sidecar failed on this request (a bug: {message})"),
+    )
 }
 
 /// Logs a sidecar-made error once: server errors as warnings, refusals as information.
