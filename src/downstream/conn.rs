@@ -308,8 +308,11 @@ async fn beyond_http<S: Stream>(conn: &mut Session<S>, next: Next, arrival: &Arr
         }
         Next::Switch(switching) => {
             let Switching { resp, pending, span } = *switching;
-            let switched = upgrade::switch(stream, buf, resp, pending, &ctx.proxy);
-            match switched.instrument(span).await {
+            // Behind a vtable, as `Proxy::upgrade` is: one function of its own, not blocks of
+            // the connection's future.
+            let switched: Pin<Box<dyn Future<Output = Option<Tunnel>> + Send + '_>> =
+                Box::pin(upgrade::switch(stream, buf, resp, pending, &ctx.proxy).instrument(span));
+            match switched.await {
                 Some(tunnel) => Next::Tunnel(Box::new(tunnel)),
                 None => Next::Close,
             }

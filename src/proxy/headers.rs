@@ -241,7 +241,8 @@ pub fn to_upstream_scanned<B>(req: &mut Request<B>, host: &HeaderValue, scanned:
 }
 
 /// Like [`to_upstream`] for an upgrade passed through: `Upgrade` stays and `Connection` is
-/// `upgrade` alone (fields it named are hop-by-hop and go).
+/// `upgrade` alone (fields it named are hop-by-hop and go). Cold: out of the request path.
+#[cold]
 pub fn to_upstream_upgrade<B>(req: &mut Request<B>, host: &HeaderValue) {
     let protocols: Vec<HeaderValue> = req.headers().get_all(UPGRADE).iter().cloned().collect();
     to_upstream(req, host);

@@ -273,8 +273,7 @@ impl Proxy {
         if upgrade {
             // Not held across the dial: an upgrade's answer is read by no pacing.
             drop(ticket);
-            // Boxed: plain requests should not carry the dial's state in their futures.
-            return Box::pin(self.upgrade(req, upstream)).await;
+            return self.upgrade(req, upstream).await;
         }
         let resp = upstream.send(req, no_retry, deadline, ticket.going()).await?;
         let who = meter::Who {
@@ -324,8 +323,22 @@ impl Proxy {
     }
 
     /// Sends an upgrade request on a connection of its own (`upgrade`).
-    async fn upgrade(
-        &self,
+    ///
+    /// Boxed, so that plain requests do not carry the dial's state in their futures, and
+    /// polled through a vtable, so that no build inlines it into the request path's future: a
+    /// profile-guided build would lay the code it never saw run among that future's cold
+    /// blocks, where a burst of WebSocket upgrades maps it page by page, 64 KiB at a time
+    /// (benches/first_burst.py). Out of line it is one function, laid out with the tunnels'.
+    fn upgrade<'a>(
+        &'a self,
+        req: &'a mut Request<RequestBody>,
+        upstream: &'a Upstream,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, ProxyError>> + Send + 'a>> {
+        Box::pin(Self::send_upgrade(req, upstream))
+    }
+
+    /// [`Self::upgrade`]'s request and the rewrite of its answer.
+    async fn send_upgrade(
         req: &mut Request<RequestBody>,
         upstream: &Upstream,
     ) -> Result<Response<ResponseBody>, ProxyError> {

@@ -70,6 +70,13 @@ pub fn requested(req: &Request<RequestBody>) -> bool {
     {
         return false;
     }
+    asks_upgrade(req)
+}
+
+/// The rest of [`requested`], for the rare request that has `Upgrade`: out of the request
+/// path.
+#[cold]
+fn asks_upgrade(req: &Request<RequestBody>) -> bool {
     let connection_upgrade = req
         .headers()
         .get_all(http::header::CONNECTION)
