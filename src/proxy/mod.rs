@@ -219,14 +219,10 @@ impl Proxy {
         let (timeout, no_retry, pace, named, global_rate_limit) = {
             let asked = headers::take_asked(req, scanned)
                 .map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))?;
-            let global_rate_limit = target.upstream.global_rate_limit().and_then(|limiter| {
-                let app = if limiter.needs_app() {
-                    meter::app_name(asked.app.as_ref(), source, arrival)
-                } else {
-                    None
-                };
-                limiter.describe(req.headers(), app.as_deref())
-            });
+            let global_rate_limit = target
+                .upstream
+                .global_rate_limit()
+                .and_then(|limiter| describe_global(limiter, req, asked.app.as_ref(), source, arrival));
             let named = meter::Named::of(req, &target.upstream, asked.app);
             (
                 asked.timeout,
@@ -363,6 +359,25 @@ struct Sending<'a> {
     deadline: Option<Deadline>,
     upgrade: bool,
     who: meter::Who<'a>,
+}
+
+/// What the global rate limit's service is asked for `req`, for an upstream that has one. Out
+/// of line: most upstreams have none, and `forward`'s future is inlined into `Caught::poll`
+/// only while it stays small enough.
+#[inline(never)]
+fn describe_global(
+    limiter: &crate::global_rate_limit::Limiter,
+    req: &Request<RequestBody>,
+    app: Option<&http::HeaderValue>,
+    source: &Source,
+    arrival: &Arrival,
+) -> Option<Box<crate::global_rate_limit::Asking>> {
+    let app = if limiter.needs_app() {
+        meter::app_name(app, source, arrival)
+    } else {
+        None
+    };
+    limiter.describe(req.headers(), app.as_deref())
 }
 
 /// A pooled response from `upstream` on its way to the application, read for usage
