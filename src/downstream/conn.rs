@@ -673,17 +673,18 @@ async fn refuse<S: Stream>(conn: &mut Session<S>, err: ProxyError, ctx: &Context
 /// socket. Inlined for the request without a body (most), which needs nothing.
 #[inline]
 fn request_body(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts) {
-    let length = match facts.body {
-        codec::BodyFraming::Empty => return,
-        codec::BodyFraming::Length(n) => Some(n),
-        codec::BodyFraming::Chunked => None,
-    };
-    body_channel(req, pump, facts, length);
+    if !matches!(facts.body, codec::BodyFraming::Empty) {
+        body_channel(req, pump, facts);
+    }
 }
 
-/// [`request_body`] for a body of `length` (`None`: chunked).
+/// [`request_body`] for a request with a body, of a length or chunked.
 #[inline(never)]
-fn body_channel(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts, length: Option<u64>) {
+fn body_channel(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: HeadFacts) {
+    let length = match facts.body {
+        codec::BodyFraming::Length(n) => Some(n),
+        _ => None,
+    };
     let (body, sender) = RequestBody::channel(length);
     *req.body_mut() = body;
     *pump = BodyPump::new(Decoder::new(facts.body), sender, facts.expect_continue);

@@ -269,7 +269,7 @@ impl Proxy {
         if upgrade {
             // Not held across the dial: an upgrade's answer is read by no pacing.
             drop(ticket);
-            return self.upgrade(req, upstream).await;
+            return Self::upgrade(req, upstream).await;
         }
         let resp = upstream.send(req, no_retry, deadline, ticket.going()).await?;
         let who = meter::Who {
@@ -309,7 +309,7 @@ impl Proxy {
             req.extensions_mut().insert(recount);
         }
         if sending.upgrade {
-            return self.upgrade(req, sending.upstream).await;
+            return Self::upgrade(req, sending.upstream).await;
         }
         let resp = sending
             .upstream
@@ -326,7 +326,6 @@ impl Proxy {
     /// blocks, where a burst of WebSocket upgrades maps it page by page, 64 KiB at a time
     /// (benches/first_burst.py). Out of line it is one function, laid out with the tunnels'.
     fn upgrade<'a>(
-        &'a self,
         req: &'a mut Request<RequestBody>,
         upstream: &'a Upstream,
     ) -> Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, ProxyError>> + Send + 'a>> {
