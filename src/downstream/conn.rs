@@ -47,7 +47,7 @@ use crate::proxy::{upgrade, ResponseBody};
 use crate::routing::{Arrival, Inspected};
 use crate::tunnel::Tunnel;
 use crate::wire::codec::{self, Decoder, HeadError, HeadFacts};
-use crate::wire::RequestBody;
+use crate::wire::{HeadLines, RequestBody};
 
 /// First read buffer for a request head; grows up to `max_header_bytes`. (1 KiB, within
 /// glibc's per-thread cache, cost more at 64 connections: callgrind, `benches/RESULTS.md`.)
@@ -449,11 +449,12 @@ fn served<S>(conn: &Session<S>, idle_closed: bool) -> Ended<S> {
 async fn read_head<S: Stream>(
     conn: &mut Session<S>,
     req: &mut Request<RequestBody>,
+    lines: &mut HeadLines,
     max: usize,
     timeout: Duration,
     ctx: &Context,
 ) -> Option<HeadFacts> {
-    let err = match read_head_or_refusal(conn, req, max, timeout).await {
+    let err = match read_head_or_refusal(conn, req, lines, max, timeout).await {
         Ok(head) => return head,
         Err(err) => {
             crate::rare::branch();
@@ -470,6 +471,7 @@ async fn read_head<S: Stream>(
 async fn read_head_or_refusal<S: Stream>(
     conn: &mut Session<S>,
     req: &mut Request<RequestBody>,
+    lines: &mut HeadLines,
     max: usize,
     timeout: Duration,
 ) -> Result<Option<HeadFacts>, ProxyError> {
@@ -477,7 +479,7 @@ async fn read_head_or_refusal<S: Stream>(
     let mut deadline = None;
     loop {
         if !conn.buf.is_empty() {
-            match codec::parse_head_into(&mut conn.buf, max, req) {
+            match codec::parse_head_keeping_lines(&mut conn.buf, max, req, lines) {
                 Ok(Some(facts)) => {
                     if facts.body == codec::BodyFraming::Chunked && !conn.buf.is_empty() {
                         if let Err(why) = codec::check_buffered_chunks(&conn.buf, max) {
@@ -575,8 +577,9 @@ async fn exchange<S: Stream>(
     let mut pump = BodyPump::finished();
     let (outgoing, mut body) = {
         let mut req = Request::new(RequestBody::Empty);
+        let mut lines = HeadLines::default();
         {
-            let Some(facts) = read_head(conn, &mut req, max_head, head_timeout, ctx).await else {
+            let Some(facts) = read_head(conn, &mut req, &mut lines, max_head, head_timeout, ctx).await else {
                 return Next::Close;
             };
             conn.requests += 1;
@@ -600,7 +603,7 @@ async fn exchange<S: Stream>(
         // stored twice in this future's state.
         let mut resp = None;
         {
-            let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, arrival, &conn.peer));
+            let mut handling = std::pin::pin!(ctx.proxy.handle(&mut req, &mut lines, arrival, &conn.peer));
             let respond = std::pin::pin!(std::future::poll_fn(|cx| {
                 handling.as_mut().poll(cx).map(|answer| resp = Some(answer))
             }));

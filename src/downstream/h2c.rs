@@ -65,7 +65,8 @@ pub(super) async fn serve<S: Stream>(stream: S, arrival: Arrival, source: Source
         async move {
             let (arrival, source) = &*from;
             let mut req = to_proxy_request(req, arrival);
-            let mut resp = ctx.proxy.handle(&mut req, arrival, source).await;
+            let mut lines = crate::wire::HeadLines::default();
+            let mut resp = ctx.proxy.handle(&mut req, &mut lines, arrival, source).await;
             crate::proxy::map_wire_fields(&mut resp);
             Ok::<_, Infallible>(resp)
         }

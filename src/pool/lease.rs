@@ -18,7 +18,7 @@ use super::{Grant, H2Stream, Pool, SendError, UpstreamBody};
 use crate::connector::{h1, Place};
 use crate::endpoint::{Claim, Endpoint};
 use crate::error::{ErrorKind, ProxyError};
-use crate::wire::RequestBody;
+use crate::wire::{HeadLines, RequestBody};
 
 /// One connection's shared record, held by its [`Slot`], its pool entry and the pool's registry
 /// of open connections: whether it is dialing, open, or closing and why, and the requests it
@@ -275,9 +275,13 @@ impl Lease {
     /// writes it and reads the response, taking only the body out of `req`: the rest stays for
     /// a retry. HTTP/2 too, once the connection can open its stream: a request never sent
     /// stays in `req` whole.
+    ///
+    /// The fields are in `req`'s map or in `lines` ([`HeadLines`]); HTTP/2 moves them into the
+    /// map, where its encoder reads them.
     pub async fn send(
         &mut self,
         req: &mut http::Request<RequestBody>,
+        lines: &mut HeadLines,
     ) -> Result<http::Response<UpstreamBody>, SendError> {
         match &mut self.kind {
             LeaseKind::H1(conn) => {
@@ -286,12 +290,16 @@ impl Lease {
                 if let Some(left) = conn.remaining_hint.as_mut() {
                     *left = left.saturating_sub(1);
                 }
-                let resp = conn.io.send(req).await.map_err(SendError::Http1)?;
+                let resp = conn.io.send(req, lines).await.map_err(SendError::Http1)?;
                 conn.observe_response(resp.body().persistence());
                 Ok(resp.map(UpstreamBody::Http1))
             }
             LeaseKind::H2(stream) => {
                 let stream = stream.as_mut().expect("present until release");
+                if lines.is_kept() {
+                    crate::rare::branch();
+                    lines.into_map(req.headers_mut());
+                }
                 let resp = stream.sender.send(req).await.map_err(SendError::Http2)?;
                 Ok(resp.map(UpstreamBody::Http2))
             }

@@ -88,7 +88,10 @@ async fn use_once(lease: &mut Lease) {
         .uri("/")
         .body(RequestBody::Empty)
         .unwrap();
-    let resp = lease.send(&mut req).await.expect("response");
+    let resp = lease
+        .send(&mut req, &mut crate::wire::HeadLines::default())
+        .await
+        .expect("response");
     lease.read_to_end(resp.into_body()).await.expect("body");
 }
 
@@ -265,7 +268,10 @@ async fn exchange_head_address(pool: &Arc<Pool>) -> usize {
         .uri("/")
         .body(RequestBody::Empty)
         .unwrap();
-    let resp = lease.send(&mut req).await.expect("response");
+    let resp = lease
+        .send(&mut req, &mut crate::wire::HeadLines::default())
+        .await
+        .expect("response");
     let (mut parts, body) = resp.into_parts();
     let wire = lease
         .h1_mut()

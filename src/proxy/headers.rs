@@ -39,8 +39,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, V
 
 use crate::redact;
 use crate::upstream::Asked;
-use crate::wire::is_credential;
 use crate::wire::names::KEEP_ALIVE;
+use crate::wire::{is_credential, HeadLines};
 
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
@@ -208,11 +208,17 @@ pub fn last_hop_answer<B>(req: &Request<B>) -> Response<Bytes> {
 /// Rewrites a downstream request for the upstream named by `host`.
 pub fn to_upstream<B>(req: &mut Request<B>, host: &HeaderValue) {
     let scanned = scan(req.headers());
-    to_upstream_scanned(req, host, scanned);
+    to_upstream_scanned(req, &mut HeadLines::default(), host, scanned);
 }
 
-/// [`to_upstream`] for a request whose names [`scan`] read.
-pub fn to_upstream_scanned<B>(req: &mut Request<B>, host: &HeaderValue, scanned: Scanned) {
+/// [`to_upstream`] for a request whose names [`scan`] read, its fields in its map or in
+/// `lines`, which hold none that is removed here.
+pub fn to_upstream_scanned<B>(
+    req: &mut Request<B>,
+    lines: &mut HeadLines,
+    host: &HeaderValue,
+    scanned: Scanned,
+) {
     if req.uri().scheme().is_some() {
         let mut origin_form = http::uri::Parts::default();
         origin_form.path_and_query = Some(
@@ -236,7 +242,9 @@ pub fn to_upstream_scanned<B>(req: &mut Request<B>, host: &HeaderValue, scanned:
     if wants_trailers {
         headers.insert(TE, HeaderValue::from_static("trailers"));
     }
-    headers.insert(HOST, host.clone());
+    if !lines.set_upstream_host(host) {
+        headers.insert(HOST, host.clone());
+    }
     *req.version_mut() = Version::HTTP_11;
 }
 

@@ -43,7 +43,7 @@ use crate::routing::{Arrival, Router};
 use crate::trace::Tracer;
 use crate::upstream::{Deadline, TimedBody, Upstream};
 use crate::wire::codec::{self, ResponseFraming};
-use crate::wire::{BoxError, RequestBody, WireFields};
+use crate::wire::{BoxError, HeadLines, RequestBody, WireFields};
 
 /// Handles downstream requests.
 #[derive(Debug)]
@@ -125,6 +125,7 @@ impl Proxy {
     pub fn handle<'a>(
         &'a self,
         req: &'a mut Request<RequestBody>,
+        lines: &'a mut HeadLines,
         arrival: &'a Arrival,
         source: &'a Source,
     ) -> observe::Handling<
@@ -138,9 +139,15 @@ impl Proxy {
             Some(tracer) => tracer.server(req.headers()),
             None => None,
         };
-        if log.is_none() && server.is_none() {
-            return observe::Handling::plain(span, self.forward_caught(req, arrival, source, None));
+        if !matches!(arrival, Arrival::Route(_)) {
+            // A forward proxy's origin-form request is routed by its `Host`.
+            lines.into_map(req.headers_mut());
         }
+        if log.is_none() && server.is_none() {
+            return observe::Handling::plain(span, self.forward_caught(req, lines, arrival, source, None));
+        }
+        // The line and the span read the request's fields by name.
+        lines.into_map(req.headers_mut());
         // Boxed: the unobserved path should not carry the line's state in its future.
         observe::Handling::logged(
             span,
@@ -159,7 +166,10 @@ impl Proxy {
     ) -> Response<ResponseBody> {
         let pending = observe::Pending::begin(req, source, log.map(|log| &**log), server);
         let mut routed = observe::Routed::default();
-        let forwarded = self.forward_caught(req, arrival, source, Some(&mut routed)).await;
+        let mut lines = HeadLines::default();
+        let forwarded = self
+            .forward_caught(req, &mut lines, arrival, source, Some(&mut routed))
+            .await;
         let error = match &forwarded {
             Ok(Err(err)) => Some(err.kind().as_str()),
             Err(_) => Some(ErrorKind::Internal.as_str()),
@@ -173,13 +183,14 @@ impl Proxy {
     fn forward_caught<'a>(
         &'a self,
         req: &'a mut Request<RequestBody>,
+        lines: &'a mut HeadLines,
         arrival: &'a Arrival,
         source: &'a Source,
         routed: Option<&'a mut observe::Routed>,
     ) -> caught::Caught<impl Future<Output = Result<Response<ResponseBody>, ProxyError>> + 'a, &'a Counter>
     {
         caught::Caught::new(
-            self.forward(req, arrival, source, routed),
+            self.forward(req, lines, arrival, source, routed),
             &self.router.metrics().families().panics,
         )
     }
@@ -187,31 +198,33 @@ impl Proxy {
     async fn forward(
         &self,
         req: &mut Request<RequestBody>,
+        lines: &mut HeadLines,
         arrival: &Arrival,
         source: &Source,
         routed: Option<&mut observe::Routed>,
     ) -> Result<Response<ResponseBody>, ProxyError> {
         if req.method() == Method::CONNECT {
-            // The downstream task hands CONNECT to `connect::serve`; a CONNECT here cannot
-            // become a tunnel.
-            return Err(ProxyError::new(
-                ErrorKind::BadRequest,
-                "CONNECT cannot be forwarded as a request",
-            ));
+            return Err(connect_refused());
         }
         #[cfg(test)]
         if req.headers().contains_key(tests::PANIC_HEADER) {
             panic!("{} asked for a panic", tests::PANIC_HEADER);
         }
+        // Lines hold none of the fields the scan looks for, nor `Upgrade`.
         let scanned = headers::scan(req.headers());
         let upgrade = scanned.upgrade() && upgrade::requested(req);
         let target = self.router.route(arrival, req.uri(), req.headers())?;
+        if lines.is_kept() && target.upstream.reads_request_fields() {
+            lines.into_map(req.headers_mut());
+        }
         if let Some(routed) = routed {
             routed.upstream = Some(target.upstream.label().into());
             routed.scheme = Some(target.upstream.scheme().as_str());
         }
-        if headers::take_hop(req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
-            return Ok(headers::last_hop_answer(req).map(|body| ResponseBody::Full(Some(body))));
+        if req.method() == Method::OPTIONS || req.method() == Method::TRACE {
+            if let Some(answer) = last_hop(req)? {
+                return Ok(answer);
+            }
         }
         // Read (and removed) before anything goes upstream; an upgrade ignores them. Of
         // `x-egress-app`, only its label's id lives on (in a block: a field held across the
@@ -235,7 +248,7 @@ impl Proxy {
         if upgrade {
             headers::to_upstream_upgrade(req, target.upstream.host_header());
         } else {
-            headers::to_upstream_scanned(req, target.upstream.host_header(), scanned);
+            headers::to_upstream_scanned(req, lines, target.upstream.host_header(), scanned);
         }
         target.upstream.rewrite_headers(req.headers_mut());
         let deadline = target.upstream.deadline(timeout);
@@ -263,7 +276,7 @@ impl Proxy {
                         named,
                     },
                 };
-                return Box::pin(self.send_later(later, req, sending, ticket)).await;
+                return Box::pin(self.send_later(later, req, lines, sending, ticket)).await;
             }
         };
         if upgrade {
@@ -271,7 +284,8 @@ impl Proxy {
             drop(ticket);
             return Self::upgrade(req, upstream).await;
         }
-        let resp = upstream.send(req, no_retry, deadline, ticket.going()).await?;
+        let going = ticket.going();
+        let resp = upstream.send(req, lines, no_retry, deadline, going).await?;
         let who = meter::Who {
             source,
             arrival,
@@ -285,6 +299,7 @@ impl Proxy {
         &self,
         later: admit::Admission,
         req: &mut Request<RequestBody>,
+        lines: &mut HeadLines,
         sending: Sending<'_>,
         ticket: crate::pace::Ticket,
     ) -> Result<Response<ResponseBody>, ProxyError> {
@@ -297,6 +312,9 @@ impl Proxy {
         let granted = granted.inspect_err(|err| {
             sending.upstream.failed(err);
         })?;
+        if !granted.headers.is_empty() {
+            lines.into_map(req.headers_mut());
+        }
         let headers = req.headers_mut();
         for (name, value) in granted.headers {
             headers.insert(name, value);
@@ -313,7 +331,7 @@ impl Proxy {
         }
         let resp = sending
             .upstream
-            .send(req, sending.no_retry, sending.deadline, ticket.going())
+            .send(req, lines, sending.no_retry, sending.deadline, ticket.going())
             .await?;
         Ok(to_downstream(resp, sending.upstream, sending.who, granted.charge))
     }
@@ -358,6 +376,28 @@ struct Sending<'a> {
     deadline: Option<Deadline>,
     upgrade: bool,
     who: meter::Who<'a>,
+}
+
+/// The answer to a CONNECT that reached the request path. Out of line, as [`last_hop`]:
+/// `forward`'s future is inlined into `Caught::poll` only while it stays small enough.
+#[cold]
+#[inline(never)]
+fn connect_refused() -> ProxyError {
+    // The downstream task hands CONNECT to `connect::serve`; a CONNECT here cannot become a
+    // tunnel.
+    ProxyError::new(ErrorKind::BadRequest, "CONNECT cannot be forwarded as a request")
+}
+
+/// `Max-Forwards` of an OPTIONS or TRACE request: the sidecar's own answer at the last hop,
+/// else `None` (the field decremented).
+#[inline(never)]
+fn last_hop(req: &mut Request<RequestBody>) -> Result<Option<Response<ResponseBody>>, ProxyError> {
+    if headers::take_hop(req).map_err(|why| ProxyError::new(ErrorKind::BadRequest, why))? {
+        return Ok(Some(
+            headers::last_hop_answer(req).map(|body| ResponseBody::Full(Some(body))),
+        ));
+    }
+    Ok(None)
 }
 
 /// What the global rate limit's service is asked for `req`, for an upstream that has one. Out

@@ -47,7 +47,7 @@ use crate::pace::{self, Pacer, Ticket};
 use crate::policy::Guard;
 use crate::pool::learn::IdleLearner;
 use crate::pool::{self, Lease, Pool, PooledBody, SendError, ServedBy, UpstreamBody};
-use crate::wire::{KeptCopy, RequestBody};
+use crate::wire::{HeadLines, KeptCopy, RequestBody};
 
 /// What every upstream is built with: the policy its connector checks, the metrics it counts
 /// in, and the registry its pool joins.
@@ -437,6 +437,17 @@ impl Upstream {
         ))
     }
 
+    /// Whether a step of this upstream's request path reads or writes the request's fields by
+    /// names a request may keep as lines ([`HeadLines`]): its header rules, its global rate
+    /// limit's descriptors, its parent proxy's `Host`, and reading LLM usage that asks a known
+    /// provider for `Accept-Encoding: identity`. Then the lines go into the map first.
+    pub fn reads_request_fields(&self) -> bool {
+        self.rules.is_some()
+            || self.global_rate_limit().is_some()
+            || self.parent.is_some()
+            || self.usage().is_some_and(|reading| reading.always)
+    }
+
     /// Applies `request_headers` to a request about to go to this upstream.
     pub fn rewrite_headers(&self, headers: &mut http::HeaderMap) {
         if let Some(rules) = &self.rules {
@@ -537,9 +548,13 @@ impl Upstream {
     /// parameter would be held twice in this future.)
     ///
     /// The request is lent and left spent (see `Proxy::handle`).
+    ///
+    /// The fields are in `req`'s map or in `lines` ([`HeadLines`]); a request that goes on
+    /// a path that owns it (a deadline, a retry by policy) has them moved into the map.
     pub async fn send(
         &self,
         req: &mut Request<RequestBody>,
+        lines: &mut HeadLines,
         no_retry: bool,
         deadline: Option<Deadline>,
         ticket: Ticket,
@@ -554,10 +569,11 @@ impl Upstream {
             // send_with_policy, written out: its answer is not moved once more on the way.
             None => {
                 let retrying = self.retrying(req, !no_retry);
-                let first = self.send_with_retries(req, None, &mut retries).await;
+                let first = self.send_with_retries(req, lines, None, &mut retries).await;
                 match self.goes_again(retrying, &first) {
                     None => self.answered_once(first, &ticket),
                     Some(retrying) => {
+                        lines.into_map(req.headers_mut());
                         let again = Again {
                             req: crate::wire::take_request(req),
                             retrying,
@@ -568,6 +584,7 @@ impl Upstream {
                 }
             }
             Some(deadline) => {
+                lines.into_map(req.headers_mut());
                 Box::pin(self.send_by_policy(
                     crate::wire::take_request(req),
                     !no_retry,
@@ -630,7 +647,9 @@ impl Upstream {
         ticket: &Ticket,
     ) -> Result<Response<PooledBody>, ProxyError> {
         let retrying = self.retrying(&mut req, allowed);
-        let first = self.send_with_retries(&mut req, None, retries).await;
+        let first = self
+            .send_with_retries(&mut req, &mut HeadLines::default(), None, retries)
+            .await;
         match self.goes_again(retrying, &first) {
             None => self.answered_once(first, ticket),
             Some(retrying) => {
@@ -751,7 +770,9 @@ impl Upstream {
             if let Some(body) = body {
                 *req.body_mut() = body;
             }
-            result = self.send_with_retries(&mut req, avoid.as_ref(), retries).await;
+            result = self
+                .send_with_retries(&mut req, &mut HeadLines::default(), avoid.as_ref(), retries)
+                .await;
             credited = false;
         }
         if let (Ok(resp), false) = (&result, credited) {
@@ -767,6 +788,7 @@ impl Upstream {
     async fn send_with_retries(
         &self,
         req: &mut Request<RequestBody>,
+        lines: &mut HeadLines,
         avoid: Option<&Arc<endpoint::Endpoint>>,
         retries: &mut u32,
     ) -> Result<Response<PooledBody>, Attempted> {
@@ -789,7 +811,7 @@ impl Upstream {
             // Both protocols give back all of the request but its body, so a bodyless one can
             // go again as it is.
             let bodyless = req.body().is_empty();
-            let outcome = self.exchange(&mut lease, req).await;
+            let outcome = self.exchange(&mut lease, req, lines).await;
             let failure = match outcome {
                 Ok(resp) => return traced::answered(client_span, self.answered(resp, lease, served)),
                 Err(failure) => traced::failure(client_span, failure),
@@ -889,13 +911,14 @@ impl Upstream {
         &self,
         lease: &mut Lease,
         req: &mut Request<RequestBody>,
+        lines: &mut HeadLines,
     ) -> Result<Response<UpstreamBody>, Failure> {
         let started = lease.granted();
         // The send's future is made where it is awaited: bound to a name first, it was built
         // and then moved into place, a copy of its whole state per request (callgrind).
         let result = match self.settings.response_header_timeout {
             // From `started`: `timeout` would read the clock again.
-            Some(limit) => match tokio::time::timeout_at(started + limit, lease.send(req)).await {
+            Some(limit) => match tokio::time::timeout_at(started + limit, lease.send(req, lines)).await {
                 Ok(result) => result,
                 Err(_) => {
                     self.metrics.timed_out("response_header");
@@ -908,7 +931,7 @@ impl Upstream {
                     )));
                 }
             },
-            None => lease.send(req).await,
+            None => lease.send(req, lines).await,
         };
         if result.is_ok() {
             let arrived = tokio::time::Instant::now();

@@ -121,16 +121,41 @@ pub fn parse_head_into<B>(
     max_header_bytes: usize,
     req: &mut http::Request<B>,
 ) -> Result<Option<HeadFacts>, HeadError> {
+    parse_head_keeping(buf, max_header_bytes, req, None)
+}
+
+/// [`parse_head_into`], the fields of a plain head left as their lines in `lines` (and the
+/// map empty) when none is one the request path reads ([`super::lines`]).
+pub fn parse_head_keeping_lines<B>(
+    buf: &mut BytesMut,
+    max_header_bytes: usize,
+    req: &mut http::Request<B>,
+    lines: &mut super::HeadLines,
+) -> Result<Option<HeadFacts>, HeadError> {
+    parse_head_keeping(buf, max_header_bytes, req, Some(lines))
+}
+
+#[inline(always)]
+fn parse_head_keeping<B>(
+    buf: &mut BytesMut,
+    max_header_bytes: usize,
+    req: &mut http::Request<B>,
+    lines: Option<&mut super::HeadLines>,
+) -> Result<Option<HeadFacts>, HeadError> {
+    let mut plain = false;
     // Not zero-filled, unlike an array: clearing every slot per head showed in callgrind.
     let mut fields: Fields<MAX_HEADERS> = SmallVec::new();
     let line = match scan::request_head(buf, &mut fields) {
         // Plain: CRLF line endings, so no bare LF to look for.
-        Some(line) => Line {
-            method: Method::from_bytes(&buf[line.method]).map_err(|_| invalid_method())?,
-            len: line.len,
-            target: line.target,
-            version: line.version,
-        },
+        Some(line) => {
+            plain = true;
+            Line {
+                method: Method::from_bytes(&buf[line.method]).map_err(|_| invalid_method())?,
+                len: line.len,
+                target: line.target,
+                version: line.version,
+            }
+        }
         None => {
             fields.clear();
             match httparse_head(buf, &mut fields, max_header_bytes)? {
@@ -162,6 +187,24 @@ pub fn parse_head_into<B>(
         HeadError::invalid(format!("invalid request target {:?}: {e}", truncate(&shown)))
     })?;
     check_target_form(&method, &uri, raw_target)?;
+    if let Some(lines) = lines.filter(|_| plain && method != Method::CONNECT) {
+        if let Some((host_line, rest)) = keep_lines(&head, &fields, len) {
+            *req.method_mut() = method;
+            *req.uri_mut() = uri;
+            *req.version_mut() = version;
+            if !req.headers().is_empty() {
+                req.headers_mut().clear();
+            }
+            lines.keep(head.slice(host_line..len), rest - host_line);
+            // One Host and no field that framing or persistence depend on: a bodyless
+            // request, kept alive on HTTP/1.1 (HTTP/1.0 asks with a `Connection` field).
+            return Ok(Some(HeadFacts {
+                body: BodyFraming::Empty,
+                keep_alive: version == Version::HTTP_11,
+                expect_continue: false,
+            }));
+        }
+    }
     // Room for the fields `proxy::headers` sets on the way up (`Host`, `TE`): http's `insert`
     // reserves a slot even when it replaces, and a map filled to capacity rehashes into one
     // twice the size (a third of the request path's header work in callgrind).
@@ -184,13 +227,29 @@ pub fn parse_head_into<B>(
     Ok(Some(facts))
 }
 
+/// Where a head's `Host` line starts and where the field lines after it start, when `Host`
+/// comes first and every other field may pass through as it came
+/// ([`super::lines::is_passed_through`]).
+fn keep_lines(head: &[u8], fields: &Fields<MAX_HEADERS>, len: usize) -> Option<(usize, usize)> {
+    let (host, rest) = fields.split_first()?;
+    if !head[host.name()].eq_ignore_ascii_case(b"host")
+        || !rest
+            .iter()
+            .all(|field| super::lines::is_passed_through(&head[field.name()]))
+    {
+        return None;
+    }
+    let rest_start = rest.first().map_or(len - 2, |field| field.name().start);
+    Some((host.name().start, rest_start))
+}
+
 /// A field's value, unchecked: `scan` and httparse took only field-value bytes (HTAB, SP,
 /// VCHAR, obs-text), the set `HeaderValue` takes.
 ///
 /// Checking them again, a byte at a time, was the costliest line of the request's parse (481
 /// of 12,823 instructions per request for h2load's two fields, in callgrind). Debug builds
 /// check them still, and the differential and fuzz suites feed this path mutated heads.
-fn field_value(bytes: Bytes) -> HeaderValue {
+pub(super) fn field_value(bytes: Bytes) -> HeaderValue {
     debug_assert!(scan::is_field_value(&bytes));
     // SAFETY: the bytes are valid in a `HeaderValue`, as said above; that is the function's
     // only requirement, and a broken one breaks no memory safety (`to_str` checks again).

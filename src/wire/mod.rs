@@ -1,7 +1,7 @@
 //! What both sides of the proxy share about HTTP messages: the HTTP/1.1 codec, the request body
 //! handed from the downstream connection to the upstream client, the error type of bodies, the
-//! common header names recognised by their bytes, a fast scan of plain heads, response fields
-//! passed on as their lines, which fields carry credentials, and, for the upstream HTTP/2 client
+//! common header names recognised by their bytes, a fast scan of plain heads, request and
+//! response fields passed on as their lines, which fields carry credentials, and, for the upstream HTTP/2 client
 //! to come, HPACK, HTTP/2's header compression, HTTP/2's frames, and the client side of an HTTP/2
 //! connection as a state machine without I/O.
 //!
@@ -14,6 +14,7 @@ pub mod fields;
 pub mod frame;
 pub mod h2client;
 pub mod hpack;
+pub mod lines;
 pub mod names;
 pub(crate) mod scan;
 
@@ -22,6 +23,7 @@ use http::{HeaderMap, HeaderName};
 
 pub use body::{BodySender, KeptCopy, RequestBody, StreamingBody, REQUEST_BODY_IDLE};
 pub use fields::{BodyType, WireFields};
+pub use lines::HeadLines;
 
 /// Takes a lent request (the request path lends it, see `proxy::Proxy::handle`) for a step
 /// that must own it, leaving an empty one behind; the empty one allocates nothing.

@@ -42,7 +42,7 @@ pub use self::head::Persistence;
 use super::Place;
 use crate::spare::{self, WriteBuf};
 use crate::wire::codec::{self, BodyFraming, Decoder};
-use crate::wire::{RequestBody, WireFields};
+use crate::wire::{HeadLines, RequestBody, WireFields};
 
 mod head;
 
@@ -300,9 +300,14 @@ impl Connection {
     /// [`Transfer`], which also finishes sending the request body.
     ///
     /// `req` is lent, not given: its body is taken and the rest stays with the caller, so that
-    /// a request without a body can go again on another connection without a copy.
-    pub async fn send(&mut self, req: &mut Request<RequestBody>) -> Result<Response<Transfer>, Error> {
-        let mut transfer = Transfer::start(req);
+    /// a request without a body can go again on another connection without a copy. Its
+    /// fields are in its map, or in `lines` ([`HeadLines`]), which are written first.
+    pub async fn send(
+        &mut self,
+        req: &mut Request<RequestBody>,
+        lines: &HeadLines,
+    ) -> Result<Response<Transfer>, Error> {
+        let mut transfer = Transfer::start(req, lines);
         self.broken = true; // until the exchange ends cleanly
         let head = poll_fn(|cx| {
             // Write what can go now. A failed write still leaves the response to read: an
@@ -383,7 +388,7 @@ enum ResponseState {
 }
 
 impl Transfer {
-    fn start(req: &mut Request<RequestBody>) -> Self {
+    fn start(req: &mut Request<RequestBody>, lines: &HeadLines) -> Self {
         let body = std::mem::replace(req.body_mut(), RequestBody::Empty);
         let mut head = WriteBuf::take(256);
         head.extend_from_slice(req.method().as_str().as_bytes());
@@ -396,6 +401,8 @@ impl Transfer {
             head.extend_from_slice(target.as_bytes());
         }
         head.extend_from_slice(b" HTTP/1.1\r\n");
+        // `Content-Length` is never a line: the map alone says whether it is there.
+        lines.write(&mut head);
         for (name, value) in req.headers() {
             head.extend_from_slice(name.as_str().as_bytes());
             head.extend_from_slice(b": ");
@@ -773,7 +780,7 @@ mod tests {
     fn framing(req_method: Method, text: &str) -> Result<ResponseState, Error> {
         let mut req = Request::new(RequestBody::Empty);
         *req.method_mut() = req_method;
-        let transfer = Transfer::start(&mut req);
+        let transfer = Transfer::start(&mut req, &HeadLines::default());
         let head = head::parse(&mut BytesMut::from(text))?.expect("complete");
         transfer.body_framing(head.resp.status(), head.framing)
     }
@@ -840,7 +847,7 @@ mod tests {
 
     #[test]
     fn partial_writes_span_the_head_and_the_body() {
-        let mut transfer = Transfer::start(&mut Request::new(RequestBody::Empty));
+        let mut transfer = Transfer::start(&mut Request::new(RequestBody::Empty), &HeadLines::default());
         let head_len = transfer.head.len();
         transfer.out.push_back(Bytes::from_static(b"abc"));
         transfer.out.push_back(Bytes::from_static(b"defg"));
@@ -858,7 +865,7 @@ mod tests {
 
     #[test]
     fn interim_responses_are_skipped() {
-        let mut transfer = Transfer::start(&mut Request::new(RequestBody::Empty));
+        let mut transfer = Transfer::start(&mut Request::new(RequestBody::Empty), &HeadLines::default());
         let mut buf = BytesMut::from("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early\r\nLink: x\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
         let (resp, wire) = transfer.parse_head(&mut buf).unwrap().unwrap();
         assert_eq!(resp.status(), 201);
@@ -895,7 +902,10 @@ mod tests {
             server.write_all(rest).await.unwrap();
             server
         });
-        let mut resp = conn.send(&mut Request::new(RequestBody::Empty)).await.unwrap();
+        let mut resp = conn
+            .send(&mut Request::new(RequestBody::Empty), &HeadLines::default())
+            .await
+            .unwrap();
         head_in.send(()).unwrap();
         let transfer = resp.body_mut();
         let mut body = Vec::new();
@@ -918,7 +928,7 @@ mod tests {
     #[test]
     fn request_heads_carry_their_body_framing() {
         let encoded = |mut req: Request<RequestBody>| {
-            let transfer = Transfer::start(&mut req);
+            let transfer = Transfer::start(&mut req, &HeadLines::default());
             assert!(req.body().is_empty(), "the body went with the transfer");
             assert!(transfer.out.is_empty(), "no body bytes before the body is polled");
             String::from_utf8(transfer.head.to_vec()).unwrap()

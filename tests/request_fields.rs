@@ -1,0 +1,174 @@
+//! A request's fields as an HTTP/1.1 upstream gets them. A plain head (its first field `Host`,
+//! none that a step of the request path reads) goes up as it came, names in the client's case
+//! and spacing kept, behind the upstream's `Host` (`wire::lines`); a head with a hop-by-hop
+//! field or a credential, or going to an upstream with header rules, goes through the map,
+//! which strips and rewrites as before. A raw origin records each head exactly.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use support::Sidecar;
+
+/// An origin that answers every request `ok` and sends each request head (its blank line
+/// left out) to the returned receiver.
+async fn recording_origin() -> (SocketAddr, mpsc::UnboundedReceiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end + 2]).into_owned();
+                    buf.drain(..end + 4);
+                    let _ = tx.send(head);
+                    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// A sidecar with one route listener to `origin`; `extra`: more keys of that upstream.
+async fn route_to(origin: SocketAddr, extra: &str) -> Sidecar {
+    Sidecar::start_with_route(|port| {
+        format!(
+            "upstreams:\n  - name: origin\n    url: http://{origin}\n    listen: 127.0.0.1:{port}\n{extra}"
+        )
+    })
+    .await
+}
+
+/// Sends each head on one keep-alive connection and reads its `ok`.
+async fn send_heads(to: SocketAddr, heads: &[&str]) {
+    let mut client = TcpStream::connect(to).await.unwrap();
+    for head in heads {
+        client.write_all(head.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n\r\nok") {
+            let mut chunk = [0u8; 1024];
+            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+                .await
+                .expect("the sidecar answers")
+                .unwrap();
+            assert!(
+                n > 0,
+                "the sidecar closed after {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert!(
+            got.starts_with(b"HTTP/1.1 200 OK\r\n"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+}
+
+async fn next_head(rx: &mut mpsc::UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the origin got a request")
+        .expect("the origin runs")
+}
+
+#[tokio::test]
+async fn a_plain_head_goes_up_as_it_came_behind_the_upstreams_host() {
+    let (origin, mut heads) = recording_origin().await;
+    let sidecar = route_to(origin, "").await;
+    let plain = "GET /a?b=1 HTTP/1.1\r\nHost: app.local\r\nUser-Agent: Raw/1\r\nX-Mixed-Case:  A  b\r\n\
+                 accept-encoding: gzip\r\nX-Egress: not ours\r\n\r\n";
+    // Twice on one connection: the second head's lines are its own.
+    let second = "GET /second HTTP/1.1\r\nhost: app.local\r\nACCEPT: */*\r\n\r\n";
+    send_heads(sidecar.routes[0], &[plain, second]).await;
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!(
+            "GET /a?b=1 HTTP/1.1\r\nhost: {origin}\r\nUser-Agent: Raw/1\r\nX-Mixed-Case:  A  b\r\n\
+             accept-encoding: gzip\r\nX-Egress: not ours\r\n"
+        )
+    );
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!("GET /second HTTP/1.1\r\nhost: {origin}\r\nACCEPT: */*\r\n")
+    );
+    // A head of nothing but `Host`.
+    send_heads(sidecar.routes[0], &["GET / HTTP/1.1\r\nHost: app.local\r\n\r\n"]).await;
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!("GET / HTTP/1.1\r\nhost: {origin}\r\n")
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn fields_a_step_reads_send_the_head_through_the_map() {
+    let (origin, mut heads) = recording_origin().await;
+    let sidecar = route_to(origin, "").await;
+    let heads_sent = [
+        // Hop-by-hop fields, and one `Connection` names, are removed.
+        "GET /hop HTTP/1.1\r\nHost: app.local\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n\
+         User-Agent: Raw/1\r\n\r\n",
+        // The sidecar's own fields are read and removed; a credential stays.
+        "GET /own HTTP/1.1\r\nHost: app.local\r\nx-egress-retry: off\r\nAuthorization: Bearer t\r\n\r\n",
+        // `Host` not first: it is replaced where it stands.
+        "GET /late HTTP/1.1\r\nUser-Agent: Raw/1\r\nHost: app.local\r\n\r\n",
+    ];
+    send_heads(sidecar.routes[0], &heads_sent).await;
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!("GET /hop HTTP/1.1\r\nhost: {origin}\r\nuser-agent: Raw/1\r\n")
+    );
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!("GET /own HTTP/1.1\r\nhost: {origin}\r\nauthorization: Bearer t\r\n")
+    );
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!("GET /late HTTP/1.1\r\nuser-agent: Raw/1\r\nhost: {origin}\r\n")
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn an_upstreams_header_rules_see_the_fields_of_a_plain_head() {
+    let (origin, mut heads) = recording_origin().await;
+    let rules = "    request_headers: { set: { X-Tenant: t-7, User-Agent: sidecar }, remove: [X-Drop] }\n";
+    let sidecar = route_to(origin, rules).await;
+    let plain = "GET /r HTTP/1.1\r\nHost: app.local\r\nUser-Agent: Raw/1\r\nX-Drop: 1\r\nAccept: */*\r\n\r\n";
+    send_heads(sidecar.routes[0], &[plain]).await;
+    let head = next_head(&mut heads).await;
+    assert!(
+        head.starts_with(&format!("GET /r HTTP/1.1\r\nhost: {origin}\r\n")),
+        "{head}"
+    );
+    let mut fields: Vec<&str> = head.lines().skip(2).collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        ["accept: */*", "user-agent: sidecar", "x-tenant: t-7"],
+        "{head}"
+    );
+    sidecar.stop().await;
+}
