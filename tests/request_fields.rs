@@ -172,3 +172,16 @@ async fn an_upstreams_header_rules_see_the_fields_of_a_plain_head() {
     );
     sidecar.stop().await;
 }
+
+#[tokio::test]
+async fn an_upstream_that_takes_no_trace_context_gets_no_baggage_from_a_plain_head() {
+    let (origin, mut heads) = recording_origin().await;
+    let sidecar = route_to(origin, "    tracing: { propagate: false }\n").await;
+    let head = "GET /b HTTP/1.1\r\nHost: app.local\r\nBaggage: user=alice\r\nUser-Agent: Raw/1\r\n\r\n";
+    send_heads(sidecar.routes[0], &[head]).await;
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!("GET /b HTTP/1.1\r\nhost: {origin}\r\nuser-agent: Raw/1\r\n")
+    );
+    sidecar.stop().await;
+}

@@ -81,9 +81,9 @@ impl HeadLines {
         out.extend_from_slice(&kept.lines[kept.rest..kept.lines.len() - 2]);
     }
 
-    /// Moves the fields into `headers` (which holds none of them), as the parse would have put
-    /// them there, `Host` first (the upstream's once set). Out of line: the steps that need it
-    /// are the rarer paths.
+    /// Moves the fields into `headers`, as the parse would have put them there, `Host` first
+    /// (the upstream's once set), before any field the map holds already. Out of line: the
+    /// steps that need it are the rarer paths.
     #[inline(never)]
     pub fn into_map(&mut self, headers: &mut HeaderMap) {
         let Some(kept) = self.kept.take() else {
@@ -94,6 +94,9 @@ impl HeadLines {
             rest,
             upstream_host,
         } = kept;
+        // A kept map, as the parse takes: a new one was two allocations a request.
+        let fields = memchr::memchr_iter(b'\n', &lines).count() - 1;
+        let mut map = crate::spare::header_map(fields + headers.len() + 2);
         // The head's scan took these lines: each is a token, a colon and a value of
         // field-value bytes (no CR or LF), ending in CRLF.
         let mut at = 0;
@@ -102,7 +105,7 @@ impl HeadLines {
                 break;
             };
             let line = &lines[at..end];
-            let colon = memchr::memchr(b':', line).unwrap_or(line.len());
+            let colon = line.iter().position(|b| *b == b':').unwrap_or(line.len());
             let value = &line[(colon + 1).min(line.len())..];
             let from = at + colon + 1 + (value.len() - value.trim_ascii_start().len());
             let value_len = value.trim_ascii().len();
@@ -118,7 +121,18 @@ impl HeadLines {
                 _ => super::codec::field_value(lines.slice(from..from + value_len)),
             };
             value.set_sensitive(super::is_credential(&name));
-            headers.append(name, value);
+            map.append(name, value);
+        }
+        let before = std::mem::replace(headers, map);
+        if before.is_empty() {
+            crate::spare::give_back_headers(before);
+        } else {
+            let mut last = None;
+            for (name, value) in before {
+                let name = name.or(last).expect("a map's first value has its name");
+                headers.append(name.clone(), value);
+                last = Some(name);
+            }
         }
     }
 }
@@ -127,10 +141,11 @@ impl HeadLines {
 /// path reads, removes or replaces it by name. Not: `Host` (routing, rewritten), the
 /// hop-by-hop set and what `Connection` names (`Connection`, `Proxy-Connection`, `Keep-Alive`,
 /// `Transfer-Encoding`, `Upgrade`, `TE`), `Proxy-Authorization`, `Expect`, `Content-Length`
-/// (framing), `Max-Forwards` (the last hop's answer), the sidecar's own `x-egress-*`, the
+/// (framing), `Content-Type` (a gRPC request's pool), `Max-Forwards` (the last hop's answer), the sidecar's own `x-egress-*`, the
 /// credentials pacing keys on or logs hide (`Authorization`, `Cookie`, `X-Api-Key`,
-/// `Api-Key`), the trace context (`traceparent`, `tracestate`) and `Idempotency-Key`
-/// (retries). By length first: most names are compared with none. Steps that read fields an
+/// `Api-Key`), the trace context (`traceparent`, `tracestate`, `baggage`: removed for an
+/// upstream that does not propagate it) and `Idempotency-Key` (retries); nor a name longer
+/// than `http` takes, which the parse refuses. By length first: most names are compared with none. Steps that read fields an
 /// upstream's settings name (header rules, the global rate limit's descriptors) or
 /// `Accept-Encoding` (reading a known provider's LLM usage) have the lines moved into the map
 /// (`Upstream::reads_request_fields`).
@@ -140,11 +155,11 @@ pub(super) fn is_passed_through(name: &[u8]) -> bool {
         2 => is(b"te"),
         4 => is(b"host"),
         6 => is(b"expect") || is(b"cookie"),
-        7 => is(b"upgrade") || is(b"api-key"),
+        7 => is(b"upgrade") || is(b"api-key") || is(b"baggage"),
         9 => is(b"x-api-key"),
         10 => is(b"connection") || is(b"keep-alive") || is(b"tracestate"),
         11 => is(b"traceparent"),
-        12 => is(b"max-forwards"),
+        12 => is(b"max-forwards") || is(b"content-type"),
         13 => is(b"authorization"),
         14 => is(b"content-length"),
         15 => is(b"idempotency-key"),
@@ -154,7 +169,9 @@ pub(super) fn is_passed_through(name: &[u8]) -> bool {
         _ => false,
     };
     let own = name.len() >= 9 && name[..9].eq_ignore_ascii_case(b"x-egress-");
-    !(read || own)
+    // Past http's longest name the parse refuses the head: it goes that way.
+    let refused = name.len() > usize::from(u16::MAX);
+    !(read || own || refused)
 }
 
 #[cfg(test)]
@@ -176,6 +193,7 @@ mod tests {
             "expect",
             "content-length",
             "max-forwards",
+            "Content-Type",
             "x-egress-timeout",
             "X-Egress-Anything",
             "authorization",
@@ -184,12 +202,15 @@ mod tests {
             "api-key",
             "traceparent",
             "tracestate",
+            "Baggage",
             "idempotency-key",
         ];
         for name in read {
             assert!(!is_passed_through(name.as_bytes()), "{name}");
         }
         // Every name a step of the request path looks up is in the list above.
+        assert!(!is_passed_through(&[b'a'; 65_536]), "too long for http");
+        assert!(is_passed_through(&[b'a'; 65_535]));
         for name in crate::pace::CREDENTIALS {
             assert!(!is_passed_through(name.as_str().as_bytes()), "{name}");
         }
@@ -263,5 +284,28 @@ mod tests {
         lines.write(&mut out);
         assert!(out.is_empty());
         assert!(!lines.set_upstream_host(&HeaderValue::from_static("x")));
+
+        // Fields the map held already come after the lines'.
+        let mut lines = HeadLines::default();
+        lines.keep(Bytes::from_static(b"Host: a\r\nX-A: 1\r\n\r\n"), 9);
+        let mut headers = HeaderMap::new();
+        headers.append("traceparent", HeaderValue::from_static("t"));
+        headers.append("x-b", HeaderValue::from_static("1"));
+        headers.append("x-b", HeaderValue::from_static("2"));
+        lines.into_map(&mut headers);
+        let fields: Vec<_> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("host", "a"),
+                ("x-a", "1"),
+                ("traceparent", "t"),
+                ("x-b", "1"),
+                ("x-b", "2")
+            ]
+        );
     }
 }
