@@ -81,7 +81,10 @@ async fn checkout_request_release(pool: &Arc<Pool>) {
         .header(http::header::HOST, "bench.internal")
         .body(RequestBody::Empty)
         .expect("request");
-    let resp = lease.send(&mut req).await.expect("response");
+    let resp = lease
+        .send(&mut req, &mut egress_sidecar::wire::HeadLines::default())
+        .await
+        .expect("response");
     lease.read_to_end(resp.into_body()).await.expect("body");
     lease.release();
 }

@@ -69,7 +69,7 @@ async fn send_heads(to: SocketAddr, heads: &[&str]) {
             let mut chunk = [0u8; 1024];
             let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
                 .await
-                .expect("the sidecar answers")
+                .unwrap_or_else(|_| panic!("the sidecar answers; so far {:?}", String::from_utf8_lossy(&got)))
                 .unwrap();
             assert!(
                 n > 0,
@@ -182,6 +182,28 @@ async fn an_upstream_that_takes_no_trace_context_gets_no_baggage_from_a_plain_he
     assert_eq!(
         next_head(&mut heads).await,
         format!("GET /b HTTP/1.1\r\nhost: {origin}\r\nuser-agent: Raw/1\r\n")
+    );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn through_the_forward_proxy_an_absolute_target_keeps_its_lines_and_a_relative_one_is_routed_by_host() {
+    let (origin, mut heads) = recording_origin().await;
+    // Configured, so that a relative target naming it in `Host` is served.
+    let sidecar = Sidecar::start(&format!(
+        "upstreams:\n  - name: origin\n    url: http://{origin}\n"
+    ))
+    .await;
+    let absolute = format!("GET http://{origin}/abs HTTP/1.1\r\nHost: {origin}\r\nUser-Agent: Raw/1\r\n\r\n");
+    let relative = format!("GET /rel HTTP/1.1\r\nHost: {origin}\r\nUser-Agent: Raw/1\r\n\r\n");
+    send_heads(sidecar.addr, &[&absolute, &relative]).await;
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!("GET /abs HTTP/1.1\r\nhost: {origin}\r\nUser-Agent: Raw/1\r\n")
+    );
+    assert_eq!(
+        next_head(&mut heads).await,
+        format!("GET /rel HTTP/1.1\r\nhost: {origin}\r\nuser-agent: Raw/1\r\n")
     );
     sidecar.stop().await;
 }

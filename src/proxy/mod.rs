@@ -139,8 +139,8 @@ impl Proxy {
             Some(tracer) => tracer.server(req.headers()),
             None => None,
         };
-        if !matches!(arrival, Arrival::Route(_)) {
-            // A forward proxy's origin-form request is routed by its `Host`.
+        if matches!(arrival, Arrival::Forward) && req.uri().authority().is_none() {
+            // The forward proxy routes an origin-form request by its `Host`.
             lines.into_map(req.headers_mut());
         }
         if log.is_none() && server.is_none() {

@@ -11,7 +11,7 @@
 //!
 //! Any step that reads or writes the map by a name these lines could hold (an access-log line
 //! or a trace, header rules, the global rate limit, reading a known provider's LLM usage, a
-//! parent proxy, a forward proxy's routing by `Host`, HTTP/2, a retry by policy or a deadline,
+//! parent proxy, routing an origin-form target by `Host`, HTTP/2, a retry by policy or a deadline,
 //! which own the request) calls [`HeadLines::into_map`] first, which builds the map the parse
 //! would have built; `proxy` and `upstream` decide where.
 
