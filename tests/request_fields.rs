@@ -194,7 +194,9 @@ async fn through_the_forward_proxy_an_absolute_target_keeps_its_lines_and_a_rela
         "upstreams:\n  - name: origin\n    url: http://{origin}\n"
     ))
     .await;
-    let absolute = format!("GET http://{origin}/abs HTTP/1.1\r\nHost: {origin}\r\nUser-Agent: Raw/1\r\n\r\n");
+    // Its `Host` names another authority: the upstream's goes up.
+    let absolute =
+        format!("GET http://{origin}/abs HTTP/1.1\r\nHost: other.example\r\nUser-Agent: Raw/1\r\n\r\n");
     let relative = format!("GET /rel HTTP/1.1\r\nHost: {origin}\r\nUser-Agent: Raw/1\r\n\r\n");
     send_heads(sidecar.addr, &[&absolute, &relative]).await;
     assert_eq!(
