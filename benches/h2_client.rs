@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use egress_sidecar::connector::http2;
-use egress_sidecar::wire::RequestBody;
+use egress_sidecar::wire::{HeadLines, RequestBody};
 use http::Request;
 use http_body_util::BodyExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -74,7 +74,10 @@ async fn run(client: Client, requests: usize) {
         Client::Ours => {
             let mut sender = http2::handshake(io, 100, None, None, |_| {});
             for _ in 0..requests {
-                let resp = sender.send(&mut request()).await.expect("a response");
+                let resp = sender
+                    .send(&mut request(), HeadLines::NONE)
+                    .await
+                    .expect("a response");
                 received += resp.into_body().collect().await.expect("a body").to_bytes().len();
             }
         }

@@ -95,6 +95,7 @@ fn exchange_all(conn: &mut Connection, headers: &HeaderMap, responses: &mut [Byt
             authority: "api.example.com",
             path: "/v1/items?page=2",
             headers,
+            lines: egress_sidecar::wire::HeadLines::NONE,
         };
         let id = conn.open(&head, true).expect("a stream opens");
         conn.recv(response).expect("a valid response");

@@ -536,6 +536,7 @@ fn h2client_run(control: u8, data: &[u8], chunk: usize) -> H2Outcome {
         authority: "api.example",
         path: "/",
         headers: &headers,
+        lines: crate::wire::HeadLines::NONE,
     };
     for _ in 0..control & 3 {
         conn.open(&head(&http::Method::GET), true)

@@ -50,6 +50,7 @@ impl Client {
             authority: "grpc.internal.test",
             path: "/grpc.health.v1.Health/Check",
             headers,
+            lines: egress_sidecar::wire::HeadLines::NONE,
         };
         let id = self.conn.open(&head, false).expect("a stream opens");
         let all = self

@@ -2,7 +2,8 @@
 //! none that a step of the request path reads) goes up as it came, names in the client's case
 //! and spacing kept, behind the upstream's `Host` (`wire::lines`); a head with a hop-by-hop
 //! field or a credential, or going to an upstream with header rules, goes through the map,
-//! which strips and rewrites as before. A raw origin records each head exactly.
+//! which strips and rewrites as before. A raw origin records each head exactly. To an h2c
+//! upstream the same lines are encoded with their names lowercased.
 
 mod support;
 
@@ -13,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use support::Sidecar;
+use support::{FakeUpstream, Sidecar};
 
 /// An origin that answers every request `ok` and sends each request head (its blank line
 /// left out) to the returned receiver.
@@ -207,5 +208,34 @@ async fn through_the_forward_proxy_an_absolute_target_keeps_its_lines_and_a_rela
         next_head(&mut heads).await,
         format!("GET /rel HTTP/1.1\r\nhost: {origin}\r\nuser-agent: Raw/1\r\n")
     );
+    sidecar.stop().await;
+}
+
+#[tokio::test]
+async fn to_an_h2c_upstream_a_plain_heads_fields_go_up_lowercased() {
+    // hyper's HTTP/2 server refuses a request with an uppercase field name (RFC 9113 §8.2.1).
+    let upstream = FakeUpstream::start_h2(None, 100).await;
+    let sidecar = route_to(upstream.addr, "    protocol: http2\n").await;
+    let long = format!("X-{}", "Long".repeat(20));
+    let plain = format!(
+        "GET /h2?q=1 HTTP/1.1\r\nHost: app.local\r\nUser-Agent:  Raw/1 \r\n{long}: v\r\nACCEPT: */*\r\n\r\n"
+    );
+    let second = "GET /again HTTP/1.1\r\nHost: app.local\r\nX-Mixed-Case: 2\r\n\r\n";
+    send_heads(sidecar.routes[0], &[&plain, second]).await;
+    let seen = upstream.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0].uri, format!("http://{}/h2?q=1", upstream.addr));
+    let fields = |i: usize| -> Vec<(String, String)> {
+        seen[i]
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect()
+    };
+    let long = long.to_ascii_lowercase();
+    let expected = [("user-agent", "Raw/1"), (long.as_str(), "v"), ("accept", "*/*")];
+    assert_eq!(fields(0), expected.map(|(n, v)| (n.to_owned(), v.to_owned())));
+    assert_eq!(seen[1].uri, format!("http://{}/again", upstream.addr));
+    assert_eq!(fields(1), [("x-mixed-case".to_owned(), "2".to_owned())]);
     sidecar.stop().await;
 }

@@ -276,8 +276,8 @@ impl Lease {
     /// a retry. HTTP/2 too, once the connection can open its stream: a request never sent
     /// stays in `req` whole.
     ///
-    /// The fields are in `req`'s map or in `lines` ([`HeadLines`]); HTTP/2 moves them into the
-    /// map, where its encoder reads them.
+    /// The fields are in `req`'s map or in `lines` ([`HeadLines`]), which both protocols write
+    /// as they are (HTTP/2 with the names lowercased).
     pub async fn send(
         &mut self,
         req: &mut http::Request<RequestBody>,
@@ -296,11 +296,7 @@ impl Lease {
             }
             LeaseKind::H2(stream) => {
                 let stream = stream.as_mut().expect("present until release");
-                if lines.is_kept() {
-                    crate::rare::branch();
-                    lines.into_map(req.headers_mut());
-                }
-                let resp = stream.sender.send(req).await.map_err(SendError::Http2)?;
+                let resp = stream.sender.send(req, lines).await.map_err(SendError::Http2)?;
                 Ok(resp.map(UpstreamBody::Http2))
             }
         }

@@ -7,11 +7,12 @@
 //! it runs (`benches/RESULTS.md`, issue 47). A head the plain scan took whole (`wire::scan`),
 //! whose first field is `Host` and whose other fields are none that a step of the request path
 //! reads or removes ([`is_passed_through`]), leaves its map empty and its fields here: the
-//! HTTP/1.1 client writes the upstream's `Host` and these lines as they are.
+//! HTTP/1.1 client writes the upstream's `Host` and these lines as they are; the HTTP/2 client
+//! encodes them, names lowercased ([`HeadLines::for_each_field`]).
 //!
 //! Any step that reads or writes the map by a name these lines could hold (an access-log line
 //! or a trace, header rules, the global rate limit, reading a known provider's LLM usage, a
-//! parent proxy, routing an origin-form target by `Host`, HTTP/2, a retry by policy or a deadline,
+//! parent proxy, routing an origin-form target by `Host`, a retry by policy or a deadline,
 //! which own the request) calls [`HeadLines::into_map`] first, which builds the map the parse
 //! would have built; `proxy` and `upstream` decide where.
 
@@ -36,6 +37,9 @@ struct Kept {
 }
 
 impl HeadLines {
+    /// No lines: the fields are in the map.
+    pub const NONE: &'static HeadLines = &HeadLines { kept: None };
+
     /// Fields kept as `lines` (ending in the blank line), the first of them `Host`, the
     /// others from `rest` on.
     pub(super) fn keep(&mut self, lines: Bytes, rest: usize) {
@@ -81,6 +85,29 @@ impl HeadLines {
         out.extend_from_slice(&kept.lines[kept.rest..kept.lines.len() - 2]);
     }
 
+    /// The `Host` the upstream gets (the one set, else the line's); `None` when the fields are
+    /// in the map.
+    pub fn host(&self) -> Option<&[u8]> {
+        let kept = self.kept.as_ref()?;
+        match &kept.upstream_host {
+            Some(host) => Some(host.as_bytes()),
+            None => spans(&kept.lines[..kept.rest])
+                .next()
+                .map(|(_, _, value)| &kept.lines[value]),
+        }
+    }
+
+    /// Calls `each` with every field after `Host`, in order: the name as it came (any case) and
+    /// the value without the whitespace around it. Nothing when the fields are in the map. The
+    /// HTTP/2 client encodes them from here, with no map between.
+    pub fn for_each_field(&self, mut each: impl FnMut(&[u8], &[u8])) {
+        if let Some(kept) = &self.kept {
+            for (_, name, value) in spans(&kept.lines[kept.rest..]) {
+                each(name, &kept.lines[kept.rest..][value]);
+            }
+        }
+    }
+
     /// Moves the fields into `headers`, as the parse would have put them there, `Host` first
     /// (the upstream's once set), before any field the map holds already. Out of line: the
     /// steps that need it are the rarer paths.
@@ -97,28 +124,14 @@ impl HeadLines {
         // A kept map, as the parse takes: a new one was two allocations a request.
         let fields = memchr::memchr_iter(b'\n', &lines).count() - 1;
         let mut map = crate::spare::header_map(fields + headers.len() + 2);
-        // The head's scan took these lines: each is a token, a colon and a value of
-        // field-value bytes (no CR or LF), ending in CRLF.
-        let mut at = 0;
-        while at < lines.len() - 2 {
-            let Some(end) = memchr::memchr(b'\n', &lines[at..]).map(|n| at + n - 1) else {
-                break;
-            };
-            let line = &lines[at..end];
-            let first = at < rest;
-            let line_at = at;
-            at = end + 2;
-            let colon = line.iter().position(|b| *b == b':');
-            let Some((colon, Ok(name))) = colon.map(|c| (c, super::names::from_wire(&line[..c]))) else {
-                debug_assert!(false, "a kept line is a token, a colon and a value");
+        for (at, name, value) in spans(&lines) {
+            let Ok(name) = super::names::from_wire(name) else {
+                debug_assert!(false, "a kept line's name is a token");
                 continue;
             };
-            let value = &line[colon + 1..];
-            let from = line_at + colon + 1 + (value.len() - value.trim_ascii_start().len());
-            let value_len = value.trim_ascii().len();
-            let mut value = match (&upstream_host, first) {
+            let mut value = match (&upstream_host, at < rest) {
                 (Some(host), true) => host.clone(),
-                _ => super::codec::field_value(lines.slice(from..from + value_len)),
+                _ => super::codec::field_value(lines.slice(value)),
             };
             value.set_sensitive(super::is_credential(&name));
             map.append(name, value);
@@ -135,6 +148,29 @@ impl HeadLines {
             }
         }
     }
+}
+
+/// The field lines of `lines` (which ends in the blank line, or in a line's CRLF) as where
+/// each starts, its name, and where its value lies without the whitespace around it. The
+/// head's scan took these lines: each is a token, a colon and a value of field-value bytes (no
+/// CR or LF), ending in CRLF; a line without a colon is skipped.
+fn spans(lines: &[u8]) -> impl Iterator<Item = (usize, &[u8], std::ops::Range<usize>)> {
+    let mut at = 0;
+    std::iter::from_fn(move || loop {
+        if at + 2 > lines.len() || lines[at..].starts_with(b"\r\n") {
+            return None;
+        }
+        let end = at + memchr::memchr(b'\n', &lines[at..])? - 1;
+        let (start, line) = (at, &lines[at..end]);
+        at = end + 2;
+        let Some(colon) = memchr::memchr(b':', line) else {
+            debug_assert!(false, "a kept line is a token, a colon and a value");
+            continue;
+        };
+        let value = &line[colon + 1..];
+        let from = start + colon + 1 + (value.len() - value.trim_ascii_start().len());
+        return Some((start, &line[..colon], from..from + value.trim_ascii().len()));
+    })
 }
 
 /// Whether a field named `name` (as it came, any case) may stay a line: no step of the request

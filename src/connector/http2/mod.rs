@@ -38,7 +38,7 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::wire::frame::ErrorCode;
 use crate::wire::h2client::{Cause, Config, Connection, Fields, OpenError, RequestHead};
-use crate::wire::{BoxError, RequestBody, WireFields};
+use crate::wire::{BoxError, HeadLines, RequestBody, WireFields};
 
 /// PING keepalive settings.
 #[derive(Debug, Clone, Copy)]
@@ -415,8 +415,13 @@ impl Sender {
     /// `req`, once its stream is open: the head stays for a retry (with the `Content-Length`
     /// its body states, if it was added), and on [`Error::Unsent`] the body stays too. The
     /// response head's map is left empty when its fields can go to an HTTP/1.1 client as the
-    /// lines they were decoded to ([`Body::take_wire_fields`]).
-    pub async fn send(&mut self, req: &mut Request<RequestBody>) -> Result<Response<Body>, Error> {
+    /// lines they were decoded to ([`Body::take_wire_fields`]). The request's fields are in its
+    /// map or in `lines` ([`HeadLines`]), encoded with no map between.
+    pub async fn send(
+        &mut self,
+        req: &mut Request<RequestBody>,
+        lines: &HeadLines,
+    ) -> Result<Response<Body>, Error> {
         let end = req.body().is_end_stream();
         if let Some(len) = req.body().size_hint().exact() {
             // As hyper does: an empty body is stated only where the method expects one.
@@ -426,7 +431,7 @@ impl Sender {
                     .or_insert_with(|| http::HeaderValue::from(len));
             }
         }
-        let stream = self.open(req, end).await?;
+        let stream = self.open(req, lines, end).await?;
         let body = std::mem::take(req.body_mut());
         let pumping = (!end).then(|| {
             let shared = stream.shared.clone();
@@ -440,7 +445,7 @@ impl Sender {
     /// response's fields are in its map.
     pub async fn send_whole(&mut self, head: Request<()>, body: Bytes) -> Result<Response<Body>, Error> {
         self.ready().await?;
-        let stream = self.open(&head, false).await?;
+        let stream = self.open(&head, HeadLines::NONE, false).await?;
         let mut rest = body;
         let sent = {
             let mut state = self.shared.lock();
@@ -460,9 +465,9 @@ impl Sender {
     /// Queues the stream's HEADERS once there is room for it; the returned handle resets the
     /// stream if dropped before the response is handed on. Another sender may take the room
     /// [`Self::ready`] saw, so this waits again if it must.
-    async fn open<B>(&self, head: &Request<B>, end: bool) -> Result<Opened, Error> {
+    async fn open<B>(&self, head: &Request<B>, lines: &HeadLines, end: bool) -> Result<Opened, Error> {
         loop {
-            if let Some(opened) = self.try_open(head, end)? {
+            if let Some(opened) = self.try_open(head, lines, end)? {
                 return Ok(opened);
             }
             self.ready().await?;
@@ -470,7 +475,7 @@ impl Sender {
     }
 
     /// [`Self::open`] now, or `Ok(None)` while the stream limit is reached.
-    fn try_open<B>(&self, head: &Request<B>, end: bool) -> Result<Option<Opened>, Error> {
+    fn try_open<B>(&self, head: &Request<B>, lines: &HeadLines, end: bool) -> Result<Option<Opened>, Error> {
         let uri = head.uri();
         let (scheme, authority) = match &self.shared.origin {
             Some(origin) => (origin.scheme.as_str(), origin.authority.as_str()),
@@ -485,6 +490,7 @@ impl Sender {
             authority,
             path: uri.path_and_query().map_or("/", |p| p.as_str()),
             headers: head.headers(),
+            lines,
         };
         let id = {
             let mut state = self.shared.lock();

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{handshake, Ended, Error, Keepalive, Sender, Status};
-use crate::wire::RequestBody;
+use crate::wire::{HeadLines, RequestBody};
 
 const PATIENCE: Duration = Duration::from_secs(5);
 
@@ -81,7 +81,7 @@ async fn requests_get_their_responses_on_one_connection() {
     let client = tokio::spawn(async move {
         let mut bodies = Vec::new();
         for path in ["/a", "/b"] {
-            let mut resp = sender.send(&mut get(path)).await.unwrap();
+            let mut resp = sender.send(&mut get(path), HeadLines::NONE).await.unwrap();
             assert_eq!(resp.status(), 200);
             // The fields come as the lines an HTTP/1.1 client gets, the map left empty.
             assert!(resp.headers().is_empty(), "{:?}", resp.headers());
@@ -118,7 +118,7 @@ async fn an_abandoned_exchange_resets_its_stream_and_stops_the_body() {
     let _pooled = sender.clone();
     let (body, tx) = RequestBody::channel(None);
     let mut req = post(body);
-    let exchange = tokio::spawn(async move { sender.send(&mut req).await.map(|_| ()) });
+    let exchange = tokio::spawn(async move { sender.send(&mut req, HeadLines::NONE).await.map(|_| ()) });
     let (request, _respond) = server.accept().await.unwrap().unwrap();
     let mut received = request.into_body();
     tx.tx
@@ -150,7 +150,7 @@ async fn a_request_body_failing_before_the_response_is_reported_as_the_body() {
     let (mut sender, mut server) = connect().await;
     let (body, tx) = RequestBody::channel(None);
     let mut req = post(body);
-    let exchange = tokio::spawn(async move { sender.send(&mut req).await.map(|_| ()) });
+    let exchange = tokio::spawn(async move { sender.send(&mut req, HeadLines::NONE).await.map(|_| ()) });
     let (request, _respond) = server.accept().await.unwrap().unwrap();
     let serve = tokio::spawn(async move { while server.accept().await.is_some() {} });
     tx.tx
@@ -180,7 +180,7 @@ async fn a_body_and_trailers_go_out_and_the_response_comes_back_whole() {
     req.headers_mut()
         .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
     let client = tokio::spawn(async move {
-        let resp = sender.send(&mut req).await.unwrap();
+        let resp = sender.send(&mut req, HeadLines::NONE).await.unwrap();
         let collected = resp.into_body().collect().await.unwrap();
         let trailers = collected.trailers().cloned();
         (collected.to_bytes(), trailers)
@@ -232,7 +232,7 @@ async fn a_request_over_the_servers_stream_limit_waits_for_a_stream_to_end() {
     let mut first = sender.clone();
     let mut second = sender.clone();
     let a = tokio::spawn(async move {
-        let resp = first.send(&mut get("/first")).await.unwrap();
+        let resp = first.send(&mut get("/first"), HeadLines::NONE).await.unwrap();
         resp.into_body().collect().await.unwrap().to_bytes()
     });
     let (request, mut respond) = server.accept().await.unwrap().unwrap();
@@ -241,7 +241,7 @@ async fn a_request_over_the_servers_stream_limit_waits_for_a_stream_to_end() {
         tokio::task::yield_now().await;
     }
     let b = tokio::spawn(async move {
-        let resp = second.send(&mut get("/second")).await.unwrap();
+        let resp = second.send(&mut get("/second"), HeadLines::NONE).await.unwrap();
         resp.into_body().collect().await.unwrap().to_bytes()
     });
     let next = tokio::time::timeout(Duration::from_millis(300), server.accept()).await;
@@ -266,7 +266,8 @@ async fn an_unanswered_keepalive_ping_ends_the_connection() {
         timeout: Duration::from_millis(200),
     };
     let (mut sender, mut server, ended) = connect_with(h2::server::Builder::new(), Some(keepalive)).await;
-    let exchange = tokio::spawn(async move { sender.send(&mut get("/slow")).await.map(|_| ()) });
+    let exchange =
+        tokio::spawn(async move { sender.send(&mut get("/slow"), HeadLines::NONE).await.map(|_| ()) });
     // Accepting the stream, then polling the server no more: its PING answers stop.
     let (_request, _respond) = server.accept().await.unwrap().unwrap();
     let failed = tokio::time::timeout(PATIENCE, exchange)
@@ -308,7 +309,7 @@ async fn a_body_ends_with_its_last_frame() {
     let (mut sender, mut server) = connect().await;
     let pooled = sender.clone();
     let client = tokio::spawn(async move {
-        let resp = sender.send(&mut get("/whole")).await.unwrap();
+        let resp = sender.send(&mut get("/whole"), HeadLines::NONE).await.unwrap();
         let mut body = resp.into_body();
         let frame = body.frame().await.unwrap().unwrap();
         let ended = http_body::Body::is_end_stream(&body);
@@ -339,7 +340,7 @@ async fn a_response_ending_before_its_request_body_resets_the_stream() {
     let (body, tx) = RequestBody::channel(None);
     let mut req = post(body);
     let client = tokio::spawn(async move {
-        let resp = sender.send(&mut req).await.unwrap();
+        let resp = sender.send(&mut req, HeadLines::NONE).await.unwrap();
         assert_eq!(resp.status(), 413);
         resp.into_body().collect().await.unwrap().to_bytes()
     });
@@ -372,7 +373,7 @@ async fn a_graceful_goaway_finishes_the_open_stream_and_takes_no_new_one() {
     let (mut sender, mut server) = connect().await;
     let pooled = sender.clone();
     let client = tokio::spawn(async move {
-        let resp = sender.send(&mut get("/last")).await.unwrap();
+        let resp = sender.send(&mut get("/last"), HeadLines::NONE).await.unwrap();
         resp.into_body().collect().await.unwrap().to_bytes()
     });
     let (_request, mut respond) = server.accept().await.unwrap().unwrap();
@@ -390,7 +391,10 @@ async fn a_graceful_goaway_finishes_the_open_stream_and_takes_no_new_one() {
         "done"
     );
     let mut late = pooled.clone();
-    let refused = late.send(&mut get("/late")).await.expect_err("no new stream");
+    let refused = late
+        .send(&mut get("/late"), HeadLines::NONE)
+        .await
+        .expect_err("no new stream");
     assert!(matches!(refused, Error::Unsent(_)), "{refused:?}");
     assert!(
         eventually(|| pooled.status() == Status::Gone).await,
@@ -406,7 +410,7 @@ async fn a_graceful_goaway_finishes_the_open_stream_and_takes_no_new_one() {
 async fn a_head_with_a_hop_by_hop_field_comes_as_a_map() {
     let (mut sender, mut server) = connect().await;
     let client = tokio::spawn(async move {
-        let mut resp = sender.send(&mut get("/auth")).await.unwrap();
+        let mut resp = sender.send(&mut get("/auth"), HeadLines::NONE).await.unwrap();
         let wire = resp.body_mut().take_wire_fields();
         (resp.headers().clone(), wire)
     });
@@ -437,7 +441,7 @@ async fn a_reset_with_no_error_after_the_whole_response_keeps_the_response() {
     let (head_tx, head_rx) = tokio::sync::oneshot::channel();
     let (read_tx, read_rx) = tokio::sync::oneshot::channel::<()>();
     let client = tokio::spawn(async move {
-        let resp = sender.send(&mut req).await.unwrap();
+        let resp = sender.send(&mut req, HeadLines::NONE).await.unwrap();
         let _ = head_tx.send(());
         read_rx.await.unwrap();
         resp.into_body().collect().await.map(|c| c.to_bytes())

@@ -10,6 +10,7 @@ use crate::wire::fields::{BodyType, WireFields};
 use crate::wire::hpack::{self, Field, Pseudo};
 use crate::wire::names;
 use crate::wire::scan;
+use crate::wire::HeadLines;
 
 /// What a request's HEADERS frame carries.
 #[derive(Debug, Clone, Copy)]
@@ -25,6 +26,9 @@ pub struct RequestHead<'a> {
     /// The other fields; `Host`, connection-specific fields and a `TE` other than `trailers` are
     /// left out.
     pub headers: &'a HeaderMap,
+    /// Fields kept as the lines they came in, sent before the map's: none of them is `Host`
+    /// after the first, connection-specific, `TE` or a credential ([`HeadLines`]).
+    pub lines: &'a HeadLines,
 }
 
 /// A response head or trailers that came through whole and valid.
@@ -85,14 +89,18 @@ pub(super) fn encode_request(head: &RequestHead<'_>, dst: &mut BytesMut) {
     encoder.encode_pseudo(Pseudo::Method, head.method.as_str().as_bytes(), dst);
     encoder.encode_pseudo(Pseudo::Scheme, head.scheme.as_bytes(), dst);
     let authority = if head.authority.is_empty() {
-        head.headers
-            .get(http::header::HOST)
-            .map_or(&b""[..], |v| v.as_bytes())
+        head.lines.host().unwrap_or_else(|| {
+            head.headers
+                .get(http::header::HOST)
+                .map_or(&b""[..], |v| v.as_bytes())
+        })
     } else {
         head.authority.as_bytes()
     };
     encoder.encode_pseudo(Pseudo::Authority, authority, dst);
     encoder.encode_pseudo(Pseudo::Path, head.path.as_bytes(), dst);
+    head.lines
+        .for_each_field(|name, value| encode_line(name, value, dst));
     for (name, value) in head.headers {
         let name = name.as_str().as_bytes();
         if is_connection_specific(name) || name == b"host" {
@@ -110,6 +118,21 @@ pub(super) fn encode_request(head: &RequestHead<'_>, dst: &mut BytesMut) {
             continue;
         }
         encoder.encode(name, value.as_bytes(), value.is_sensitive(), dst);
+    }
+}
+
+/// Appends a field kept as its line, its name lowercased as HTTP/2 requires (§8.2.1). Never
+/// sensitive: a credential is never kept as a line.
+fn encode_line(name: &[u8], value: &[u8], dst: &mut BytesMut) {
+    // Most names fit: lowercased on the stack.
+    let mut low = [0u8; 48];
+    match low.get_mut(..name.len()) {
+        Some(low) => {
+            low.copy_from_slice(name);
+            low.make_ascii_lowercase();
+            hpack::Encoder.encode(low, value, false, dst);
+        }
+        None => hpack::Encoder.encode(&name.to_ascii_lowercase(), value, false, dst),
     }
 }
 

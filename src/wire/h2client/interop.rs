@@ -148,6 +148,7 @@ impl Driver {
             authority: "upstream.test",
             path,
             headers: &headers,
+            lines: crate::wire::HeadLines::NONE,
         };
         self.conn.open(&head, end_stream).unwrap()
     }

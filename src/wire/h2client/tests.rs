@@ -7,6 +7,7 @@ use http::{HeaderMap, HeaderValue, Method};
 
 use super::*;
 use crate::wire::frame::{flags, Frame, Kind, DEFAULT_MAX_FRAME_SIZE};
+use crate::wire::HeadLines;
 
 fn head<'a>(method: &'a Method, headers: &'a HeaderMap) -> RequestHead<'a> {
     RequestHead {
@@ -15,6 +16,7 @@ fn head<'a>(method: &'a Method, headers: &'a HeaderMap) -> RequestHead<'a> {
         authority: "upstream.test",
         path: "/v1/chat?x=1",
         headers,
+        lines: crate::wire::HeadLines::NONE,
     }
 }
 
@@ -200,6 +202,68 @@ fn a_get_goes_out_with_its_pseudo_headers_first_and_connection_fields_left_out()
     assert_eq!(never_indexed, ["authorization"]);
     assert_eq!(conn.open_streams(), 1);
     assert_eq!(get(&mut conn), 3, "client streams take rising odd ids");
+}
+
+/// Decodes a HEADERS frame's block as (name, value) text.
+fn decoded(fragment: &[u8]) -> Vec<(String, String)> {
+    let mut fields = Vec::new();
+    hpack::Decoder::new(4096, 1 << 16)
+        .decode(fragment, |f| {
+            let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+            fields.push((text(f.name), text(f.value)));
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .unwrap();
+    fields
+}
+
+/// Fields kept as lines go out after the pseudo-header fields and before the map's, names
+/// lowercased (one longer than the encoder's stack room too), values trimmed; with no
+/// authority of its own the request takes the lines' `Host`, the upstream's once set.
+#[test]
+fn fields_kept_as_lines_go_out_lowercased_before_the_maps() {
+    let long = format!("X-{}", "Long".repeat(20));
+    let raw = format!("Host: app.local\r\nUser-Agent:  curl/8 \r\n{long}: 1\r\nAccept: */*\r\n\r\n");
+    let mut lines = HeadLines::default();
+    lines.keep(Bytes::from(raw), 17);
+    let mut headers = HeaderMap::new();
+    headers.insert("content-length", HeaderValue::from_static("0"));
+    let mut conn = connected();
+    for (authority, host) in [("upstream.test", None), ("", None), ("", Some("api.example"))] {
+        if let Some(host) = host {
+            assert!(lines.set_upstream_host(&HeaderValue::from_static(host)));
+        }
+        let head = RequestHead {
+            authority,
+            lines: &lines,
+            ..head(&Method::GET, &headers)
+        };
+        conn.open(&head, true).unwrap();
+        let frames = written(&mut conn);
+        let [Frame::Headers { fragment, .. }] = frames.as_slice() else {
+            panic!("{frames:?}");
+        };
+        let authority = match (authority, host) {
+            ("", None) => "app.local",
+            ("", Some(host)) => host,
+            (authority, _) => authority,
+        };
+        let fields = decoded(fragment);
+        let fields: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        assert_eq!(
+            fields,
+            [
+                (":method", "GET"),
+                (":scheme", "http"),
+                (":authority", authority),
+                (":path", "/v1/chat?x=1"),
+                ("user-agent", "curl/8"),
+                (long.to_ascii_lowercase().as_str(), "1"),
+                ("accept", "*/*"),
+                ("content-length", "0"),
+            ]
+        );
+    }
 }
 
 #[test]
