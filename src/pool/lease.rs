@@ -276,8 +276,9 @@ impl Lease {
     /// a retry. HTTP/2 too, once the connection can open its stream: a request never sent
     /// stays in `req` whole.
     ///
-    /// The fields are in `req`'s map or in `lines` ([`HeadLines`]), which both protocols write
-    /// as they are (HTTP/2 with the names lowercased).
+    /// The fields are in `req`'s map or in `lines` ([`HeadLines`]), which HTTP/1.1 writes as
+    /// they came and HTTP/2 encodes (names lowercased, values trimmed, `Host` as `:authority`
+    /// when the request has none of its own).
     pub async fn send(
         &mut self,
         req: &mut http::Request<RequestBody>,

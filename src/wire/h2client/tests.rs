@@ -219,36 +219,51 @@ fn decoded(fragment: &[u8]) -> Vec<(String, String)> {
 
 /// Fields kept as lines go out after the pseudo-header fields and before the map's, names
 /// lowercased (one longer than the encoder's stack room too), values trimmed; with no
-/// authority of its own the request takes the lines' `Host`, the upstream's once set.
+/// authority of its own the request takes the lines' `Host`, the upstream's once set. The
+/// block is the one the same lines moved into the map give.
 #[test]
 fn fields_kept_as_lines_go_out_lowercased_before_the_maps() {
     let long = format!("X-{}", "Long".repeat(20));
-    let raw = format!("Host: app.local\r\nUser-Agent:  curl/8 \r\n{long}: 1\r\nAccept: */*\r\n\r\n");
-    let mut lines = HeadLines::default();
-    lines.keep(Bytes::from(raw), 17);
+    let raw = format!("Host:  app.local \r\nUser-Agent:  curl/8 \r\n{long}: 1\r\nAccept: */*\r\n\r\n");
+    let kept = || {
+        let mut lines = HeadLines::default();
+        lines.keep(Bytes::from(raw.clone()), 19);
+        lines
+    };
     let mut headers = HeaderMap::new();
     headers.insert("content-length", HeaderValue::from_static("0"));
     let mut conn = connected();
-    for (authority, host) in [("upstream.test", None), ("", None), ("", Some("api.example"))] {
-        if let Some(host) = host {
-            assert!(lines.set_upstream_host(&HeaderValue::from_static(host)));
-        }
+    let mut open = |authority, lines: &HeadLines, headers: &HeaderMap| {
         let head = RequestHead {
             authority,
-            lines: &lines,
-            ..head(&Method::GET, &headers)
+            lines,
+            ..head(&Method::GET, headers)
         };
         conn.open(&head, true).unwrap();
         let frames = written(&mut conn);
         let [Frame::Headers { fragment, .. }] = frames.as_slice() else {
             panic!("{frames:?}");
         };
+        decoded(fragment)
+    };
+    let mut mapped = headers.clone();
+    kept().into_map(&mut mapped);
+    assert_eq!(
+        open("", &kept(), &headers),
+        open("", HeadLines::NONE, &mapped),
+        "the lines encode as their map does"
+    );
+    let mut lines = kept();
+    for (authority, host) in [("upstream.test", None), ("", None), ("", Some("api.example"))] {
+        if let Some(host) = host {
+            assert!(lines.set_upstream_host(&HeaderValue::from_static(host)));
+        }
+        let fields = open(authority, &lines, &headers);
         let authority = match (authority, host) {
             ("", None) => "app.local",
             ("", Some(host)) => host,
             (authority, _) => authority,
         };
-        let fields = decoded(fragment);
         let fields: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
         assert_eq!(
             fields,
