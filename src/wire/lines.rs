@@ -102,8 +102,9 @@ impl HeadLines {
     /// HTTP/2 client encodes them from here, with no map between.
     pub fn for_each_field(&self, mut each: impl FnMut(&[u8], &[u8])) {
         if let Some(kept) = &self.kept {
-            for (_, name, value) in spans(&kept.lines[kept.rest..]) {
-                each(name, &kept.lines[kept.rest..][value]);
+            let rest = &kept.lines[kept.rest..];
+            for (_, name, value) in spans(rest) {
+                each(name, &rest[value]);
             }
         }
     }
@@ -153,16 +154,18 @@ impl HeadLines {
 /// The field lines of `lines` (which ends in the blank line, or in a line's CRLF) as where
 /// each starts, its name, and where its value lies without the whitespace around it. The
 /// head's scan took these lines: each is a token, a colon and a value of field-value bytes (no
-/// CR or LF), ending in CRLF; a line without a colon is skipped.
+/// CR or LF), ending in CRLF; a line without a colon is skipped, and a bare LF (which the scan
+/// refuses) ends a line too, so no index here can fall outside `lines`.
 fn spans(lines: &[u8]) -> impl Iterator<Item = (usize, &[u8], std::ops::Range<usize>)> {
     let mut at = 0;
     std::iter::from_fn(move || loop {
         if at + 2 > lines.len() || lines[at..].starts_with(b"\r\n") {
             return None;
         }
-        let end = at + memchr::memchr(b'\n', &lines[at..])? - 1;
+        let end = at + memchr::memchr(b'\n', &lines[at..])?;
         let (start, line) = (at, &lines[at..end]);
-        at = end + 2;
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        at = end + 1;
         let Some(colon) = memchr::memchr(b':', line) else {
             debug_assert!(false, "a kept line is a token, a colon and a value");
             continue;
