@@ -64,6 +64,8 @@ impl Io for tokio::io::Empty {}
 pub type H2Sender = http2::Sender;
 
 /// A freshly dialed connection, by the protocol it speaks.
+// Not boxed: moved once per dial, into the pool's entry, which is boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Dialed {
     /// HTTP/1.1: one request at a time, run by the task of the request it carries.

@@ -48,8 +48,9 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Takes the upstream's intent for this connection from a response head.
-    pub(super) fn observe_response(&mut self, persistence: &h1::Persistence) {
+    /// Takes the upstream's intent for this connection from the response head it just read.
+    pub(super) fn observe_response(&mut self) {
+        let persistence = self.io.transfer().persistence();
         self.retire |= persistence.close;
         if let Some(timeout) = advertised_idle(persistence.timeout_secs) {
             // Retire before the upstream's own timer fires: reusing a connection in its last

@@ -292,13 +292,13 @@ impl Lease {
                     *left = left.saturating_sub(1);
                 }
                 let resp = conn.io.send(req, lines).await.map_err(SendError::Http1)?;
-                conn.observe_response(resp.body().persistence());
-                Ok(resp.map(UpstreamBody::Http1))
+                conn.observe_response();
+                Ok(resp.map(|()| UpstreamBody::Http1))
             }
             LeaseKind::H2(stream) => {
                 let stream = stream.as_mut().expect("present until release");
                 let resp = stream.sender.send(req, lines).await.map_err(SendError::Http2)?;
-                Ok(resp.map(UpstreamBody::Http2))
+                Ok(resp.map(|body| UpstreamBody::Http2(Box::new(body))))
             }
         }
     }
@@ -314,8 +314,8 @@ impl Lease {
         loop {
             let frame = std::future::poll_fn(|cx| match &mut body {
                 UpstreamBody::Http2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-                UpstreamBody::Http1(transfer) => match self.h1_mut() {
-                    Some(conn) => transfer.poll_frame(conn, cx).map_err(Into::into),
+                UpstreamBody::Http1 => match self.h1_mut() {
+                    Some(conn) => conn.poll_frame(cx).map_err(Into::into),
                     None => Poll::Ready(None),
                 },
             })
@@ -325,6 +325,14 @@ impl Lease {
                 Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len() as u64),
                 Some(Err(e)) => return Err(e),
             }
+        }
+    }
+
+    /// The HTTP/1.1 connection, while held.
+    pub(super) fn h1(&self) -> Option<&h1::Connection> {
+        match &self.kind {
+            LeaseKind::H1(Some(conn)) => Some(&conn.io),
+            _ => None,
         }
     }
 

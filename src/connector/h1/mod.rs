@@ -4,7 +4,7 @@
 //! response head and body frames cross channels back, each crossing a task wake-up. Callgrind
 //! put that task at a third of the sidecar's instructions per proxied request. Here the
 //! downstream connection's task writes the request and reads the response off the upstream
-//! socket itself ([`Connection::send`], then [`Transfer::poll_frame`] through the response
+//! socket itself ([`Connection::send`], then [`Connection::poll_frame`] through the response
 //! body). Between exchanges a connection is its socket and a read buffer in the pool, and
 //! [`Connection::poll_closed`] tells the pool when the upstream closes it.
 //!
@@ -211,27 +211,42 @@ impl AsyncWrite for Transport {
 
 /// An HTTP/1.1 upstream connection. It holds its pool [`Place`], so it counts under
 /// `max_connections` until it is dropped, which closes the socket.
+///
+/// The exchange's state after the response head ([`Transfer`]) stays here rather than going up
+/// with the head: the head went through half a dozen frames (the lease, the retry loop, the
+/// body's constructor), and a response that carried the transfer (248 bytes) was a `memcpy`
+/// call at each; a bare head (112 bytes) moves in registers.
 #[derive(Debug)]
 pub struct Connection {
+    link: Link,
+    /// The exchange in progress, or what the last one left (its response state).
+    transfer: Transfer,
+    _place: Box<dyn Place>,
+}
+
+/// The socket and what was read off it: what a [`Transfer`] works on.
+#[derive(Debug)]
+struct Link {
     stream: Transport,
     buf: BytesMut,
     /// Set when the last exchange left it unusable.
     broken: bool,
     /// The last response's fields as their lines, when its head's map was left empty for them
-    /// (`head::parse`). Kept here, not in the [`Transfer`] that goes up with the head: that
-    /// is moved several times on the way, and these 32 bytes took it past a short memcpy.
+    /// (`head::parse`).
     wire: Option<WireFields>,
-    _place: Box<dyn Place>,
 }
 
 impl Connection {
     /// A connection over `stream`, freshly dialed.
     pub fn new(stream: Transport, place: Box<dyn Place>) -> Self {
         Connection {
-            stream,
-            buf: BytesMut::new(),
-            broken: false,
-            wire: None,
+            link: Link {
+                stream,
+                buf: BytesMut::new(),
+                broken: false,
+                wire: None,
+            },
+            transfer: Transfer::idle(),
             _place: place,
         }
     }
@@ -239,13 +254,85 @@ impl Connection {
     /// The last response's fields as the upstream wrote them, when its head's map was left
     /// empty for them (see `wire::fields`); taken once.
     pub fn take_wire_fields(&mut self) -> Option<WireFields> {
-        self.wire.take()
+        self.link.wire.take()
     }
 
     /// `Ready` when the connection can no longer carry a request: the upstream closed or reset
     /// it, or sent bytes nobody asked for. `Pending` registers `cx` to be woken when that
     /// happens. Costs no syscall while the socket has not become readable.
     pub fn poll_closed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.link.poll_closed(cx)
+    }
+
+    /// Whether the connection is known to be unusable, without waiting.
+    ///
+    /// A socket not readable as the runtime last saw it is open: that is read from its
+    /// readiness without registering a waker (`try_io`), which `poll_closed` would do, taking
+    /// the socket's waiter lock and replacing the reaper's waker for nothing (callgrind: 170
+    /// instructions per checkout).
+    pub fn is_closed(&mut self) -> bool {
+        let link = &mut self.link;
+        if link.broken {
+            return true;
+        }
+        if let Some(tcp) = link.stream.tcp() {
+            if tcp.try_io(tokio::io::Interest::READABLE, || Ok(())).is_err() {
+                return false;
+            }
+        }
+        link.poll_closed(&mut Context::from_waker(std::task::Waker::noop()))
+            .is_ready()
+    }
+
+    /// Whether the last exchange left the connection fit for another.
+    pub fn is_reusable(&self) -> bool {
+        !self.link.broken && self.link.buf.is_empty()
+    }
+
+    /// Writes `req` and reads the response head; the body is read through
+    /// [`Connection::poll_frame`], which also finishes sending the request body.
+    ///
+    /// `req` is lent, not given: its body is taken and the rest stays with the caller, so that
+    /// a request without a body can go again on another connection without a copy. Its
+    /// fields are in its map, or in `lines` ([`HeadLines`]), which are written first.
+    pub async fn send(
+        &mut self,
+        req: &mut Request<RequestBody>,
+        lines: &HeadLines,
+    ) -> Result<Response<()>, Error> {
+        self.transfer.begin(req, lines);
+        let Connection { link, transfer, .. } = self;
+        link.broken = true; // until the exchange ends cleanly
+        let head = poll_fn(|cx| {
+            // Write what can go now. A failed write still leaves the response to read: an
+            // upstream may answer early (413) and close before taking the whole body.
+            if let Poll::Ready(Err(e)) = transfer.poll_send(&mut link.stream, cx) {
+                if let Error::RequestBody(_) = e {
+                    return Poll::Ready(Err(e));
+                }
+            }
+            transfer.poll_head(link, cx)
+        })
+        .await?;
+        transfer.finish_if_done(link);
+        Ok(head)
+    }
+
+    /// The next response body frame of the exchange [`Connection::send`] began, read off the
+    /// socket; the request body keeps going up meanwhile (an upstream may answer while it
+    /// reads, as an echo does). `None` once the body ended.
+    pub fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        self.transfer.poll_frame(&mut self.link, cx)
+    }
+
+    /// The exchange [`Connection::send`] began: its response's framing and end.
+    pub fn transfer(&self) -> &Transfer {
+        &self.transfer
+    }
+}
+
+impl Link {
+    fn poll_closed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.broken {
             return Poll::Ready(());
         }
@@ -270,58 +357,6 @@ impl Connection {
                 Poll::Ready(())
             }
         }
-    }
-
-    /// Whether the connection is known to be unusable, without waiting.
-    ///
-    /// A socket not readable as the runtime last saw it is open: that is read from its
-    /// readiness without registering a waker (`try_io`), which `poll_closed` would do, taking
-    /// the socket's waiter lock and replacing the reaper's waker for nothing (callgrind: 170
-    /// instructions per checkout).
-    pub fn is_closed(&mut self) -> bool {
-        if self.broken {
-            return true;
-        }
-        if let Some(tcp) = self.stream.tcp() {
-            if tcp.try_io(tokio::io::Interest::READABLE, || Ok(())).is_err() {
-                return false;
-            }
-        }
-        self.poll_closed(&mut Context::from_waker(std::task::Waker::noop()))
-            .is_ready()
-    }
-
-    /// Whether the last exchange left the connection fit for another.
-    pub fn is_reusable(&self) -> bool {
-        !self.broken && self.buf.is_empty()
-    }
-
-    /// Writes `req` and reads the response head; the body is read through the returned
-    /// [`Transfer`], which also finishes sending the request body.
-    ///
-    /// `req` is lent, not given: its body is taken and the rest stays with the caller, so that
-    /// a request without a body can go again on another connection without a copy. Its
-    /// fields are in its map, or in `lines` ([`HeadLines`]), which are written first.
-    pub async fn send(
-        &mut self,
-        req: &mut Request<RequestBody>,
-        lines: &HeadLines,
-    ) -> Result<Response<Transfer>, Error> {
-        let mut transfer = Transfer::start(req, lines);
-        self.broken = true; // until the exchange ends cleanly
-        let head = poll_fn(|cx| {
-            // Write what can go now. A failed write still leaves the response to read: an
-            // upstream may answer early (413) and close before taking the whole body.
-            if let Poll::Ready(Err(e)) = transfer.poll_send(&mut self.stream, cx) {
-                if let Error::RequestBody(_) = e {
-                    return Poll::Ready(Err(e));
-                }
-            }
-            transfer.poll_head(self, cx)
-        })
-        .await?;
-        transfer.finish_if_done(self);
-        Ok(head.map(|()| transfer))
     }
 
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
@@ -388,9 +423,29 @@ enum ResponseState {
 }
 
 impl Transfer {
-    fn start(req: &mut Request<RequestBody>, lines: &HeadLines) -> Self {
+    /// A connection's before its first exchange: nothing to send, no response to read.
+    fn idle() -> Self {
+        Transfer {
+            head: WriteBuf::default(),
+            out: VecDeque::new(),
+            body: None,
+            chunked: false,
+            unflushed: false,
+            send_failed: false,
+            head_request: false,
+            response: ResponseState::Done,
+            persistence: Persistence::default(),
+            read_after_head: false,
+        }
+    }
+
+    /// Starts the exchange of `req`, in place of the last one (which a connection taking
+    /// another request ended cleanly: its buffers are back with the thread's spares). Field by
+    /// field: a new value built and moved in was a `memcpy` call.
+    fn begin(&mut self, req: &mut Request<RequestBody>, lines: &HeadLines) {
         let body = std::mem::replace(req.body_mut(), RequestBody::Empty);
-        let mut head = WriteBuf::take(256);
+        self.head = WriteBuf::take(256);
+        let head = &mut self.head;
         head.extend_from_slice(req.method().as_str().as_bytes());
         head.push(b' ');
         if req.uri().scheme().is_some() {
@@ -402,7 +457,7 @@ impl Transfer {
         }
         head.extend_from_slice(b" HTTP/1.1\r\n");
         // `Content-Length` is never a line: the map alone says whether it is there.
-        lines.write(&mut head);
+        lines.write(head);
         for (name, value) in req.headers() {
             head.extend_from_slice(name.as_str().as_bytes());
             head.extend_from_slice(b": ");
@@ -425,18 +480,14 @@ impl Transfer {
             }
         };
         head.extend_from_slice(b"\r\n");
-        Transfer {
-            head,
-            out: VecDeque::new(),
-            body,
-            chunked,
-            unflushed: false,
-            send_failed: false,
-            head_request: req.method() == Method::HEAD,
-            response: ResponseState::Head,
-            persistence: Persistence::default(),
-            read_after_head: false,
-        }
+        self.body = body;
+        self.chunked = chunked;
+        self.unflushed = false;
+        self.send_failed = false;
+        self.head_request = req.method() == Method::HEAD;
+        self.response = ResponseState::Head;
+        self.persistence = Persistence::default();
+        self.read_after_head = false;
     }
 
     /// Writes queued bytes and encodes more of the request body; `Ready(Ok)` once the whole
@@ -554,7 +605,13 @@ impl Transfer {
 
     fn consume(&mut self, mut written: usize) {
         let from_head = written.min(self.head.len());
-        self.head.drain(..from_head);
+        if from_head == self.head.len() {
+            // Written whole (most heads, in one write): the buffer goes back to the spares now,
+            // not when the connection next carries a request.
+            self.head = WriteBuf::default();
+        } else {
+            self.head.drain(..from_head);
+        }
         written -= from_head;
         while written > 0 {
             let front = self.out.front_mut().expect("wrote no more than queued");
@@ -598,11 +655,7 @@ impl Transfer {
     }
 
     /// Reads until a final response head is parsed.
-    fn poll_head(
-        &mut self,
-        conn: &mut Connection,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Response<()>, Error>> {
+    fn poll_head(&mut self, conn: &mut Link, cx: &mut Context<'_>) -> Poll<Result<Response<()>, Error>> {
         loop {
             // Polled first with nothing read, and again when woken: parsing an empty buffer
             // was two of the three parses per response (callgrind).
@@ -695,11 +748,9 @@ impl Transfer {
             && !self.send_failed
     }
 
-    /// The next response body frame, read off `conn`; the request body keeps going up
-    /// meanwhile (an upstream may answer while it reads, as an echo does).
-    pub fn poll_frame(
+    fn poll_frame(
         &mut self,
-        conn: &mut Connection,
+        conn: &mut Link,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         if let Poll::Ready(Err(Error::RequestBody(e))) = self.poll_send(&mut conn.stream, cx) {
@@ -751,204 +802,30 @@ impl Transfer {
         }
     }
 
-    fn end(&mut self, conn: &mut Connection) {
+    fn end(&mut self, conn: &mut Link) {
         self.response = ResponseState::Done;
         if self.ended_cleanly() {
-            conn.finish_exchange();
+            self.settle(conn);
         }
+    }
+
+    /// After a clean exchange: what the request body queued goes, so that an idle connection
+    /// holds no buffer (`Link::finish_exchange`).
+    fn settle(&mut self, conn: &mut Link) {
+        if self.out.capacity() != 0 {
+            self.out = VecDeque::new();
+        }
+        conn.finish_exchange();
     }
 
     /// For a response complete at its head (HEAD, 204, `Content-Length: 0`): marks `conn`
     /// reusable if the request went out whole.
-    fn finish_if_done(&mut self, conn: &mut Connection) {
+    fn finish_if_done(&mut self, conn: &mut Link) {
         if self.is_end_stream() && self.ended_cleanly() {
-            conn.finish_exchange();
+            self.settle(conn);
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use http::{HeaderValue, Version};
-
-    use super::*;
-
-    fn head(text: &str) -> Result<Option<Response<()>>, Error> {
-        Ok(head::parse(&mut BytesMut::from(text))?.map(head::Head::mapped))
-    }
-
-    fn framing(req_method: Method, text: &str) -> Result<ResponseState, Error> {
-        let mut req = Request::new(RequestBody::Empty);
-        *req.method_mut() = req_method;
-        let transfer = Transfer::start(&mut req, &HeadLines::default());
-        let head = head::parse(&mut BytesMut::from(text))?.expect("complete");
-        transfer.body_framing(head.resp.status(), head.framing)
-    }
-
-    #[test]
-    fn response_heads_parse_with_their_framing() {
-        assert!(head("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n")
-            .unwrap()
-            .is_none());
-        let resp = head("HTTP/1.0 404 Nope\r\nA: b\r\nA: c\r\n\r\n")
-            .unwrap()
-            .unwrap();
-        assert_eq!(resp.status(), 404);
-        assert_eq!(resp.version(), Version::HTTP_10);
-        assert_eq!(resp.headers().get_all("a").iter().count(), 2);
-        assert!(matches!(
-            framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
-            Ok(ResponseState::Framed(Decoder::Length { remaining: 5 }))
-        ));
-        assert!(matches!(
-            framing(Method::HEAD, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"),
-            Ok(ResponseState::Done)
-        ));
-        assert!(matches!(
-            framing(
-                Method::GET,
-                "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"
-            ),
-            Ok(ResponseState::Done)
-        ));
-        assert!(matches!(
-            framing(
-                Method::GET,
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
-            ),
-            Ok(ResponseState::Framed(Decoder::Chunked(_)))
-        ));
-        assert!(matches!(
-            framing(Method::GET, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"),
-            Ok(ResponseState::UntilClose)
-        ));
-        assert!(matches!(
-            framing(Method::GET, "HTTP/1.1 200 OK\r\n\r\n"),
-            Ok(ResponseState::UntilClose)
-        ));
-        assert!(matches!(
-            framing(
-                Method::GET,
-                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"
-            ),
-            Err(Error::Invalid(_))
-        ));
-        assert!(matches!(
-            framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n"),
-            Ok(ResponseState::Framed(Decoder::Length { remaining: 5 }))
-        ));
-        assert!(matches!(
-            framing(Method::GET, "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n"),
-            Err(Error::Invalid(_))
-        ));
-        assert!(head("HTTP/1.1 2000 OK\r\n\r\n").is_err());
-        assert!(head("NOT HTTP\r\n\r\n").is_err());
-    }
-
-    #[test]
-    fn partial_writes_span_the_head_and_the_body() {
-        let mut transfer = Transfer::start(&mut Request::new(RequestBody::Empty), &HeadLines::default());
-        let head_len = transfer.head.len();
-        transfer.out.push_back(Bytes::from_static(b"abc"));
-        transfer.out.push_back(Bytes::from_static(b"defg"));
-        transfer.consume(head_len - 2);
-        assert_eq!(&transfer.head[..], b"\r\n");
-        transfer.consume(4);
-        assert!(transfer.head.is_empty());
-        assert_eq!(&transfer.out[0][..], b"c");
-        transfer.consume(3);
-        assert_eq!(&transfer.out[0][..], b"fg");
-        assert!(transfer.has_unwritten());
-        transfer.consume(2);
-        assert!(!transfer.has_unwritten());
-    }
-
-    #[test]
-    fn interim_responses_are_skipped() {
-        let mut transfer = Transfer::start(&mut Request::new(RequestBody::Empty), &HeadLines::default());
-        let mut buf = BytesMut::from("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early\r\nLink: x\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n");
-        let (resp, wire) = transfer.parse_head(&mut buf).unwrap().unwrap();
-        assert_eq!(resp.status(), 201);
-        assert_eq!(
-            wire.unwrap().lines(),
-            b"Content-Length: 0\r\n",
-            "the interim's fields stay behind"
-        );
-        assert!(transfer.is_end_stream());
-        assert!(buf.is_empty());
-    }
-
-    #[derive(Debug)]
-    struct NoPlace;
-
-    impl Place for NoPlace {
-        fn failed(&self) {}
-        fn connected(&self, _: crate::endpoint::Claim) {}
-    }
-
-    /// The upstream answers `first`, then, once the head is in, `rest`; whether the body,
-    /// read to its end, came with the head (the pool then takes the head's arrival as the time
-    /// the connection went idle).
-    async fn ended_with_head(first: &'static [u8], rest: &'static [u8]) -> bool {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (client, mut server) = tokio::io::duplex(4096);
-        let mut conn = Connection::new(Transport::Memory(client), Box::new(NoPlace));
-        let (head_in, head_is_in) = tokio::sync::oneshot::channel::<()>();
-        let upstream = tokio::spawn(async move {
-            let mut head = [0u8; 256];
-            let _ = server.read(&mut head).await.unwrap();
-            server.write_all(first).await.unwrap();
-            head_is_in.await.unwrap();
-            server.write_all(rest).await.unwrap();
-            server
-        });
-        let mut resp = conn
-            .send(&mut Request::new(RequestBody::Empty), &HeadLines::default())
-            .await
-            .unwrap();
-        head_in.send(()).unwrap();
-        let transfer = resp.body_mut();
-        let mut body = Vec::new();
-        while let Some(frame) = std::future::poll_fn(|cx| transfer.poll_frame(&mut conn, cx)).await {
-            body.extend_from_slice(frame.unwrap().data_ref().unwrap());
-        }
-        assert_eq!(body, b"hello");
-        drop(upstream.await.unwrap());
-        transfer.ended_with_head()
-    }
-
-    #[tokio::test]
-    async fn a_body_that_came_with_its_head_says_so() {
-        let head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
-        assert!(ended_with_head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"").await);
-        assert!(!ended_with_head(head, b"hello").await);
-        assert!(!ended_with_head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel", b"lo").await);
-    }
-
-    #[test]
-    fn request_heads_carry_their_body_framing() {
-        let encoded = |mut req: Request<RequestBody>| {
-            let transfer = Transfer::start(&mut req, &HeadLines::default());
-            assert!(req.body().is_empty(), "the body went with the transfer");
-            assert!(transfer.out.is_empty(), "no body bytes before the body is polled");
-            String::from_utf8(transfer.head.to_vec()).unwrap()
-        };
-        let mut get = Request::new(RequestBody::Empty);
-        *get.uri_mut() = "/a?b=c".parse().unwrap();
-        get.headers_mut().insert("host", HeaderValue::from_static("up"));
-        assert_eq!(encoded(get), "GET /a?b=c HTTP/1.1\r\nhost: up\r\n\r\n");
-
-        let (body, _tx) = RequestBody::channel(Some(7));
-        let mut post = Request::new(body);
-        *post.method_mut() = Method::POST;
-        assert_eq!(encoded(post), "POST / HTTP/1.1\r\ncontent-length: 7\r\n\r\n");
-
-        let (body, _tx) = RequestBody::channel(None);
-        let mut post = Request::new(body);
-        *post.method_mut() = Method::POST;
-        assert_eq!(
-            encoded(post),
-            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
-        );
-    }
-}
+mod tests;
