@@ -178,8 +178,9 @@ const MIN_SWEEP: usize = 64;
 pub enum Pass {
     /// It may go now.
     Go,
-    /// It waits its turn.
-    Wait(Waiting),
+    /// It waits its turn. Boxed: every request's admission returns a `Pass` (with pacing off,
+    /// `Go`), and at the waiter's size it came back through a `memcpy` call.
+    Wait(Box<Waiting>),
     /// It would wait past its `max_wait` or deadline.
     Refuse(Refusal),
 }
@@ -348,13 +349,13 @@ impl Pacer {
             Verdict::Go => Pass::Go,
             Verdict::Wait(place) => {
                 self.metrics.waits.inc();
-                Pass::Wait(Waiting::new(
+                Pass::Wait(Box::new(Waiting::new(
                     key.clone(),
                     place,
                     give_up,
                     *config,
                     self.metrics.clone(),
-                ))
+                )))
             }
             Verdict::Refuse(reset) => {
                 self.metrics.rejected.inc();

@@ -142,3 +142,11 @@ async fn an_injected_credential_keys_requests_the_application_sent_none_with() {
         "the injected credential's key is exhausted"
     );
 }
+
+/// Every request's admission returns a ticket and a pass, pacing on or off: within 128 bytes
+/// they come back in registers rather than through a `memcpy` call.
+#[test]
+fn an_admission_returns_in_registers() {
+    let size = std::mem::size_of::<(super::Ticket, super::Pass)>();
+    assert!(size <= 128, "(Ticket, Pass) grew to {size} bytes");
+}

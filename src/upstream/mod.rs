@@ -33,7 +33,7 @@ mod usage;
 use grpc::GrpcPool;
 use retry::{is_idempotent, Reason, Retries};
 pub use spec::{PoolKey, Spec};
-pub use timed::{CutCounters, Deadline, Deadlines, TimedBody};
+pub use timed::{CutCounters, Deadline, Deadlines, TimedBody, Timing};
 pub use usage::Reading;
 
 use crate::connector::parent::Parent;
@@ -620,7 +620,7 @@ impl Upstream {
         (at, limit): (tokio::time::Instant, Duration),
         retries: &mut u32,
         ticket: &Ticket,
-    ) -> Result<Response<PooledBody>, ProxyError> {
+    ) -> Result<Response<PooledBody<Timing>>, ProxyError> {
         let sending = self.send_with_policy(req, allowed, Some(at), retries, ticket);
         match tokio::time::timeout_at(at, sending).await {
             Ok(result) => result,
@@ -645,7 +645,7 @@ impl Upstream {
         at: Option<tokio::time::Instant>,
         retries: &mut u32,
         ticket: &Ticket,
-    ) -> Result<Response<PooledBody>, ProxyError> {
+    ) -> Result<Response<PooledBody<Timing>>, ProxyError> {
         let retrying = self.retrying(&mut req, allowed);
         let first = self
             .send_with_retries(&mut req, &mut HeadLines::default(), None, retries)
@@ -661,9 +661,9 @@ impl Upstream {
     /// The answer of a request sent once, credited to pacing.
     fn answered_once(
         &self,
-        first: Result<Response<PooledBody>, Attempted>,
+        first: Result<Response<PooledBody<Timing>>, Attempted>,
         ticket: &Ticket,
-    ) -> Result<Response<PooledBody>, ProxyError> {
+    ) -> Result<Response<PooledBody<Timing>>, ProxyError> {
         if let Ok(resp) = &first {
             self.paced(ticket, resp);
         }
@@ -700,10 +700,10 @@ impl Upstream {
     async fn send_again(
         &self,
         again: Again,
-        mut result: Result<Response<PooledBody>, Attempted>,
+        mut result: Result<Response<PooledBody<Timing>>, Attempted>,
         retries: &mut u32,
         ticket: &Ticket,
-    ) -> Result<Response<PooledBody>, ProxyError> {
+    ) -> Result<Response<PooledBody<Timing>>, ProxyError> {
         let policy = &self.settings.retry;
         let Again {
             mut req,
@@ -791,7 +791,7 @@ impl Upstream {
         lines: &mut HeadLines,
         avoid: Option<&Arc<endpoint::Endpoint>>,
         retries: &mut u32,
-    ) -> Result<Response<PooledBody>, Attempted> {
+    ) -> Result<Response<PooledBody<Timing>>, Attempted> {
         let mut tries = Tries {
             idempotent: is_idempotent(req),
             retried: false,
@@ -832,7 +832,7 @@ impl Upstream {
         resp: Response<UpstreamBody>,
         lease: Lease,
         served: ServedBy,
-    ) -> Result<Response<PooledBody>, Attempted> {
+    ) -> Result<Response<PooledBody<Timing>>, Attempted> {
         // Only the parent asks a client for proxy credentials: it refused ours. The
         // connection closes with the lease (its body unread); a 407 is not retried.
         if self.forward && resp.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED {
@@ -843,7 +843,7 @@ impl Upstream {
                 lease.endpoint(),
             ));
         }
-        Ok(resp.map(|body| PooledBody::new(body, lease, served)))
+        Ok(resp.map(|body| PooledBody::new(body, lease, served, Timing::default())))
     }
 
     /// After a failed attempt: `Ok` when the request goes again on another connection (`req`

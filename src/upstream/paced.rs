@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use http::{Request, Response};
 
+use super::Timing;
 use super::{Deadline, Shared, Upstream};
 use crate::config::UpstreamSettings;
 use crate::global_rate_limit::{Limiter, Recount};
@@ -33,7 +34,7 @@ impl Upstream {
     }
 
     /// Credits a response head to pacing.
-    pub(super) fn paced(&self, ticket: &Ticket, resp: &Response<PooledBody>) {
+    pub(super) fn paced(&self, ticket: &Ticket, resp: &Response<PooledBody<Timing>>) {
         self.pacer.observe(
             &self.settings.pace,
             ticket,

@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use tower::retry::budget::{Budget as _, TpsBudget};
 
+use super::Timing;
 use crate::config::{Backoff, RetryBudget, RetryConfig};
 use crate::duration::DurationError;
 use crate::error::{ErrorKind, ProxyError};
@@ -134,7 +135,7 @@ impl Retries {
 /// Reads what is left of a response the retry loop drops, when it is short and already on its
 /// way: its connection then goes back to the pool instead of closing. Gives up (closing the
 /// connection) past [`DRAIN_LIMIT`] bytes or [`DRAIN_WAIT`].
-pub(super) async fn drain(mut body: PooledBody) {
+pub(super) async fn drain(mut body: PooledBody<Timing>) {
     use http_body_util::BodyExt as _;
     let read = async {
         let mut left = DRAIN_LIMIT;
@@ -164,7 +165,10 @@ pub(super) fn is_idempotent<B>(req: &http::Request<B>) -> bool {
 /// How long `resp` asks to wait before the next request ([`retry_after`], shared with pacing). Its fields go into
 /// its map first: an HTTP/1.1 head leaves them as lines. A value that is no duration the
 /// sidecar takes goes to `ignored`.
-pub(super) fn asked_wait(resp: &mut http::Response<PooledBody>, ignored: Ignored<'_>) -> Option<Duration> {
+pub(super) fn asked_wait(
+    resp: &mut http::Response<PooledBody<Timing>>,
+    ignored: Ignored<'_>,
+) -> Option<Duration> {
     let wire = resp.body_mut().take_wire_fields();
     crate::wire::fields::into_map(wire, resp.headers_mut());
     retry_after(resp.headers(), SystemTime::now(), ignored)

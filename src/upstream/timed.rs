@@ -70,11 +70,14 @@ pub struct Deadlines {
     pub idle: Option<Duration>,
 }
 
-/// A pooled response body with its deadlines.
+/// A pooled response body with its deadlines: a pointer, its state in the pooled body's box
+/// ([`PooledBody`]'s `extra`).
 #[derive(Debug)]
-pub struct TimedBody {
-    /// `None` once cut.
-    inner: Option<PooledBody>,
+pub struct TimedBody(PooledBody<Timing>);
+
+/// What a [`TimedBody`] keeps beside the pooled body; set when the response head is in.
+#[derive(Debug, Default)]
+pub struct Timing {
     deadlines: Deadlines,
     /// Armed at the first wait; moved after every frame.
     sleep: Option<Pin<Box<Sleep>>>,
@@ -89,62 +92,55 @@ pub struct TimedBody {
 impl TimedBody {
     /// `inner` under `deadlines`, counting cuts in `counters`; the request was sent again
     /// `retries` times.
-    pub fn new(inner: PooledBody, deadlines: Deadlines, counters: &Arc<CutCounters>, retries: u32) -> Self {
+    pub fn new(
+        mut inner: PooledBody<Timing>,
+        deadlines: Deadlines,
+        counters: &Arc<CutCounters>,
+        retries: u32,
+    ) -> Self {
         let timed = deadlines.at.is_some() || deadlines.idle.is_some();
-        TimedBody {
-            retries,
-            inner: Some(inner),
-            deadlines,
-            sleep: None,
-            moved: false,
-            counters: timed.then(|| counters.clone()),
-            spend: None,
-        }
+        let timing = inner.extra_mut();
+        timing.deadlines = deadlines;
+        timing.counters = timed.then(|| counters.clone());
+        timing.retries = retries;
+        TimedBody(inner)
     }
 
     /// This body, with what settles its request's tokens in pacing.
     pub fn with_spend(mut self, spend: Option<Spend>) -> Self {
-        self.spend = spend;
+        self.0.extra_mut().spend = spend;
         self
     }
 
     /// What settles the request's tokens in pacing, taken once.
     pub fn take_spend(&mut self) -> Option<Spend> {
-        self.spend.take()
+        self.0.extra_mut().spend.take()
     }
 
     /// How the response was served (endpoint, reuse, protocol).
     pub fn served(&self) -> ServedBy {
-        self.inner.as_ref().map(PooledBody::served).unwrap_or_default()
+        self.0.served()
     }
 
     /// The response's fields as their lines, left in place.
     pub fn wire_fields(&self) -> Option<&WireFields> {
-        self.inner.as_ref().and_then(PooledBody::wire_fields)
+        self.0.wire_fields()
     }
 
     /// The response's fields as their lines, when its head's map was left empty for them.
     pub fn take_wire_fields(&mut self) -> Option<WireFields> {
-        self.inner.as_mut().and_then(PooledBody::take_wire_fields)
+        self.0.take_wire_fields()
     }
 
     /// Times the request was sent again before this response.
     pub fn retries(&self) -> u32 {
-        self.retries
-    }
-
-    /// When the body must have moved again (or ended), from `now`.
-    fn next_deadline(&self, now: Instant) -> Option<Instant> {
-        let idle = self.deadlines.idle.map(|d| now + d);
-        match (self.deadlines.at, idle) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.0.extra().retries
     }
 
     /// Ends the body with the error of the deadline that passed.
     fn cut(&mut self, now: Instant) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let request = self.deadlines.at.is_some_and(|at| now >= at);
+        let timing = self.0.extra_mut();
+        let request = timing.deadlines.at.is_some_and(|at| now >= at);
         let (reason, what) = if request {
             (
                 "request_timeout",
@@ -156,18 +152,28 @@ impl TimedBody {
                 "no response body bytes for body_idle_timeout",
             )
         };
-        if let Some(counters) = &self.counters {
+        if let Some(counters) = &timing.counters {
             if request {
                 counters.request.inc();
             } else {
                 counters.body_idle.inc();
             }
         }
-        if let Some(inner) = self.inner.take() {
-            inner.abort(reason);
-        }
+        // What is left of the body reads as ended.
+        self.0.abort(reason);
         tracing::info!(reason, "upstream response cut");
         Poll::Ready(Some(Err(io::Error::new(io::ErrorKind::TimedOut, what).into())))
+    }
+}
+
+impl Timing {
+    /// When the body must have moved again (or ended), from `now`.
+    fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        let idle = self.deadlines.idle.map(|d| now + d);
+        match (self.deadlines.at, idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -180,35 +186,35 @@ impl Body for TimedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let Some(inner) = this.inner.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let polled = Pin::new(inner).poll_frame(cx);
-        if this.counters.is_none() {
-            return polled;
+        let timing = this.0.extra();
+        if timing.counters.is_none() {
+            // No deadline (most): the timing state is read no further.
+            return Pin::new(&mut this.0).poll_frame(cx);
         }
+        let polled = Pin::new(&mut this.0).poll_frame(cx);
+        let timing = this.0.extra_mut();
         if let Poll::Ready(frame) = polled {
             // A stream that never pauses still ends at request_timeout.
-            if let (Some(at), Some(Ok(_))) = (this.deadlines.at, &frame) {
+            if let (Some(at), Some(Ok(_))) = (timing.deadlines.at, &frame) {
                 let now = Instant::now();
                 if now >= at {
                     return this.cut(now);
                 }
             }
-            this.moved = true;
+            timing.moved = true;
             return Poll::Ready(frame);
         }
         let now = Instant::now();
-        let Some(until) = this.next_deadline(now) else {
+        let Some(until) = timing.next_deadline(now) else {
             return Poll::Pending;
         };
-        match &mut this.sleep {
-            None => this.sleep = Some(Box::pin(tokio::time::sleep_until(until))),
-            Some(sleep) if this.moved => sleep.as_mut().reset(until),
+        match &mut timing.sleep {
+            None => timing.sleep = Some(Box::pin(tokio::time::sleep_until(until))),
+            Some(sleep) if timing.moved => sleep.as_mut().reset(until),
             Some(_) => {}
         }
-        this.moved = false;
-        let sleep = this.sleep.as_mut().expect("armed above");
+        timing.moved = false;
+        let sleep = timing.sleep.as_mut().expect("armed above");
         match sleep.as_mut().poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(()) => this.cut(Instant::now()),
@@ -216,12 +222,10 @@ impl Body for TimedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(PooledBody::is_end_stream)
+        self.0.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), PooledBody::size_hint)
+        self.0.size_hint()
     }
 }
