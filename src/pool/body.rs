@@ -86,7 +86,7 @@ impl<X> PooledBody<X> {
             UpstreamBody::Http2(body) => body.take_wire_fields(),
         };
         // A body that came whole with its head (or none) frees the connection at once.
-        let lease = if inner.is_end_stream(Some(&mut lease)) {
+        let lease = if inner.is_end_stream(Some(&lease)) {
             lease.release_with_head();
             None
         } else {
@@ -146,10 +146,10 @@ impl<X> PooledBody<X> {
 impl UpstreamBody {
     /// An HTTP/1.1 body ends with its exchange, which its connection keeps, on the lease until
     /// the body ends (then given back to the pool).
-    fn is_end_stream(&self, lease: Option<&mut Lease>) -> bool {
+    fn is_end_stream(&self, lease: Option<&Lease>) -> bool {
         match self {
             UpstreamBody::Http1 => lease
-                .and_then(|lease| lease.h1_mut())
+                .and_then(Lease::h1)
                 .is_none_or(|conn| conn.transfer().is_end_stream()),
             UpstreamBody::Http2(body) => body.is_end_stream(),
         }
@@ -163,7 +163,7 @@ impl<X> Pooled<X> {
     }
 
     fn release_if_done(&mut self) {
-        if self.inner.is_end_stream(self.lease.as_mut()) {
+        if self.inner.is_end_stream(self.lease.as_ref()) {
             self.release();
         }
     }
@@ -172,10 +172,9 @@ impl<X> Pooled<X> {
     /// brought the head (most small answers) left the connection idle from the head's arrival,
     /// the time the lease holds: the pool need not read the clock again.
     fn release(&mut self) {
-        let Some(lease) = self.lease.take() else {
+        let Some(mut lease) = self.lease.take() else {
             return;
         };
-        let mut lease = lease;
         match (&self.inner, lease.h1_mut()) {
             (UpstreamBody::Http1, Some(conn)) if conn.transfer().ended_with_head() => {
                 lease.release_with_head()
@@ -217,11 +216,7 @@ impl<X> Body for PooledBody<X> {
     }
 
     fn is_end_stream(&self) -> bool {
-        let this = &*self.0;
-        match &this.inner {
-            UpstreamBody::Http1 => this.h1().is_none_or(|conn| conn.transfer().is_end_stream()),
-            UpstreamBody::Http2(body) => body.is_end_stream(),
-        }
+        self.0.inner.is_end_stream(self.0.lease.as_ref())
     }
 
     fn size_hint(&self) -> SizeHint {
