@@ -69,14 +69,17 @@ fn poll_ready_io(
             }
             Ok(n)
         });
-        match done {
-            Ok(n) => return Poll::Ready(Ok(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match short {
-                Some(n) => return Poll::Ready(Ok(n)),
-                None if interest.is_readable() => ready!(stream.poll_read_ready(cx))?,
-                None => ready!(stream.poll_write_ready(cx))?,
-            },
-            Err(e) => return Poll::Ready(Err(e)),
+        // A short transfer's `WouldBlock` is ours: its kind is not asked (a call into std).
+        match (done, short) {
+            (Ok(n), _) | (Err(_), Some(n)) => return Poll::Ready(Ok(n)),
+            (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {
+                if interest.is_readable() {
+                    ready!(stream.poll_read_ready(cx))?;
+                } else {
+                    ready!(stream.poll_write_ready(cx))?;
+                }
+            }
+            (Err(e), None) => return Poll::Ready(Err(e)),
         }
     }
 }

@@ -616,14 +616,21 @@ async fn exchange<S: Stream>(
         let (parts, body) = req.into_parts();
         drop(body);
         crate::spare::give_back_headers(parts.headers);
-        let Some(response) = resp.as_mut() else {
+        let Some(mut response) = resp else {
             return Next::Close;
         };
-        if let Some(pending) = response.extensions_mut().remove::<upgrade::Switch>() {
+        // Only a `101` carries a switch (`upgrade::send`): other responses skip the lookup.
+        let switch = (response.status() == http::StatusCode::SWITCHING_PROTOCOLS)
+            .then(|| response.extensions_mut().remove::<upgrade::Switch>())
+            .flatten();
+        if let Some(pending) = switch {
             crate::rare::branch();
             // Spliced once this exchange's (large) future is gone.
-            let resp = resp.take().expect("matched above");
-            return Next::Switch(Box::new(Switching { resp, pending, span }));
+            return Next::Switch(Box::new(Switching {
+                resp: response,
+                pending,
+                span,
+            }));
         }
         // A body not all in by now belongs to an early response: its rest would have to be
         // read and dropped before another request could be, so the connection closes after
@@ -633,11 +640,10 @@ async fn exchange<S: Stream>(
         let unread = pump.abandon_unstarted() || !pump.take_in_buffered(&mut conn.buf, max_head);
         let keep_alive = keep_alive && !unread && !ctx.draining();
         let wire = response.body_mut().take_wire_fields();
-        let outgoing = encode_response(response, wire, head_only, version, keep_alive);
-        (
-            outgoing,
-            std::mem::replace(response.body_mut(), ResponseBody::Full(None)),
-        )
+        let outgoing = encode_response(&mut response, wire, head_only, version, keep_alive);
+        let (parts, body) = response.into_parts();
+        crate::spare::give_back_headers(parts.headers);
+        (outgoing, body)
     };
     let Session { stream, buf, .. } = conn;
     let written = send_response(stream, buf, &mut pump, &mut body, outgoing, max_head).await;

@@ -48,8 +48,10 @@ pub(super) struct Outgoing {
 }
 
 /// Encodes `resp`'s head (no await: the head and its fields are gone before the body is
-/// written, so the writing future holds only the body's progress). Its fields are given back
-/// to the thread's spares, leaving the map empty; the caller takes the body.
+/// written, so the writing future holds only the body's progress). The caller takes the
+/// response apart, gives its fields back to the thread's spares and keeps the body: a map
+/// taken out here would leave an empty one whose drop runs three destructors (61
+/// instructions a response, callgrind).
 /// `wire`: fields the upstream's head left as lines (`wire::fields`), written after the map's.
 pub(super) fn encode_response<B: Body>(
     resp: &mut Response<B>,
@@ -80,7 +82,6 @@ pub(super) fn encode_response<B: Body>(
         client,
         &mut out,
     );
-    crate::spare::give_back_headers(std::mem::take(resp.headers_mut()));
     Outgoing {
         out,
         framing,
@@ -101,7 +102,8 @@ where
     B::Error: std::fmt::Display,
 {
     let outgoing = encode_response(&mut resp, None, head_only, client, keep_alive);
-    let (_, mut body) = resp.into_parts();
+    let (parts, mut body) = resp.into_parts();
+    crate::spare::give_back_headers(parts.headers);
     write_body(wr, &mut body, outgoing).await
 }
 
