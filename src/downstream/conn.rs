@@ -34,7 +34,7 @@ use tracing::Instrument;
 
 use super::inside::{self, Inside};
 use super::pump::BodyPump;
-use super::respond::{encode_response, write_body, write_response, Outgoing};
+use super::respond::{encode_response, into_body, write_body, write_response, Outgoing};
 use super::stream::Stream;
 use super::wait_timer::{self, WaitTimer};
 use super::{Context, Served, PARK_AFTER};
@@ -619,11 +619,7 @@ async fn exchange<S: Stream>(
         let Some(mut response) = resp else {
             return Next::Close;
         };
-        // Only a `101` carries a switch (`upgrade::send`): other responses skip the lookup.
-        let switch = (response.status() == http::StatusCode::SWITCHING_PROTOCOLS)
-            .then(|| response.extensions_mut().remove::<upgrade::Switch>())
-            .flatten();
-        if let Some(pending) = switch {
+        if let Some(pending) = upgrade::Switch::take(&mut response) {
             crate::rare::branch();
             // Spliced once this exchange's (large) future is gone.
             return Next::Switch(Box::new(Switching {
@@ -641,9 +637,7 @@ async fn exchange<S: Stream>(
         let keep_alive = keep_alive && !unread && !ctx.draining();
         let wire = response.body_mut().take_wire_fields();
         let outgoing = encode_response(&mut response, wire, head_only, version, keep_alive);
-        let (parts, body) = response.into_parts();
-        crate::spare::give_back_headers(parts.headers);
-        (outgoing, body)
+        (outgoing, into_body(response))
     };
     let Session { stream, buf, .. } = conn;
     let written = send_response(stream, buf, &mut pump, &mut body, outgoing, max_head).await;

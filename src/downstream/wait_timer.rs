@@ -97,7 +97,7 @@ impl<F: Future> Future for Before<'_, '_, F> {
             return Poll::Ready(Some(out));
         }
         let this = &mut *self;
-        let (gate, _) = this.timer.gate.get_or_insert_with(Gate::new);
+        let (gate, waker) = this.timer.gate.get_or_insert_with(Gate::new);
         gate.task.register(cx.waker());
         if !this.armed {
             this.armed = true;
@@ -125,7 +125,6 @@ impl<F: Future> Future for Before<'_, '_, F> {
                 Poll::Pending
             };
         }
-        let (gate, waker) = this.timer.gate.as_ref().expect("made above");
         let polled = this.timer.sleep.as_mut().poll(&mut Context::from_waker(waker));
         gate.listening.store(polled.is_pending(), Ordering::Relaxed);
         polled.map(|()| None)

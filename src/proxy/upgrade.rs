@@ -60,6 +60,19 @@ impl fmt::Debug for Switch {
     }
 }
 
+impl Switch {
+    /// The switch `resp` carries, taken out. Only a `101` can carry one ([`send`] marks no
+    /// other), so any other response skips the extensions' lookup. Inlined: every response
+    /// asks, and the test is all most of them run (the plain build did not take the hint).
+    #[inline(always)]
+    pub fn take<B>(resp: &mut Response<B>) -> Option<Switch> {
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            return None;
+        }
+        resp.extensions_mut().remove::<Switch>()
+    }
+}
+
 /// Whether `req` asks for an upgrade the sidecar passes through: HTTP/1.1, `Connection` naming
 /// `upgrade`, an `Upgrade` protocol other than `h2c`, and no body.
 pub fn requested(req: &Request<RequestBody>) -> bool {
