@@ -60,8 +60,9 @@ fn poll_ready_io(
     mut op: impl FnMut() -> io::Result<usize>,
 ) -> Poll<io::Result<usize>> {
     loop {
-        let mut short = None;
+        let (mut ran, mut short) = (false, None);
         let done = stream.try_io(interest, || {
+            ran = true;
             let n = op()?;
             if 0 < n && n < room {
                 short = Some(n);
@@ -69,10 +70,11 @@ fn poll_ready_io(
             }
             Ok(n)
         });
-        // A short transfer's `WouldBlock` is ours: its kind is not asked (a call into std).
+        // A short transfer's `WouldBlock` is ours, and so is the one of a socket not ready
+        // (`op` did not run): neither's kind is asked (a call into std, three a request).
         match (done, short) {
             (Ok(n), _) | (Err(_), Some(n)) => return Poll::Ready(Ok(n)),
-            (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {
+            (Err(e), None) if !ran || e.kind() == io::ErrorKind::WouldBlock => {
                 if interest.is_readable() {
                     ready!(stream.poll_read_ready(cx))?;
                 } else {
