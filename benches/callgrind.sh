@@ -29,6 +29,9 @@
 #        CACHE_SIM=1 (callgrind's cache simulation, `--cache-sim=yes`: the kept outputs also
 #        count instruction-cache misses, I1mr, per function, for `callgrind_annotate
 #        --show=Ir,I1mr --sort=I1mr`; the summary line still reads instructions),
+#        BRANCH_SIM=1 (callgrind's branch-prediction simulation, `--branch-sim=yes`: the kept
+#        outputs also count conditional and indirect branches and their mispredictions, Bc,
+#        Bcm, Bi, Bim, per function; a simple predictor's guesses, not a processor's),
 #        TRACE_SAMPLE (a ratio such as 1.0: `tracing` on, every root request traced, the spans
 #        posted as OTLP to the nginx upstream, which answers 200 as a collector would; the
 #        export task's encoding and posts are in the count. Only with the plain h1 upstream:
@@ -105,7 +108,7 @@ instructions_for() { # requests
     [[ -z ${TOP_EXTRA:-} ]] || printf '%s\n' "$TOP_EXTRA" >>"$TMP/sidecar.yaml"
     [[ -z ${TRACE_SAMPLE:-} ]] ||
         printf 'tracing: { otlp: "http://127.0.0.1:%s", sample: %s }\n' "$UP_PORT" "$TRACE_SAMPLE" >>"$TMP/sidecar.yaml"
-    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind ${DUMP_INSTR:+--dump-instr=yes} ${CACHE_SIM:+--cache-sim=yes} \
+    TOKIO_WORKER_THREADS=1 EGRESS_LOG=warn valgrind --tool=callgrind ${DUMP_INSTR:+--dump-instr=yes} ${CACHE_SIM:+--cache-sim=yes} ${BRANCH_SIM:+--branch-sim=yes} \
         --callgrind-out-file="$TMP/callgrind.$1.out" "$BIN" run --config "$TMP/sidecar.yaml" \
         2>"$TMP/valgrind.$1.log" &
     vg=$!

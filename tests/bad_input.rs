@@ -170,6 +170,39 @@ async fn a_client_that_leaves_before_the_response_abandons_the_upstream_exchange
     );
 }
 
+/// The same on a kept-alive connection, for a request sent as soon as the one before was
+/// answered: it comes during the connection's quiet wait, whose timer the watch for the close
+/// waits on (a few milliseconds); the close is still seen.
+#[tokio::test]
+async fn a_kept_alive_client_that_leaves_before_the_response_abandons_the_upstream_exchange() {
+    let upstream = FakeUpstream::start().await;
+    let sidecar = Sidecar::start("").await;
+    let up = upstream.addr;
+    let mut client = RawClient::connect(sidecar.addr).await;
+    client
+        .send_raw(format!("GET http://{up}/first HTTP/1.1\r\nHost: {up}\r\n\r\n").as_bytes())
+        .await;
+    let first = tokio::time::timeout(Duration::from_secs(5), client.read_response(false))
+        .await
+        .expect("answered within 5s")
+        .expect("a response");
+    assert_eq!(first.status, 200);
+    client
+        .send_raw(format!("GET http://{up}/sleep/10000 HTTP/1.1\r\nHost: {up}\r\n\r\n").as_bytes())
+        .await;
+    assert!(support::eventually(Duration::from_secs(3), || upstream.requests() == 2).await);
+    assert_eq!(
+        upstream.open(),
+        1,
+        "the second request went on the first's connection"
+    );
+    drop(client);
+    assert!(
+        support::eventually(Duration::from_secs(3), || upstream.open() == 0).await,
+        "upstream exchange kept running for a client that left"
+    );
+}
+
 #[tokio::test]
 async fn a_proxy_rebuilds_host_and_honours_max_forwards() {
     let upstream = FakeUpstream::start().await;

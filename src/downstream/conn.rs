@@ -203,7 +203,7 @@ async fn serve_requests<S: Stream>(
             let cfg = ctx.config.read(&mut settings);
             (cfg.max_header_bytes, cfg.header_read_timeout)
         };
-        let mut next = exchange(&mut conn, arrival, ctx, max_head, head_timeout).await;
+        let mut next = exchange(&mut conn, arrival, ctx, timer, (max_head, head_timeout)).await;
         if matches!(next, Next::Connect(_) | Next::Switch(_)) {
             // Boxed: a tunnel's state should not weigh on every connection's future.
             next = Box::pin(beyond_http(&mut conn, next, arrival, ctx)).await;
@@ -567,8 +567,8 @@ async fn exchange<S: Stream>(
     conn: &mut Session<S>,
     arrival: &Arrival,
     ctx: &Context,
-    max_head: usize,
-    head_timeout: Duration,
+    timer: &WaitTimer<'_>,
+    (max_head, head_timeout): (usize, Duration),
 ) -> Next {
     let span;
     let (version, keep_alive, head_only);
@@ -607,7 +607,12 @@ async fn exchange<S: Stream>(
             let respond = std::pin::pin!(std::future::poll_fn(|cx| {
                 handling.as_mut().poll(cx).map(|answer| resp = Some(answer))
             }));
-            await_response(&mut conn.stream, &mut conn.buf, &mut pump, respond, max_head).await;
+            let watch = Watch {
+                pump: &mut pump,
+                timer,
+                max_head,
+            };
+            await_response(&mut conn.stream, &mut conn.buf, watch, respond).await;
             // A switch of protocols goes on in the request's span.
             span = handling.as_mut().take_span();
         }
@@ -693,21 +698,39 @@ fn body_channel(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: Head
     *pump = BodyPump::new(Decoder::new(facts.body), sender, facts.expect_continue);
 }
 
+/// What watches the client while the response is awaited: the request body's pump, and the
+/// connection's wait timer, which defers the watch for the close.
+struct Watch<'a, 't> {
+    pump: &'a mut BodyPump,
+    timer: &'a WaitTimer<'t>,
+    max_head: usize,
+}
+
 /// Until `respond` has put the response head where the caller wants it, feeds the request body
 /// (answering `Expect: 100-continue` once the upstream asks for it); once the body is in,
 /// watches for the client going away, which abandons the upstream exchange (as nginx does)
 /// instead of letting a long upstream call run for nobody; then returns without it.
+///
+/// A request without a body that came in a quiet wait is watched only once that wait's
+/// timer, still standing, goes off (`WaitTimer::hold`): a few milliseconds on, so an exchange
+/// that takes longer is watched as any other, and the quick ones of a busy connection skip
+/// the watch's read and registration.
 ///
 /// This and [`send_response`] are separate functions so that their states, which are never
 /// alive together, share memory in the caller's future.
 async fn await_response<S: Stream>(
     stream: &mut S,
     buf: &mut BytesMut,
-    pump: &mut BodyPump,
+    watch: Watch<'_, '_>,
     mut respond: Pin<&mut impl Future<Output = ()>>,
-    max_head: usize,
 ) {
+    let Watch {
+        pump,
+        timer,
+        max_head,
+    } = watch;
     let (mut rd, mut wr) = stream.split();
+    let held = if pump.is_active() { None } else { timer.hold() };
     loop {
         tokio::select! {
             // In order: an unbiased select draws a random starting branch at each poll (a
@@ -715,7 +738,7 @@ async fn await_response<S: Stream>(
             // branch needs (each ends the loop or only watches).
             biased;
             () = &mut respond => return,
-            step = pump.step_or_watch(&mut rd, buf, &mut wr, max_head, max_head) => match step {
+            step = pump.step_or_watch(&mut rd, buf, &mut wr, (max_head, max_head), held.as_ref()) => match step {
                 Ok(()) => {}
                 Err(_) if !pump.is_active() => {
                     tracing::debug!("client went away before the response");

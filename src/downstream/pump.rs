@@ -13,6 +13,7 @@ use http_body::Frame;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
+use super::wait_timer::Hold;
 use crate::wire::codec::{BodyError, Decoder};
 use crate::wire::BodySender;
 
@@ -149,20 +150,24 @@ impl BodyPump {
     }
 
     /// While the body flows, one [`BodyPump::step`]; after it, waits for the client to close
-    /// (an error), keeping any pipelined bytes, up to `max_head` of them, in `buf`.
+    /// (an error), keeping any pipelined bytes, up to `max_head` of them, in `buf`: once
+    /// `deferred`, when given, has gone off.
     pub(super) async fn step_or_watch<R: crate::sock::ReadNow, W: AsyncWrite + Unpin>(
         &mut self,
         rd: &mut R,
         buf: &mut BytesMut,
         wr: &mut W,
-        max_trailer: usize,
-        max_head: usize,
+        (max_trailer, max_head): (usize, usize),
+        deferred: Option<&Hold<'_>>,
     ) -> Result<(), BodyError> {
         if self.is_active() {
             return self.step(rd, buf, Some(wr), max_trailer).await;
         }
         if self.failed || buf.len() >= max_head {
             return std::future::pending().await;
+        }
+        if let Some(hold) = deferred {
+            hold.gone_off().await;
         }
         // Any room will do to see the close or pipelined bytes. Reserving more while the
         // request's head still shares the buffer's memory allocated a new buffer for every
@@ -297,7 +302,7 @@ mod tests {
         let mut pump = super::BodyPump::finished();
         let mut pipelined: &[u8] = b"GET /next";
         let mut client = tokio::io::sink();
-        let watched = pump.step_or_watch(&mut pipelined, &mut buf, &mut client, 1024, 8192);
+        let watched = pump.step_or_watch(&mut pipelined, &mut buf, &mut client, (1024, 8192), None);
         watched.await.unwrap();
         assert_eq!(&buf[..], b"GET /next");
         assert_eq!(

@@ -21,6 +21,13 @@
 //! request, each move 143 instructions (callgrind). A flag, not a duration, says so: the
 //! waits are in every idle connection's future.
 //!
+//! A timer left standing by a quiet wait (one with slack, a few milliseconds long) also
+//! stands in for the watch on the client's close while a request that arrived in that wait
+//! is answered ([`WaitTimer::hold`]): the watch, a read and a readiness registration on the
+//! socket (about 200 instructions per request, callgrind), is armed only once the timer has
+//! gone off, so only for an exchange that outlasts the quiet wait, and never for the quick
+//! ones that make up a busy connection's traffic. The gate is open while the hold lasts.
+//!
 //! A timer left standing is not polled again either: it holds the gate's waker from the poll
 //! after its last move, and tells whether it went off (`Sleep::is_elapsed`) without one. A
 //! poll of the `Sleep` took the task's budget check and the timer's waker slot, about 200
@@ -29,7 +36,7 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -58,6 +65,25 @@ pub(super) fn sleep(at: Instant) -> Sleep {
 impl<'a> WaitTimer<'a> {
     pub(super) fn new(sleep: Pin<&'a mut Sleep>) -> Self {
         WaitTimer { sleep, gate: None }
+    }
+
+    /// While the task waits on something else, a wake from this timer when it goes off, if
+    /// it stands from a wait with slack and has not gone off: then within [`SLACK`] of that
+    /// wait's span, a few milliseconds. `None` when the timer is not sure to go off soon
+    /// (never armed, gone off, or armed by a longer wait).
+    pub(super) fn hold(&self) -> Option<Hold<'_>> {
+        let (gate, _) = self.gate.as_ref()?;
+        // Listening: it holds the gate's waker, so its going off reaches the gate.
+        if !(gate.listening.load(Ordering::Relaxed) && gate.soon.load(Ordering::Relaxed)) {
+            return None;
+        }
+        gate.open.store(true, Ordering::Release);
+        // Gone off before the gate opened, its wake went unheard: `gone_off` sees it at its
+        // first poll.
+        Some(Hold {
+            gate,
+            sleep: self.sleep.as_ref().get_ref(),
+        })
     }
 
     /// Runs `wait` until it ends, or until `until` (with `slack`, a time up to [`SLACK`]
@@ -98,7 +124,7 @@ impl<F: Future> Future for Before<'_, '_, F> {
         }
         let this = &mut *self;
         let (gate, waker) = this.timer.gate.get_or_insert_with(Gate::new);
-        gate.task.register(cx.waker());
+        gate.register(cx.waker());
         if !this.armed {
             this.armed = true;
             gate.open.store(true, Ordering::Release);
@@ -110,6 +136,7 @@ impl<F: Future> Future for Before<'_, '_, F> {
             } else {
                 this.until
             };
+            gate.soon.store(this.slack, Ordering::Relaxed);
             let set = this.timer.sleep.deadline();
             if set < this.until || set > latest {
                 this.timer.sleep.as_mut().reset(latest);
@@ -140,7 +167,34 @@ impl<F> Drop for Before<'_, '_, F> {
     }
 }
 
-/// Passes the timer's wake on to the task while a wait is open.
+/// A [`WaitTimer::hold`]: the task is woken when the timer goes off, until this is dropped.
+pub(super) struct Hold<'t> {
+    gate: &'t Gate,
+    sleep: &'t Sleep,
+}
+
+impl Hold<'_> {
+    /// Ends once the timer has gone off (the gate passes its wake on).
+    pub(super) async fn gone_off(&self) {
+        std::future::poll_fn(|cx| {
+            self.gate.register(cx.waker());
+            if self.sleep.is_elapsed() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.gate.open.store(false, Ordering::Release);
+    }
+}
+
+/// Passes the timer's wake on to the task while a wait, or a [`Hold`], is open.
 struct Gate {
     open: AtomicBool,
     /// The `Sleep` was polled with this gate's waker since it was last set, and was pending
@@ -148,7 +202,16 @@ struct Gate {
     /// Here rather than beside the gate: every connection's future holds the timer. Only the
     /// task reads and writes it.
     listening: AtomicBool,
+    /// It was last armed by a wait with slack (a short one): it goes off within a few
+    /// milliseconds of that wait, unless armed again first.
+    soon: AtomicBool,
     task: AtomicWaker,
+    /// The data pointer of the waker `task` holds (0 for none, as after a wake, which takes
+    /// it): the task's waker is the same at every wait, and registering it again took two
+    /// locked instructions per request (about forty cycles). A pointer to what the waker
+    /// wakes, kept alive by the clone in `task`, so no other waker's can take its value while
+    /// it is there.
+    registered: AtomicUsize,
 }
 
 impl Gate {
@@ -156,10 +219,21 @@ impl Gate {
         let gate = Arc::new(Gate {
             open: AtomicBool::new(false),
             listening: AtomicBool::new(false),
+            soon: AtomicBool::new(false),
             task: AtomicWaker::new(),
+            registered: AtomicUsize::new(0),
         });
         let waker = Waker::from(gate.clone());
         (gate, waker)
+    }
+
+    /// Wakes `task` when the gate passes a wake on, unless it already does.
+    fn register(&self, task: &Waker) {
+        let data = task.data() as usize;
+        if self.registered.load(Ordering::Relaxed) != data {
+            self.task.register(task);
+            self.registered.store(data, Ordering::Relaxed);
+        }
     }
 }
 
@@ -170,6 +244,9 @@ impl Wake for Gate {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if self.open.load(Ordering::Acquire) {
+            // The wake takes the waker out: the task registers one again at its next poll
+            // (which comes after this store).
+            self.registered.store(0, Ordering::Relaxed);
             self.task.wake();
         }
     }
@@ -179,7 +256,9 @@ impl Wake for Gate {
 mod tests {
     use std::future::{poll_fn, Future};
     use std::pin::pin;
-    use std::task::Poll;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
     use std::time::Duration;
 
     use tokio::time::Instant;
@@ -271,6 +350,90 @@ mod tests {
         let ended = timer.before(third, true, std::future::pending::<()>()).await;
         assert_eq!(ended, None, "armed again after going off");
         assert_eq!(timer.sleep.deadline(), third + super::SLACK, "moved: gone off");
+    }
+
+    /// A quiet wait's timer (armed with slack) left standing holds a watch deferred until it
+    /// goes off: the task is woken then, through the gate the hold opened, and not before.
+    #[tokio::test]
+    async fn a_quiet_waits_timer_wakes_a_hold_when_it_goes_off() {
+        let mut sleep = pin!(super::sleep(Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let start = Instant::now();
+        let until = start + Duration::from_millis(30);
+        assert_eq!(timer.before(until, true, yielded_once()).await, Some(()));
+        let hold = timer.hold().expect("a quiet wait's timer stands");
+        let mut gone_off = pin!(hold.gone_off());
+        let mut polls = 0;
+        poll_fn(|cx| {
+            polls += 1;
+            gone_off.as_mut().poll(cx)
+        })
+        .await;
+        assert!(Instant::now() >= until, "not before the timer's deadline");
+        assert_eq!(polls, 2, "polled once, then woken once, by the timer");
+    }
+
+    /// A timer that will not go off soon holds nothing: never armed, or armed by a wait
+    /// without slack (an idle timeout's, minutes away). One that went off ends a hold at once.
+    #[tokio::test]
+    async fn only_a_timer_due_soon_holds_a_watch() {
+        let mut sleep = pin!(super::sleep(Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        assert!(timer.hold().is_none(), "never armed");
+        let far = Instant::now() + Duration::from_secs(60);
+        assert_eq!(timer.before(far, false, yielded_once()).await, Some(()));
+        assert!(timer.hold().is_none(), "armed for a long wait");
+
+        let soon = Instant::now() + Duration::from_millis(5);
+        assert_eq!(timer.before(soon, true, yielded_once()).await, Some(()));
+        tokio::time::sleep_until(soon + super::SLACK + Duration::from_millis(5)).await;
+        let hold = timer.hold().expect("armed by a quiet wait");
+        let mut polls = 0;
+        poll_fn(|cx| {
+            polls += 1;
+            pin!(hold.gone_off()).poll(cx)
+        })
+        .await;
+        assert_eq!(polls, 1, "gone off already: over at the first poll");
+    }
+
+    /// The timer's wake goes to the waker of the wait it ends, when that wait is polled with
+    /// another waker than the one before (the gate registers a waker only when it changes).
+    #[tokio::test]
+    async fn a_wait_polled_with_another_waker_is_woken_through_it() {
+        let mut sleep = pin!(super::sleep(Instant::now()));
+        let mut timer = super::WaitTimer::new(sleep.as_mut());
+        let (first, first_woken) = counting_waker();
+        let (second, second_woken) = counting_waker();
+        let start = Instant::now();
+        {
+            let wait = pin!(timer.before(
+                start + Duration::from_secs(60),
+                false,
+                std::future::pending::<()>()
+            ));
+            assert!(wait.poll(&mut Context::from_waker(&first)).is_pending());
+        }
+        let until = start + Duration::from_millis(20);
+        let mut wait = pin!(timer.before(until, false, std::future::pending::<()>()));
+        assert!(wait.as_mut().poll(&mut Context::from_waker(&second)).is_pending());
+        tokio::time::sleep_until(until + Duration::from_millis(30)).await;
+        assert_eq!(second_woken.load(Ordering::Relaxed), 1, "the wait's own waker");
+        assert_eq!(first_woken.load(Ordering::Relaxed), 0, "not the one before");
+        let ended = wait.poll(&mut Context::from_waker(&second));
+        assert_eq!(ended, Poll::Ready(None), "the timer ended the wait");
+    }
+
+    /// A waker that counts its wakes.
+    fn counting_waker() -> (Waker, Arc<AtomicUsize>) {
+        struct Counting(Arc<AtomicUsize>);
+        impl Wake for Counting {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let count = Arc::new(AtomicUsize::new(0));
+        (Waker::from(Arc::new(Counting(count.clone()))), count)
     }
 
     /// Ends on its second poll, so that `before` arms its timer.

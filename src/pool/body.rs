@@ -131,6 +131,15 @@ impl<X> PooledBody<X> {
         self.0.lease.as_ref().and_then(Lease::endpoint)
     }
 
+    /// Counts the exchange as cut by a deadline of `kind` (`egress_upstream_timeouts_total`),
+    /// in the upstream's series. A body still streaming has its lease: one that ended is not
+    /// cut.
+    pub fn timed_out(&self, kind: &'static str) {
+        if let Some(lease) = &self.0.lease {
+            lease.pool_metrics().timed_out(kind);
+        }
+    }
+
     /// Cuts the exchange for `reason` (a deadline): the connection is not pooled again, an
     /// HTTP/2 stream is reset, and the body reads as ended.
     pub fn abort(&mut self, reason: &'static str) {

@@ -95,8 +95,12 @@ impl Tracker {
         self.0.requests.load(Ordering::Relaxed)
     }
 
+    /// Counts a request sent on the connection. Only its lease's holder counts, one at a
+    /// time (a lease changes hands under the pool's lock), so a load and a store do: an
+    /// atomic add was a locked instruction per request, about twenty cycles.
     pub(super) fn count_request(&self) {
-        self.0.requests.fetch_add(1, Ordering::Relaxed);
+        let requests = self.0.requests.load(Ordering::Relaxed);
+        self.0.requests.store(requests + 1, Ordering::Relaxed);
     }
 
     /// The endpoint the connection reached, once connected (none for in-memory connectors).
@@ -389,6 +393,11 @@ impl Lease {
         if let LeaseKind::H2(Some(stream)) = &self.kind {
             self.pool.drain_h2(stream.conn_id);
         }
+    }
+
+    /// The upstream's metrics, which its pool counts in.
+    pub(super) fn pool_metrics(&self) -> &crate::metrics::UpstreamMetrics {
+        &self.pool.metrics
     }
 
     /// Ends the exchange before its response body did, for `reason` (a deadline): an HTTP/1.1

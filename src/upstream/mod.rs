@@ -105,7 +105,7 @@ pub struct Upstream {
     /// The retry budget and the backoff's jitter.
     retries: Retries,
     /// Where cut response bodies are counted.
-    cuts: Arc<CutCounters>,
+    cuts: CutCounters,
     /// `request_headers`, if any.
     rules: Option<rules::Rules>,
     /// Pacing to the limits this upstream advertises; carried over reloads that keep its name.
@@ -279,10 +279,10 @@ impl Upstream {
         let retries = Retries::new(settings.retry.budget, &label);
         let rules = rules::Rules::new(&settings.request_headers);
         let credentials = pace::Credentials::new(rules.iter().flat_map(rules::Rules::set_names));
-        let cuts = Arc::new(CutCounters {
+        let cuts = CutCounters {
             request: upstream_metrics.timeouts("request"),
             body_idle: upstream_metrics.timeouts("body_idle"),
-        });
+        };
         let host_header = host_header(scheme, &authority);
         let usage = Reading::new(settings.llm.usage, &label, &authority, &shared.metrics);
         let global_rate_limit = paced::limiter(shared, &label, &settings);
@@ -606,9 +606,7 @@ impl Upstream {
             idle: self.settings.body_idle_timeout,
         };
         let spend = ticket.into_spend();
-        result.map(|resp| {
-            resp.map(|body| TimedBody::new(body, deadlines, &self.cuts, retries).with_spend(spend))
-        })
+        result.map(|resp| resp.map(|body| TimedBody::new(body, deadlines, retries).with_spend(spend)))
     }
 
     /// [`Upstream::send_with_policy`] under the request's deadline `at` (`limit` after its

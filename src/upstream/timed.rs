@@ -12,7 +12,6 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,7 +24,9 @@ use crate::pace::Spend;
 use crate::pool::{PooledBody, ServedBy};
 use crate::wire::{BoxError, WireFields};
 
-/// The counters a cut body adds to (one handle per upstream, shared by its responses).
+/// The upstream's counters of exchanges cut by a deadline. A cut body counts in its pool's
+/// (the same series): a handle per response was an atomic count taken and given back, two
+/// locked instructions per request, for a cut that almost never comes.
 #[derive(Debug)]
 pub struct CutCounters {
     /// `egress_upstream_timeouts_total{kind="request"}`.
@@ -83,25 +84,19 @@ pub struct Timing {
     sleep: Option<Pin<Box<Sleep>>>,
     /// A frame came since the timer was set.
     moved: bool,
-    counters: Option<Arc<CutCounters>>,
+    /// Under a deadline: the body is watched and may be cut.
+    timed: bool,
     retries: u32,
     /// What settles the request's tokens in pacing, for the reader of its usage.
     spend: Option<Spend>,
 }
 
 impl TimedBody {
-    /// `inner` under `deadlines`, counting cuts in `counters`; the request was sent again
-    /// `retries` times.
-    pub fn new(
-        mut inner: PooledBody<Timing>,
-        deadlines: Deadlines,
-        counters: &Arc<CutCounters>,
-        retries: u32,
-    ) -> Self {
-        let timed = deadlines.at.is_some() || deadlines.idle.is_some();
+    /// `inner` under `deadlines`; the request was sent again `retries` times.
+    pub fn new(mut inner: PooledBody<Timing>, deadlines: Deadlines, retries: u32) -> Self {
         let timing = inner.extra_mut();
         timing.deadlines = deadlines;
-        timing.counters = timed.then(|| counters.clone());
+        timing.timed = deadlines.at.is_some() || deadlines.idle.is_some();
         timing.retries = retries;
         TimedBody(inner)
     }
@@ -141,24 +136,20 @@ impl TimedBody {
     fn cut(&mut self, now: Instant) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let timing = self.0.extra_mut();
         let request = timing.deadlines.at.is_some_and(|at| now >= at);
-        let (reason, what) = if request {
+        let (reason, kind, what) = if request {
             (
                 "request_timeout",
+                "request",
                 "request_timeout passed before the response body ended",
             )
         } else {
             (
                 "body_idle_timeout",
+                "body_idle",
                 "no response body bytes for body_idle_timeout",
             )
         };
-        if let Some(counters) = &timing.counters {
-            if request {
-                counters.request.inc();
-            } else {
-                counters.body_idle.inc();
-            }
-        }
+        self.0.timed_out(kind);
         // What is left of the body reads as ended.
         self.0.abort(reason);
         tracing::info!(reason, "upstream response cut");
@@ -187,7 +178,7 @@ impl Body for TimedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         let timing = this.0.extra();
-        if timing.counters.is_none() {
+        if !timing.timed {
             // No deadline (most): the timing state is read no further.
             return Pin::new(&mut this.0).poll_frame(cx);
         }
