@@ -203,7 +203,7 @@ async fn serve_requests<S: Stream>(
             let cfg = ctx.config.read(&mut settings);
             (cfg.max_header_bytes, cfg.header_read_timeout)
         };
-        let mut next = exchange(&mut conn, arrival, ctx, timer, (max_head, head_timeout)).await;
+        let mut next = exchange(&mut conn, arrival, ctx, timer, max_head, head_timeout).await;
         if matches!(next, Next::Connect(_) | Next::Switch(_)) {
             // Boxed: a tunnel's state should not weigh on every connection's future.
             next = Box::pin(beyond_http(&mut conn, next, arrival, ctx)).await;
@@ -568,7 +568,8 @@ async fn exchange<S: Stream>(
     arrival: &Arrival,
     ctx: &Context,
     timer: &WaitTimer<'_>,
-    (max_head, head_timeout): (usize, Duration),
+    max_head: usize,
+    head_timeout: Duration,
 ) -> Next {
     let span;
     let (version, keep_alive, head_only);
@@ -607,12 +608,15 @@ async fn exchange<S: Stream>(
             let respond = std::pin::pin!(std::future::poll_fn(|cx| {
                 handling.as_mut().poll(cx).map(|answer| resp = Some(answer))
             }));
-            let watch = Watch {
-                pump: &mut pump,
+            await_response(
+                &mut conn.stream,
+                &mut conn.buf,
+                &mut pump,
                 timer,
+                respond,
                 max_head,
-            };
-            await_response(&mut conn.stream, &mut conn.buf, watch, respond).await;
+            )
+            .await;
             // A switch of protocols goes on in the request's span.
             span = handling.as_mut().take_span();
         }
@@ -698,14 +702,6 @@ fn body_channel(req: &mut Request<RequestBody>, pump: &mut BodyPump, facts: Head
     *pump = BodyPump::new(Decoder::new(facts.body), sender, facts.expect_continue);
 }
 
-/// What watches the client while the response is awaited: the request body's pump, and the
-/// connection's wait timer, which defers the watch for the close.
-struct Watch<'a, 't> {
-    pump: &'a mut BodyPump,
-    timer: &'a WaitTimer<'t>,
-    max_head: usize,
-}
-
 /// Until `respond` has put the response head where the caller wants it, feeds the request body
 /// (answering `Expect: 100-continue` once the upstream asks for it); once the body is in,
 /// watches for the client going away, which abandons the upstream exchange (as nginx does)
@@ -721,14 +717,11 @@ struct Watch<'a, 't> {
 async fn await_response<S: Stream>(
     stream: &mut S,
     buf: &mut BytesMut,
-    watch: Watch<'_, '_>,
+    pump: &mut BodyPump,
+    timer: &WaitTimer<'_>,
     mut respond: Pin<&mut impl Future<Output = ()>>,
+    max_head: usize,
 ) {
-    let Watch {
-        pump,
-        timer,
-        max_head,
-    } = watch;
     let (mut rd, mut wr) = stream.split();
     let held = if pump.is_active() { None } else { timer.hold() };
     loop {
@@ -738,7 +731,7 @@ async fn await_response<S: Stream>(
             // branch needs (each ends the loop or only watches).
             biased;
             () = &mut respond => return,
-            step = pump.step_or_watch(&mut rd, buf, &mut wr, (max_head, max_head), held.as_ref()) => match step {
+            step = pump.step_or_watch(&mut rd, buf, &mut wr, max_head, max_head, held.as_ref()) => match step {
                 Ok(()) => {}
                 Err(_) if !pump.is_active() => {
                     tracing::debug!("client went away before the response");

@@ -157,7 +157,8 @@ impl BodyPump {
         rd: &mut R,
         buf: &mut BytesMut,
         wr: &mut W,
-        (max_trailer, max_head): (usize, usize),
+        max_trailer: usize,
+        max_head: usize,
         deferred: Option<&Hold<'_>>,
     ) -> Result<(), BodyError> {
         if self.is_active() {
@@ -302,7 +303,7 @@ mod tests {
         let mut pump = super::BodyPump::finished();
         let mut pipelined: &[u8] = b"GET /next";
         let mut client = tokio::io::sink();
-        let watched = pump.step_or_watch(&mut pipelined, &mut buf, &mut client, (1024, 8192), None);
+        let watched = pump.step_or_watch(&mut pipelined, &mut buf, &mut client, 1024, 8192, None);
         watched.await.unwrap();
         assert_eq!(&buf[..], b"GET /next");
         assert_eq!(

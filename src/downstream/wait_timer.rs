@@ -68,9 +68,10 @@ impl<'a> WaitTimer<'a> {
     }
 
     /// While the task waits on something else, a wake from this timer when it goes off, if
-    /// it stands from a wait with slack and has not gone off: then within [`SLACK`] of that
-    /// wait's span, a few milliseconds. `None` when the timer is not sure to go off soon
-    /// (never armed, gone off, or armed by a longer wait).
+    /// it was last armed by a wait with slack: then within [`SLACK`] of that wait's span, a
+    /// few milliseconds (a timer that has gone off already ends the hold at its first poll).
+    /// `None` when the timer is not sure to go off soon (never armed, or armed by a longer
+    /// wait).
     pub(super) fn hold(&self) -> Option<Hold<'_>> {
         let (gate, _) = self.gate.as_ref()?;
         // Listening: it holds the gate's waker, so its going off reaches the gate.

@@ -5,8 +5,8 @@
 //! buckets at every observation: 67 instructions each in callgrind, twice per request. Here an
 //! observation is a division by a constant, a leading-zero count and two relaxed atomic adds
 //! (one for a zero duration). The buckets are the ones that histogram had (1 ms doubling to
-//! 65.536 s, then `+Inf`), so the series a dashboard reads are unchanged. A scrape counts the observations from the buckets, so
-//! `_count` always agrees with them; `_sum` may trail an observation made during the scrape.
+//! 65.536 s, then `+Inf`), so the series a dashboard reads are unchanged. A scrape counts the
+//! observations from the buckets, so `_count` always agrees with them; `_sum` may trail an observation made during the scrape.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
